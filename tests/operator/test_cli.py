@@ -1,0 +1,31 @@
+import subprocess
+import sys
+
+from kvfleet_operator import cli
+
+
+def test_help_lists_every_subcommand(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in ("up", "status", "engine", "router", "operator", "sim", "bench"):
+        assert f"  {name} " in out
+
+
+def test_unknown_subcommand_is_one_line_error(capsys):
+    assert cli.main(["frobnicate"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown command" in err[0]
+
+
+def test_console_script_runs_without_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvfleet_operator.cli", "--help"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0
+    assert "Traceback" not in proc.stderr
+
+
+def test_stdlib_operator_module_is_not_shadowed():
+    import operator
+
+    assert hasattr(operator, "itemgetter")
