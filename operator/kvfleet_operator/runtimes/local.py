@@ -1,0 +1,245 @@
+"""The local runtime: the router and every engine replica as child processes on loopback.
+
+A replica counts as ready only after its `/health` answers 200. A replica that exits on its
+own is restarted on the same port after an exponential backoff (so the router's endpoint
+address stays valid and the router can readmit it); the crash is counted and shown in status.
+Everything the runtime starts is stopped by `shutdown()`, and dies with us anyway (procs.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from kvfleet_operator.runtimes import procs
+from kvfleet_operator.runtimes.backoff import Backoff
+from kvfleet_operator.runtimes.state_dir import StateDir
+
+HOST = "127.0.0.1"
+ROUTER_NAME = "router"
+
+# Replica lifecycle. Only `ready` and `draining` replicas are in the router's config.
+STARTING, READY, CRASHED = "starting", "ready", "crashed"
+DRAINING, STOPPING = "draining", "stopping"
+
+
+def kvfleet_argv(*args: str) -> list[str]:
+    """`kvfleet <args>` with this interpreter, so no console script on PATH is needed."""
+    return [sys.executable, "-m", "kvfleet_operator.cli", *args]
+
+
+@dataclass(slots=True)
+class Child:
+    """One supervised process: a router or an engine replica."""
+
+    name: str
+    role: str
+    port: int
+    args: list[str]  # the subcommand and its flags, without --host/--port
+    proc: subprocess.Popen | None = None
+    state: str = STARTING
+    num_restarts: int = 0
+    num_recent_crashes: int = 0
+    started_at: float = 0.0
+    restart_at: float | None = None
+    last_exit_code: int | None = None
+
+    @property
+    def address(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def to_status(self, now: float) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "role": self.role,
+            "address": self.address,
+            "pid": self.pid,
+            "state": self.state,
+            "num_restarts": self.num_restarts,
+            "last_exit_code": self.last_exit_code,
+            "uptime_s": round(now - self.started_at, 1) if self.state == READY else 0.0,
+            "restart_in_s": (
+                round(max(0.0, self.restart_at - now), 1) if self.restart_at is not None else None
+            ),
+        }
+
+
+class LocalRuntime:
+    def __init__(
+        self,
+        state_dir: StateDir,
+        *,
+        backoff: Backoff | None = None,
+        startup_timeout_s: float = 120.0,
+        on_event: Callable[[str], None] = lambda _msg: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.state_dir = state_dir
+        self.backoff = backoff or Backoff()
+        self.startup_timeout_s = startup_timeout_s
+        self.on_event = on_event
+        self.clock = clock
+        self.children: dict[str, Child] = {}
+        self._next_index: dict[str, int] = {}
+        self._http: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> LocalRuntime:
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    # --- starting -------------------------------------------------------------------------
+
+    def _spawn(self, child: Child) -> None:
+        argv = kvfleet_argv(*child.args, "--host", HOST, "--port", str(child.port))
+        child.proc = procs.spawn(argv, self.state_dir.log_file(child.name))
+        child.state = STARTING
+        child.started_at = self.clock()
+        child.restart_at = None
+
+    def start_router(self, args: list[str], port: int | None = None) -> Child:
+        child = Child(ROUTER_NAME, ROUTER_NAME, port or procs.free_port(), args)
+        self.children[child.name] = child
+        self._spawn(child)
+        return child
+
+    def add_replica(self, role: str, args: list[str]) -> Child:
+        index = self._next_index.get(role, 0)
+        self._next_index[role] = index + 1
+        child = Child(f"{role}-{index}", role, procs.free_port(), args)
+        self.children[child.name] = child
+        self._spawn(child)
+        self.on_event(f"start {child.name} on {child.address}")
+        return child
+
+    @property
+    def router(self) -> Child:
+        return self.children[ROUTER_NAME]
+
+    def replicas(self, role: str | None = None) -> list[Child]:
+        return [
+            c
+            for c in self.children.values()
+            if c.name != ROUTER_NAME and (role is None or c.role == role)
+        ]
+
+    async def wait_ready(self, name: str, timeout_s: float) -> bool:
+        deadline = self.clock() + timeout_s
+        while self.clock() < deadline:
+            await self.supervise()
+            child = self.children.get(name)
+            if child is None:
+                return False
+            if child.state == READY:
+                return True
+            await asyncio.sleep(0.2)
+        return False
+
+    # --- supervision ----------------------------------------------------------------------
+
+    async def _is_healthy(self, child: Child) -> bool:
+        assert self._http is not None, "use LocalRuntime as an async context manager"
+        try:
+            async with self._http.get(f"{child.address}/health") as resp:
+                return resp.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+    def _on_exit(self, child: Child, now: float) -> None:
+        assert child.proc is not None
+        child.last_exit_code = child.proc.returncode
+        if child.state == STOPPING:
+            del self.children[child.name]
+            self.on_event(f"stopped {child.name} (exit {child.last_exit_code})")
+            return
+        uptime = now - child.started_at
+        child.num_recent_crashes = self.backoff.recent_crashes(child.num_recent_crashes, uptime)
+        delay = self.backoff.delay(child.num_recent_crashes)
+        child.state = CRASHED
+        child.restart_at = now + delay
+        self.on_event(
+            f"{child.name} exited with {child.last_exit_code}; restart in {delay:.1f}s "
+            f"(see {self.state_dir.log_file(child.name)})"
+        )
+
+    async def supervise(self) -> None:
+        """One pass: reap exits, restart due crashes, promote healthy starters to ready."""
+        now = self.clock()
+        starting: list[Child] = []
+        for child in list(self.children.values()):
+            if child.proc is not None and child.state != CRASHED and child.proc.poll() is not None:
+                self._on_exit(child, now)
+                continue
+            if child.state == CRASHED and child.restart_at is not None and now >= child.restart_at:
+                child.num_restarts += 1
+                if not _can_bind(child.port):
+                    child.port = procs.free_port()
+                self._spawn(child)
+                self.on_event(f"restart {child.name} (restart #{child.num_restarts})")
+            elif child.state == STARTING:
+                starting.append(child)
+        healthy = await asyncio.gather(*(self._is_healthy(c) for c in starting))
+        for child, is_healthy in zip(starting, healthy, strict=True):
+            if child.state != STARTING:
+                continue
+            if is_healthy:
+                child.state = READY
+                self.on_event(f"{child.name} ready on {child.address}")
+            elif self.clock() - child.started_at > self.startup_timeout_s:
+                self.on_event(f"{child.name} not healthy after {self.startup_timeout_s:.0f}s")
+                if child.proc is not None:
+                    procs.signal_group(child.proc, signal.SIGKILL)
+
+    # --- stopping -------------------------------------------------------------------------
+
+    def mark_draining(self, name: str) -> None:
+        self.children[name].state = DRAINING
+
+    def stop_replica(self, name: str) -> None:
+        """SIGTERM: the engine drains what it still holds and exits; supervise() reaps it."""
+        child = self.children[name]
+        if child.proc is None or child.proc.poll() is not None or child.state == CRASHED:
+            del self.children[name]
+            self.on_event(f"removed {name}")
+            return
+        child.state = STOPPING
+        procs.signal_group(child.proc, signal.SIGTERM)
+
+    async def shutdown(self, grace_s: float = 10.0) -> None:
+        running = [c.proc for c in self.children.values() if c.proc is not None]
+        if running:
+            # Blocking wait off the loop so signal handlers and prints keep working.
+            await asyncio.get_running_loop().run_in_executor(None, procs.stop, running, grace_s)
+        self.children.clear()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def status(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [c.to_status(now) for c in self.children.values()]
+
+
+def _can_bind(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+    return True

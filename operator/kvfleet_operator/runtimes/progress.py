@@ -1,0 +1,85 @@
+"""Human-readable views of a local fleet's state (pure: state dict in, lines out).
+
+`kvfleet up` prints `summary_line` whenever it changes and each event as it happens;
+`kvfleet status` prints `render_status` from the state file, from another terminal.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+# Signals shown per role, in this order, when the scrape produced them.
+_SIGNAL_LABELS = (
+    ("num_waiting", "waiting"),
+    ("num_running", "running"),
+    ("kv_usage_mean", "kv"),
+    ("ttft_p90_s", "ttft90"),
+    ("request_rate", "req/s"),
+)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def role_counts(state: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
+    """role -> (ready, total alive, desired)."""
+    counts: dict[str, tuple[int, int, int]] = {}
+    desired: dict[str, int] = state.get("desired", {})
+    for role in desired:
+        counts[role] = (0, 0, int(desired[role]))
+    for rep in state.get("replicas", []):
+        role = rep["role"]
+        if role == "router":
+            continue
+        ready, alive, want = counts.get(role, (0, 0, int(desired.get(role, 0))))
+        counts[role] = (ready + (rep["state"] == "ready"), alive + 1, want)
+    return counts
+
+
+def summary_line(state: dict[str, Any]) -> str:
+    parts = []
+    for role, (ready, alive, want) in sorted(role_counts(state).items()):
+        text = f"{role} {ready}/{want}"
+        if alive != ready:
+            text += f" ({alive - ready} not ready)"
+        signals = state.get("signals", {}).get(role, {})
+        shown = [f"{label} {_fmt(signals[key])}" for key, label in _SIGNAL_LABELS if key in signals]
+        if signals.get("num_unknown"):
+            shown.append(f"unknown {signals['num_unknown']}")
+        if shown:
+            text += " [" + ", ".join(shown) + "]"
+        parts.append(text)
+    held = state.get("router", {}).get("num_held")
+    if held:
+        parts.append(f"held {held}")
+    return " | ".join(parts) if parts else "no replicas"
+
+
+def render_status(state: dict[str, Any], is_running: bool, now: float | None = None) -> list[str]:
+    now = time.time() if now is None else now
+    age = now - float(state.get("updated_at", now))
+    lines = [
+        f"pool      {state.get('pool', '?')}",
+        f"endpoint  {state.get('endpoint', '?')}",
+        f"up        {'running, pid ' + str(state.get('pid')) if is_running else 'not running'}"
+        f" (state written {age:.0f}s ago)",
+        f"router    config version {state.get('router', {}).get('config_version', '?')}",
+        f"replicas  {summary_line(state)}",
+        "",
+        f"{'NAME':<12} {'ROLE':<8} {'STATE':<9} {'ADDRESS':<24} {'RESTARTS':>8}  LAST EXIT",
+    ]
+    for rep in state.get("replicas", []):
+        exit_code = rep.get("last_exit_code")
+        lines.append(
+            f"{rep['name']:<12} {rep['role']:<8} {rep['state']:<9} {rep['address']:<24} "
+            f"{rep.get('num_restarts', 0):>8}  {'' if exit_code is None else exit_code}"
+        )
+    events = state.get("events", [])[-10:]
+    if events:
+        lines += ["", "recent events:"]
+        lines += [f"  {ev['time']}  {ev['message']}" for ev in events]
+    return lines
