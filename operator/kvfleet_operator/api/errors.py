@@ -1,0 +1,24 @@
+"""The one error a bad InferencePool produces: a field path and what is wrong with it."""
+
+from __future__ import annotations
+
+
+class SpecError(ValueError):
+    """An invalid InferencePool; `path` names the field, e.g. `spec.engine.blockSize`."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        self.message = message
+        super().__init__(f"{path}: {message}" if path else message)
+
+    def under(self, prefix: str) -> SpecError:
+        """The same error seen from a parent object (`min` -> `replicas.min`)."""
+        return SpecError(join_path(prefix, self.path), self.message)
+
+
+def join_path(prefix: str, path: str) -> str:
+    if not prefix:
+        return path
+    if not path:
+        return prefix
+    return f"{prefix}{path}" if path.startswith("[") else f"{prefix}.{path}"

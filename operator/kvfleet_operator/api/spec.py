@@ -1,0 +1,282 @@
+"""InferencePool spec types (kvfleet.io/v1alpha1). Mirrors crds/inferencepools.kvfleet.io.yaml.
+
+Field rules sit in `spec_field(...)`; cross-field rules (the CRD's CEL rules) sit in
+`__post_init__` and raise SpecError with the path relative to the object.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import SpecError
+from .fields import Rule, spec_field
+
+ENGINE_KINDS = ("vllm", "builtin")
+RUNNERS = ("torch", "simulated")
+ROUTING_POLICIES = (
+    "cache-aware", "prefix-cache", "least-kv", "least-request", "round-robin",
+    "random", "session", "ucb", "slo",
+)
+ROLES = ("unified", "prefill", "decode")
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+SOURCE_SCHEMES = ("builtin", "hf", "pvc", "s3", "gs", "file")
+SOURCE_PATTERN = r"^(builtin|hf|pvc|s3|gs)://[^\s]+$|^file:///[^\s]*$"
+SOURCE_HELP = "builtin://NAME, hf://ORG/REPO, pvc://CLAIM/PATH, s3://BUCKET/KEY, gs://... or file:///PATH"
+NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+HEADER_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
+SCORER_PATTERN = r"^[a-z][a-z0-9-]*$"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclass(slots=True)
+class ModelSpec:
+    name: str = spec_field(is_required=True, min_length=1, max_length=256)
+    source: str | None = spec_field(None, pattern=SOURCE_PATTERN, max_length=1024)
+    served_model_name: str | None = spec_field(None, min_length=1, max_length=256)
+
+    def __post_init__(self) -> None:
+        if not self.source:
+            raise SpecError("source", f"a model source is required ({SOURCE_HELP})")
+
+    @property
+    def scheme(self) -> str:
+        return (self.source or "").split("://", 1)[0]
+
+    @property
+    def api_name(self) -> str:
+        """The model name clients send in requests."""
+        return self.served_model_name or self.name
+
+
+@dataclass(slots=True)
+class EngineSpec:
+    kind: str = spec_field("vllm", enum=ENGINE_KINDS)
+    image: str | None = spec_field(None, min_length=1, max_length=512)
+    args: list[str] = spec_field(default_factory=list, max_items=64, items=Rule(max_length=1024))
+    runner: str = spec_field("torch", enum=RUNNERS)
+    profile: str | None = spec_field(None, pattern=NAME_PATTERN, max_length=63)
+    max_num_seqs: int = spec_field(256, minimum=1, maximum=65536)
+    max_num_batched_tokens: int = spec_field(8192, minimum=1, maximum=1048576)
+    max_model_len: int | None = spec_field(None, minimum=16, maximum=1048576)
+    block_size: int = spec_field(16, minimum=1, maximum=256)
+    enable_prefix_caching: bool = spec_field(True)
+    gpu_memory_utilization: float = spec_field(0.9, minimum=0, exclusive_minimum=True, maximum=1)
+    num_blocks: int | None = spec_field(None, minimum=2, maximum=16777216)
+
+    def __post_init__(self) -> None:
+        if self.block_size not in BLOCK_SIZES:
+            raise SpecError("blockSize", f"must be a power of two (1..256), got {self.block_size}")
+        if self.runner == "simulated" and self.kind != "builtin":
+            raise SpecError("runner", "the simulated runner needs kind: builtin")
+        if self.runner == "simulated" and not self.profile:
+            raise SpecError("profile", "a timing profile is required with runner: simulated")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise SpecError(
+                "maxNumBatchedTokens",
+                f"must be >= maxNumSeqs ({self.max_num_batched_tokens} < {self.max_num_seqs})",
+            )
+
+    @property
+    def is_builtin(self) -> bool:
+        return self.kind == "builtin"
+
+
+@dataclass(slots=True)
+class ReplicasSpec:
+    min: int = spec_field(1, minimum=0, maximum=1000)
+    max: int = spec_field(1, minimum=0, maximum=1000)
+
+    def __post_init__(self) -> None:
+        if self.max < 1:
+            raise SpecError("max", f"must be >= 1, got {self.max}")
+        if self.min > self.max:
+            raise SpecError("min", f"must be <= max ({self.min} > {self.max})")
+
+
+@dataclass(slots=True)
+class ResourcesSpec:
+    requests: dict[str, str] | None = spec_field(None, max_items=16, items=Rule(is_quantity=True))
+    limits: dict[str, str] | None = spec_field(None, max_items=16, items=Rule(is_quantity=True))
+
+
+@dataclass(slots=True)
+class Toleration:
+    key: str | None = spec_field(None, max_length=253)
+    operator: str = spec_field("Equal", enum=("Equal", "Exists"))
+    value: str | None = spec_field(None, max_length=63)
+    effect: str | None = spec_field(None, enum=("NoSchedule", "PreferNoSchedule", "NoExecute"))
+    toleration_seconds: int | None = spec_field(None, minimum=0)
+
+    def __post_init__(self) -> None:
+        if self.operator == "Exists" and self.value is not None:
+            raise SpecError("value", "must be empty when operator is Exists")
+        if self.operator == "Equal" and self.key is None:
+            raise SpecError("key", "is required when operator is Equal")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise SpecError("tolerationSeconds", "only applies with effect NoExecute")
+
+
+@dataclass(slots=True)
+class RoleSpec:
+    replicas: ReplicasSpec = spec_field(default_factory=ReplicasSpec)
+    gpus: int = spec_field(0, minimum=0, maximum=16)
+    resources: ResourcesSpec | None = spec_field(None)
+    node_selector: dict[str, str] | None = spec_field(None, max_items=32, items=Rule(max_length=63))
+    tolerations: list[Toleration] | None = spec_field(None, max_items=32)
+
+    def __post_init__(self) -> None:
+        limits = (self.resources.limits if self.resources else None) or {}
+        if self.gpus > 0 and GPU_RESOURCE in limits:
+            raise SpecError(
+                "gpus", f"set gpus or resources.limits[{GPU_RESOURCE}], not both"
+            )
+
+
+@dataclass(slots=True)
+class TopologySpec:
+    unified: RoleSpec | None = spec_field(None)
+    prefill: RoleSpec | None = spec_field(None)
+    decode: RoleSpec | None = spec_field(None)
+
+    def __post_init__(self) -> None:
+        split = self.prefill is not None or self.decode is not None
+        if self.unified is not None and split:
+            raise SpecError("unified", "cannot be combined with prefill/decode; choose one mode")
+        if self.unified is None and not split:
+            raise SpecError("", "set either unified, or both prefill and decode")
+        if split and (self.prefill is None or self.decode is None):
+            missing = "decode" if self.decode is None else "prefill"
+            raise SpecError(missing, "is required: prefill and decode come as a pair")
+
+    @property
+    def is_disaggregated(self) -> bool:
+        return self.unified is None
+
+    @property
+    def mode(self) -> str:
+        return "disaggregated" if self.is_disaggregated else "unified"
+
+    def roles(self) -> dict[str, RoleSpec]:
+        """The roles this topology runs, in a stable order (unified, or prefill then decode)."""
+        pairs = (("unified", self.unified), ("prefill", self.prefill), ("decode", self.decode))
+        return {name: role for name, role in pairs if role is not None}
+
+
+@dataclass(slots=True)
+class ImbalanceSpec:
+    abs_threshold: int = spec_field(32, minimum=0, maximum=100000)
+    rel_threshold: float = spec_field(1.5, minimum=1, maximum=100)
+
+
+@dataclass(slots=True)
+class RoutingSpec:
+    policy: str = spec_field("cache-aware", enum=ROUTING_POLICIES)
+    weights: dict[str, float] | None = spec_field(
+        None, max_items=16, items=Rule(minimum=0, maximum=100)
+    )
+    imbalance: ImbalanceSpec = spec_field(default_factory=ImbalanceSpec)
+    session_header: str = spec_field("x-session-id", pattern=HEADER_PATTERN, max_length=128)
+    replicas: int = spec_field(1, minimum=1, maximum=32)
+    pd_threshold_tokens: int = spec_field(0, minimum=0, maximum=1048576)
+
+    def __post_init__(self) -> None:
+        for name in self.weights or {}:
+            if not re.fullmatch(SCORER_PATTERN, name):
+                raise SpecError(f"weights.{name}", "scorer names are lower-case words with dashes")
+
+
+def _target(maximum: float) -> dict[str, Any]:
+    # Autoscaling targets: open lower bound at 0, checked by CEL rules in the CRD.
+    return dict(minimum=0, exclusive_minimum=True, maximum=maximum, by_cel=True)
+
+
+@dataclass(slots=True)
+class TargetsSpec:
+    waiting_per_replica: float = spec_field(2.0, **_target(10000))
+    kv_cache_usage: float = spec_field(0.8, **_target(1))
+    running_per_replica: float | None = spec_field(None, **_target(100000))
+    ttft_p90_seconds: float | None = spec_field(None, **_target(600))
+    itl_p90_seconds: float | None = spec_field(None, **_target(60))
+    prefill_tokens_per_second_per_replica: float | None = spec_field(
+        None, **_target(10000000)
+    )
+
+
+@dataclass(slots=True)
+class ScaleUpSpec:
+    stabilization_window_seconds: int = spec_field(0, minimum=0, maximum=3600)
+    max_step: int = spec_field(4, minimum=1, maximum=1000)
+    cooldown_seconds: int = spec_field(15, minimum=0, maximum=3600)
+
+
+@dataclass(slots=True)
+class ScaleDownSpec:
+    stabilization_window_seconds: int = spec_field(300, minimum=0, maximum=3600)
+    max_step: int = spec_field(1, minimum=1, maximum=1000)
+    cooldown_seconds: int = spec_field(60, minimum=0, maximum=3600)
+
+
+@dataclass(slots=True)
+class PanicSpec:
+    window_seconds: int = spec_field(6, minimum=1, maximum=600)
+    threshold: float = spec_field(2.0, minimum=1, maximum=100)
+
+
+@dataclass(slots=True)
+class ScaleToZeroSpec:
+    enabled: bool = spec_field(False)
+    idle_seconds: int = spec_field(300, minimum=1, maximum=86400)
+
+
+@dataclass(slots=True)
+class AutoscalingSpec:
+    enabled: bool = spec_field(True)
+    interval_seconds: int = spec_field(10, minimum=1, maximum=3600)
+    window_seconds: int = spec_field(60, minimum=1, maximum=3600)
+    targets: TargetsSpec = spec_field(default_factory=TargetsSpec)
+    scale_up: ScaleUpSpec = spec_field(default_factory=ScaleUpSpec)
+    scale_down: ScaleDownSpec = spec_field(default_factory=ScaleDownSpec)
+    panic: PanicSpec = spec_field(default_factory=PanicSpec)
+    drain_timeout_seconds: int = spec_field(120, minimum=0, maximum=86400)
+    scale_to_zero: ScaleToZeroSpec = spec_field(default_factory=ScaleToZeroSpec)
+
+    def __post_init__(self) -> None:
+        if self.panic.window_seconds > self.window_seconds:
+            raise SpecError(
+                "panic.windowSeconds",
+                f"must be <= windowSeconds ({self.panic.window_seconds} > {self.window_seconds})",
+            )
+        if self.scale_to_zero.enabled and not self.enabled:
+            raise SpecError("scaleToZero.enabled", "needs autoscaling enabled: true")
+
+
+@dataclass(slots=True, kw_only=True)
+class PoolSpec:
+    model: ModelSpec = spec_field(is_required=True)
+    engine: EngineSpec = spec_field(default_factory=EngineSpec)
+    topology: TopologySpec = spec_field(is_required=True)
+    routing: RoutingSpec = spec_field(default_factory=RoutingSpec)
+    autoscaling: AutoscalingSpec = spec_field(default_factory=AutoscalingSpec)
+
+    def __post_init__(self) -> None:
+        if self.model.scheme == "builtin" and self.engine.kind != "builtin":
+            raise SpecError("model.source", "builtin:// models need engine.kind: builtin")
+        roles = self.topology.roles()
+        for name, role in roles.items():
+            if role.replicas.min == 0 and not self.autoscaling.scale_to_zero.enabled:
+                raise SpecError(
+                    f"topology.{name}.replicas.min",
+                    "0 needs autoscaling.scaleToZero.enabled: true",
+                )
+        if self.autoscaling.scale_to_zero.enabled and all(
+            role.replicas.min > 0 for role in roles.values()
+        ):
+            raise SpecError(
+                "autoscaling.scaleToZero.enabled", "needs some role with replicas.min: 0"
+            )
+        if self.routing.pd_threshold_tokens > 0 and not self.topology.is_disaggregated:
+            raise SpecError(
+                "routing.pdThresholdTokens", "only applies to a prefill/decode topology"
+            )

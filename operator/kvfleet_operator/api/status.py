@@ -1,0 +1,228 @@
+"""InferencePool status types: kstatus-style conditions, per-role replicas, scale decisions.
+
+Status is written by the operator (or the local runtime), never by users; these types only
+need to serialise to the CRD's status schema and read back what an earlier run wrote.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from .fields import to_dict
+
+
+class ConditionType:
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+    SCALING_LIMITED = "ScalingLimited"
+
+
+CONDITION_TYPES = (
+    ConditionType.READY,
+    ConditionType.PROGRESSING,
+    ConditionType.DEGRADED,
+    ConditionType.SCALING_LIMITED,
+)
+
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+
+
+class Reason:
+    """Condition reasons (CamelCase, as the Kubernetes API conventions ask)."""
+
+    # Ready
+    ALL_REPLICAS_READY = "AllReplicasReady"
+    REPLICAS_NOT_READY = "ReplicasNotReady"
+    ROUTER_NOT_READY = "RouterNotReady"
+    SCALED_TO_ZERO = "ScaledToZero"
+    # Progressing
+    RECONCILING = "Reconciling"
+    SCALING_UP = "ScalingUp"
+    SCALING_DOWN = "ScalingDown"
+    DRAINING = "Draining"
+    RECONCILED = "Reconciled"
+    # Degraded
+    AS_EXPECTED = "AsExpected"
+    INVALID_SPEC = "InvalidSpec"
+    REPLICA_FAILED = "ReplicaFailed"
+    ROUTER_UNREACHABLE = "RouterUnreachable"
+    SIGNALS_STALE = "SignalsStale"
+    APPLY_FAILED = "ApplyFailed"
+    # ScalingLimited
+    WITHIN_LIMITS = "WithinLimits"
+    AT_MAX_REPLICAS = "AtMaxReplicas"
+    AT_MIN_REPLICAS = "AtMinReplicas"
+    STEP_LIMITED = "StepLimited"
+    COOLDOWN = "Cooldown"
+    STABILIZING = "Stabilizing"
+    AUTOSCALING_DISABLED = "AutoscalingDisabled"
+
+
+REASONS_BY_TYPE: dict[str, tuple[str, ...]] = {
+    ConditionType.READY: (
+        Reason.ALL_REPLICAS_READY, Reason.REPLICAS_NOT_READY, Reason.ROUTER_NOT_READY,
+        Reason.SCALED_TO_ZERO, Reason.INVALID_SPEC,
+    ),
+    ConditionType.PROGRESSING: (
+        Reason.RECONCILING, Reason.SCALING_UP, Reason.SCALING_DOWN, Reason.DRAINING,
+        Reason.RECONCILED,
+    ),
+    ConditionType.DEGRADED: (
+        Reason.AS_EXPECTED, Reason.INVALID_SPEC, Reason.REPLICA_FAILED,
+        Reason.ROUTER_UNREACHABLE, Reason.SIGNALS_STALE, Reason.APPLY_FAILED,
+    ),
+    ConditionType.SCALING_LIMITED: (
+        Reason.WITHIN_LIMITS, Reason.AT_MAX_REPLICAS, Reason.AT_MIN_REPLICAS,
+        Reason.STEP_LIMITED, Reason.COOLDOWN, Reason.STABILIZING, Reason.AUTOSCALING_DISABLED,
+    ),
+}
+
+
+def rfc3339(moment: datetime) -> str:
+    """Kubernetes time format: UTC, second precision, trailing Z."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(slots=True)
+class Condition:
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+    last_transition_time: str = ""
+    observed_generation: int = 0
+
+    @property
+    def is_true(self) -> bool:
+        return self.status == TRUE
+
+
+@dataclass(slots=True)
+class ScaleDecision:
+    """One autoscaler decision for one role, and the signal values it was based on."""
+
+    time: str
+    from_replicas: int
+    to_replicas: int
+    reason: str
+    message: str = ""
+    signals: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RoleStatus:
+    desired_replicas: int = 0
+    replicas: int = 0
+    ready_replicas: int = 0
+    draining_replicas: int = 0
+    last_scale_decision: ScaleDecision | None = None
+
+    @property
+    def ready_of_desired(self) -> str:
+        return f"{self.ready_replicas}/{self.desired_replicas}"
+
+
+@dataclass(slots=True)
+class PoolStatus:
+    observed_generation: int = 0
+    mode: str = ""
+    conditions: list[Condition] = field(default_factory=list)
+    roles: dict[str, RoleStatus] = field(default_factory=dict)
+    router_config_version: int = 0
+    endpoint: str | None = None
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    def set_condition(
+        self, type_: str, status: str, reason: str, message: str, now: datetime
+    ) -> Condition:
+        """Set one condition; lastTransitionTime moves only when the status flips."""
+        old = self.condition(type_)
+        moved = old is None or old.status != status
+        new = Condition(
+            type=type_,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=rfc3339(now) if moved or old is None else old.last_transition_time,
+            observed_generation=self.observed_generation,
+        )
+        self.conditions = [c for c in self.conditions if c.type != type_] + [new]
+        self.conditions.sort(key=lambda c: _type_order(c.type))
+        return new
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = to_dict(self)
+        for name, role in self.roles.items():
+            out["roles"][name]["readyOfDesired"] = role.ready_of_desired
+        return out
+
+
+def _type_order(type_: str) -> int:
+    return CONDITION_TYPES.index(type_) if type_ in CONDITION_TYPES else len(CONDITION_TYPES)
+
+
+def parse_status(data: Any) -> PoolStatus:
+    """Read back a status an earlier run wrote; junk fields are skipped, never fatal."""
+    if not isinstance(data, dict):
+        return PoolStatus()
+    status = PoolStatus(
+        observed_generation=_int(data.get("observedGeneration")),
+        mode=_str(data.get("mode")),
+        router_config_version=_int(data.get("routerConfigVersion")),
+        endpoint=data.get("endpoint") if isinstance(data.get("endpoint"), str) else None,
+    )
+    for item in data.get("conditions") or []:
+        if isinstance(item, dict) and isinstance(item.get("type"), str):
+            status.conditions.append(
+                Condition(
+                    type=item["type"],
+                    status=_str(item.get("status")) or UNKNOWN,
+                    reason=_str(item.get("reason")),
+                    message=_str(item.get("message")),
+                    last_transition_time=_str(item.get("lastTransitionTime")),
+                    observed_generation=_int(item.get("observedGeneration")),
+                )
+            )
+    roles = data.get("roles")
+    for name, item in (roles.items() if isinstance(roles, dict) else []):
+        if isinstance(item, dict):
+            status.roles[str(name)] = _role_status(item)
+    return status
+
+
+def _role_status(item: dict[str, Any]) -> RoleStatus:
+    role = RoleStatus(
+        desired_replicas=_int(item.get("desiredReplicas")),
+        replicas=_int(item.get("replicas")),
+        ready_replicas=_int(item.get("readyReplicas")),
+        draining_replicas=_int(item.get("drainingReplicas")),
+    )
+    decision = item.get("lastScaleDecision")
+    if isinstance(decision, dict):
+        signals = decision.get("signals")
+        role.last_scale_decision = ScaleDecision(
+            time=_str(decision.get("time")),
+            from_replicas=_int(decision.get("fromReplicas")),
+            to_replicas=_int(decision.get("toReplicas")),
+            reason=_str(decision.get("reason")),
+            message=_str(decision.get("message")),
+            signals={
+                str(k): float(v)
+                for k, v in (signals.items() if isinstance(signals, dict) else [])
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            },
+        )
+    return role
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
