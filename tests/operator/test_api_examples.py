@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-
 from kvfleet_operator.api import load_pool, to_dict
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))

@@ -36,6 +36,7 @@ from .spec import (
     TargetsSpec,
     Toleration,
     TopologySpec,
+    WeightsSpec,
 )
 from .status import (
     CONDITION_TYPES,
@@ -60,6 +61,7 @@ __all__ = [
     "ImbalanceSpec", "InferencePool", "ModelSpec", "PanicSpec", "PoolSpec", "PoolStatus",
     "Reason", "ReplicasSpec", "ResourcesSpec", "RoleSpec", "RoleStatus", "RoutingSpec",
     "ScaleDecision", "ScaleDownSpec", "ScaleToZeroSpec", "ScaleUpSpec", "SpecError",
-    "TargetsSpec", "Toleration", "TopologySpec", "load_pool", "parse_pool", "parse_spec",
+    "TargetsSpec", "Toleration", "TopologySpec", "WeightsSpec", "load_pool", "parse_pool",
+    "parse_spec",
     "parse_status", "rfc3339", "to_dict",
 ]

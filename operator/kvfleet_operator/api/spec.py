@@ -6,7 +6,6 @@ Field rules sit in `spec_field(...)`; cross-field rules (the CRD's CEL rules) si
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +16,7 @@ ENGINE_KINDS = ("vllm", "builtin")
 RUNNERS = ("torch", "simulated")
 ROUTING_POLICIES = (
     "cache-aware", "prefix-cache", "least-kv", "least-request", "round-robin",
-    "random", "session", "ucb", "slo",
+    "random", "session", "latency", "ucb", "slo",
 )
 ROLES = ("unified", "prefill", "decode")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -26,7 +25,6 @@ SOURCE_PATTERN = r"^(builtin|hf|pvc|s3|gs)://[^\s]+$|^file:///[^\s]*$"
 SOURCE_HELP = "builtin://NAME, hf://ORG/REPO, pvc://CLAIM/PATH, s3://BUCKET/KEY, gs://... or file:///PATH"
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 HEADER_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
-SCORER_PATTERN = r"^[a-z][a-z0-9-]*$"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
@@ -164,27 +162,37 @@ class TopologySpec:
         return {name: role for name, role in pairs if role is not None}
 
 
+def _weight() -> Any:
+    return spec_field(None, minimum=0, maximum=100)
+
+
+@dataclass(slots=True)
+class WeightsSpec:
+    """Scorer weights for cache-aware routing; unset ones keep the router's default."""
+
+    prefix: float | None = _weight()
+    queue: float | None = _weight()
+    kv: float | None = _weight()
+    session: float | None = _weight()
+    latency: float | None = _weight()
+    ucb: float | None = _weight()
+    slo: float | None = _weight()
+
+
 @dataclass(slots=True)
 class ImbalanceSpec:
-    abs_threshold: int = spec_field(32, minimum=0, maximum=100000)
+    abs_threshold: int = spec_field(8, minimum=0, maximum=100000)
     rel_threshold: float = spec_field(1.5, minimum=1, maximum=100)
 
 
 @dataclass(slots=True)
 class RoutingSpec:
     policy: str = spec_field("cache-aware", enum=ROUTING_POLICIES)
-    weights: dict[str, float] | None = spec_field(
-        None, max_items=16, items=Rule(minimum=0, maximum=100)
-    )
+    weights: WeightsSpec | None = spec_field(None)
     imbalance: ImbalanceSpec = spec_field(default_factory=ImbalanceSpec)
     session_header: str = spec_field("x-session-id", pattern=HEADER_PATTERN, max_length=128)
     replicas: int = spec_field(1, minimum=1, maximum=32)
-    pd_threshold_tokens: int = spec_field(0, minimum=0, maximum=1048576)
-
-    def __post_init__(self) -> None:
-        for name in self.weights or {}:
-            if not re.fullmatch(SCORER_PATTERN, name):
-                raise SpecError(f"weights.{name}", "scorer names are lower-case words with dashes")
+    pd_threshold_tokens: int = spec_field(128, minimum=0, maximum=1048576)
 
 
 def _target(maximum: float) -> dict[str, Any]:
@@ -275,8 +283,4 @@ class PoolSpec:
         ):
             raise SpecError(
                 "autoscaling.scaleToZero.enabled", "needs some role with replicas.min: 0"
-            )
-        if self.routing.pd_threshold_tokens > 0 and not self.topology.is_disaggregated:
-            raise SpecError(
-                "routing.pdThresholdTokens", "only applies to a prefill/decode topology"
             )
