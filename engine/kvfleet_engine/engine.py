@@ -1,0 +1,378 @@
+"""The step loop: scheduler -> runner -> outputs, one step per `step()` call.
+
+API (the server, the simulator and `LLM` drive exactly this; not thread-safe, so call
+it from one thread, e.g. the server's engine thread):
+
+    engine = LLMEngine(EngineConfig(...), runner, tokenizer=None, eos_token_ids=(),
+                       clock=time.monotonic)
+    engine.add_request(request_id, prompt_token_ids, SamplingParams(...), priority=0,
+                       arrival_time=None, hold_kv=False, preloaded_kv=None)
+        ValueError with a one-line reason for bad input: empty prompt, bad token ids,
+        prompt + max_tokens > max_model_len, duplicate id, stop strings without a
+        tokenizer, a preload of the wrong size. Lower priority values run first.
+    engine.abort_request(request_id) -> bool       frees blocks now; the next step()
+        returns a final output with finish_reason "abort"
+    engine.step() -> list[RequestOutput]           one output per request that got a
+        token (or finished) in this step; chunks of a prompt produce none
+    engine.has_unfinished_requests() -> bool
+    engine.stats() -> EngineStats                  a snapshot, cheap enough per step
+    engine.drain_kv_events() -> list[KVEvent]      BlockStored/BlockRemoved; seq +1 each
+
+RequestOutput: request_id, new_token_ids, token_ids (all output so far), new_text/text
+(with a tokenizer: incremental detokenization, stop strings cut the text and finish with
+"stop"), is_finished, finish_reason ("stop"|"length"|"abort"|None), num_prompt_tokens,
+num_cached_tokens, timing (arrival, first_scheduled, first_token, last_token, finished,
+all from `clock`).
+
+Prefill/decode hooks:
+- hold_kv=True: on finish the request's blocks are not freed; they stay under its id
+  (`get_held_blocks`, `get_held_num_tokens`) until `release_held` (or abort_request).
+- preloaded_kv=PreloadedKV(num_tokens, data): at admission the engine allocates blocks
+  for the first num_tokens prompt tokens, calls runner.write_blocks, and counts them as
+  computed (no prefix-cache query or hit is recorded). At least the last prompt token is
+  computed here, so the sampled token is the one unified serving would give.
+
+Per-step wall-clock timings (schedule / execute / postprocess) are in stats().timings,
+so a benchmark can measure the engine's own overhead against the runner's time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from kvfleet_engine.config import EngineConfig
+from kvfleet_engine.contract import KVEvent
+from kvfleet_engine.kv_cache import KVCacheManager, cdiv
+from kvfleet_engine.output_processor import IncrementalDetokenizer, check_stop_token
+from kvfleet_engine.outputs import EngineStats, RequestOutput, StepTimings
+from kvfleet_engine.runner_base import Runner, ScheduledSeq, StepBatch
+from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.scheduler import Scheduler
+from kvfleet_engine.sequence import PreloadedKV, Request, RequestStatus
+
+_DTYPE_BYTES = {
+    "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "uint64": 8, "int64": 8,
+    "int32": 4, "uint32": 4, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: Runner,
+        tokenizer: Any = None,
+        eos_token_ids: Collection[int] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if runner.block_size != config.block_size:
+            raise ValueError(
+                f"runner block_size {runner.block_size} != config block_size {config.block_size}"
+            )
+        if runner.num_blocks < config.num_blocks:
+            raise ValueError(
+                f"runner has {runner.num_blocks} KV blocks, config asks for {config.num_blocks}"
+            )
+        self.config = config
+        self.runner = runner
+        self.tokenizer = tokenizer
+        if not eos_token_ids and tokenizer is not None:
+            eos_token_ids = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self._clock = clock
+        self.kv_cache = KVCacheManager(
+            config.num_blocks,
+            config.block_size,
+            enable_caching=config.enable_prefix_caching,
+            clock=clock,
+            max_pending_events=config.max_pending_kv_events,
+        )
+        self.scheduler = Scheduler(config, self.kv_cache)
+        self._requests: dict[str, Request] = {}  # waiting or running
+        self._held: dict[str, Request] = {}  # finished with hold_kv, blocks still owned
+        self._pending: list[RequestOutput] = []  # abort outputs for the next step()
+        self._timings = StepTimings()
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+        self._vocab_size: int | None = getattr(runner, "vocab_size", None)
+
+    # --- requests in ---
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        priority: int = 0,
+        arrival_time: float | None = None,
+        hold_kv: bool = False,
+        preloaded_kv: PreloadedKV | None = None,
+    ) -> None:
+        self._check_request(request_id, prompt_token_ids, params, priority, preloaded_kv)
+        request = Request(
+            request_id,
+            list(prompt_token_ids),
+            params,
+            priority=priority,
+            arrival_time=self._clock() if arrival_time is None else arrival_time,
+            hold_kv=hold_kv,
+            preloaded_kv=preloaded_kv,
+        )
+        if self.tokenizer is not None:
+            request.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop)
+        self._requests[request_id] = request
+        self.scheduler.add(request)
+
+    def _check_request(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        priority: int,
+        preloaded_kv: PreloadedKV | None,
+    ) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError("request_id must be a non-empty string")
+        if request_id in self._requests or request_id in self._held:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params must be a SamplingParams")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError("priority must be an integer")
+        if len(prompt) == 0:
+            raise ValueError("the prompt is empty")
+        limit = self._vocab_size
+        for t in prompt:
+            if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (limit and t >= limit):
+                raise ValueError(
+                    f"prompt token id {t!r} is not an integer in [0, {limit or 'vocab size'})"
+                )
+        total = len(prompt) + params.max_tokens
+        if total > self.config.max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds max_model_len {self.config.max_model_len}"
+            )
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this engine has none")
+        if preloaded_kv is not None:
+            self._check_preload(preloaded_kv, len(prompt))
+
+    def _check_preload(self, preload: PreloadedKV, num_prompt_tokens: int) -> None:
+        if not 1 <= preload.num_tokens <= num_prompt_tokens:
+            raise ValueError(
+                f"preloaded_kv.num_tokens {preload.num_tokens} must be in [1, {num_prompt_tokens}]"
+            )
+        block_bytes = self._bytes_per_block()
+        num_blocks = cdiv(preload.num_tokens, self.config.block_size)
+        if block_bytes is not None and len(preload.data) != num_blocks * block_bytes:
+            raise ValueError(
+                f"preloaded_kv.data has {len(preload.data)} bytes; {preload.num_tokens} tokens "
+                f"need {num_blocks} blocks x {block_bytes} bytes"
+            )
+
+    def _bytes_per_block(self) -> int | None:
+        dtype, shape = self.runner.kv_block_shape()
+        itemsize = _DTYPE_BYTES.get(str(dtype).removeprefix("torch."))
+        if itemsize is None:
+            return None
+        n = itemsize
+        for dim in shape:
+            n *= dim
+        return n
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request and free its blocks now. False when the id is unknown."""
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            if request_id in self._held:
+                self.release_held(request_id)
+                return True
+            return False
+        was_running = request.status is RequestStatus.RUNNING
+        self.scheduler.remove(request)
+        if request.block_ids:
+            self.kv_cache.free(request)
+        if was_running or request.num_preemptions:
+            self.runner.release(request_id)
+        request.finish_reason = "abort"
+        request.timing.finished_time = self._clock()
+        self._pending.append(self._output(request, [], "", is_finished=True))
+        return True
+
+    # --- the step ---
+
+    def step(self) -> list[RequestOutput]:
+        t0 = time.perf_counter()
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule(self._clock())
+        scheduled = sched.scheduled
+        timings = self._timings
+        if not scheduled:
+            timings.last_schedule_s = time.perf_counter() - t0
+            timings.schedule_s += timings.last_schedule_s
+            return outputs
+        runner = self.runner
+        for _request, block_ids, data in sched.preloads:
+            runner.write_blocks(block_ids, data)
+        seqs = []
+        for request, n in scheduled:
+            start = request.num_computed_tokens
+            end = start + n
+            seqs.append(
+                ScheduledSeq(
+                    request.request_id,
+                    request.all_token_ids[start:end],
+                    start,
+                    request.block_ids,
+                    end == len(request.all_token_ids),
+                    request.params,
+                    len(request.output_token_ids),
+                    request.num_cached_tokens,
+                )
+            )
+        t1 = time.perf_counter()
+        sampled = runner.execute(StepBatch(seqs))
+        t2 = time.perf_counter()
+        self._process(scheduled, sampled, outputs)
+        t3 = time.perf_counter()
+        timings.num_steps += 1
+        timings.last_schedule_s = t1 - t0
+        timings.last_execute_s = t2 - t1
+        timings.last_postprocess_s = t3 - t2
+        timings.schedule_s += t1 - t0
+        timings.execute_s += t2 - t1
+        timings.postprocess_s += t3 - t2
+        timings.last_num_seqs = len(seqs)
+        timings.last_num_tokens = sched.num_batched_tokens
+        return outputs
+
+    def _process(
+        self,
+        scheduled: list[tuple[Request, int]],
+        sampled: dict[str, int],
+        outputs: list[RequestOutput],
+    ) -> None:
+        now = self._clock()
+        kv = self.kv_cache
+        is_caching = kv.enable_caching
+        eos = self.eos_token_ids
+        max_model_len = self.config.max_model_len
+        num_finished = 0
+        for request, n in scheduled:
+            request.num_computed_tokens += n
+            if is_caching:
+                kv.cache_computed_blocks(request)
+            if request.num_computed_tokens < len(request.all_token_ids):
+                continue  # a prompt chunk: nothing to report yet
+            token = sampled.get(request.request_id)
+            if token is None:
+                raise RuntimeError(f"runner returned no token for {request.request_id!r}")
+            timing = request.timing
+            if timing.first_token_time is None:
+                timing.first_token_time = now
+                self._num_prompt_tokens += len(request.prompt_token_ids)
+            timing.last_token_time = now
+            request.append_output(token)
+            self._num_generation_tokens += 1
+            reason = check_stop_token(
+                token,
+                len(request.output_token_ids),
+                len(request.all_token_ids),
+                request.params,
+                eos,
+                max_model_len,
+            )
+            new_text = ""
+            detok = request.detokenizer
+            if detok is not None:
+                new_text, is_stopped = detok.add(
+                    None if reason == "stop" else token, is_final=reason is not None
+                )
+                if is_stopped:
+                    reason = "stop"
+            if reason is not None:
+                self._finish(request, reason, now)
+                num_finished += 1
+            outputs.append(self._output(request, [token], new_text, is_finished=reason is not None))
+        if num_finished:
+            self.scheduler.remove_finished_running()
+
+    def _finish(self, request: Request, reason: str, now: float) -> None:
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.timing.finished_time = now
+        del self._requests[request.request_id]
+        if request.hold_kv:
+            self._held[request.request_id] = request
+        else:
+            self.kv_cache.free(request)
+        self.runner.release(request.request_id)
+
+    def _output(
+        self, request: Request, new_token_ids: list[int], new_text: str, *, is_finished: bool
+    ) -> RequestOutput:
+        detok = request.detokenizer
+        out = RequestOutput(
+            request.request_id,
+            new_token_ids,
+            request.output_token_ids,
+            new_text=new_text,
+            is_finished=is_finished,
+            finish_reason=request.finish_reason if is_finished else None,
+            num_prompt_tokens=len(request.prompt_token_ids),
+            num_cached_tokens=request.num_cached_tokens,
+            timing=request.timing,
+        )
+        if detok is not None:
+            out.set_text_source(detok.text, detok.num_sent)
+        return out
+
+    # --- state out ---
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def stats(self) -> EngineStats:
+        sched = self.scheduler
+        kv = self.kv_cache
+        return EngineStats(
+            num_running=len(sched.running),
+            num_waiting=sched.num_waiting,
+            kv_usage=kv.usage(),
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=sched.num_preemptions,
+            num_waiting_prompt_tokens=sched.num_waiting_prompt_tokens,
+            num_gpu_blocks=self.config.num_blocks,
+            block_size=self.config.block_size,
+            num_held=len(self._held),
+            num_prompt_tokens=self._num_prompt_tokens,
+            num_generation_tokens=self._num_generation_tokens,
+            timings=self._timings.snapshot(),
+        )
+
+    def drain_kv_events(self) -> list[KVEvent]:
+        return self.kv_cache.drain_events()
+
+    # --- prefill/decode hooks ---
+
+    def get_held_blocks(self, request_id: str) -> list[int]:
+        return list(self._held_request(request_id).block_ids)
+
+    def get_held_num_tokens(self, request_id: str) -> int:
+        """Tokens whose KV the held blocks contain (the prompt, plus outputs but the last)."""
+        return self._held_request(request_id).num_computed_tokens
+
+    def release_held(self, request_id: str) -> None:
+        request = self._held_request(request_id)
+        del self._held[request_id]
+        self.kv_cache.free(request)
+
+    def _held_request(self, request_id: str) -> Request:
+        request = self._held.get(request_id)
+        if request is None:
+            raise KeyError(f"no KV is held for request {request_id!r}")
+        return request
