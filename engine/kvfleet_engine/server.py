@@ -1,0 +1,100 @@
+"""One engine replica's process life: start the engine thread, serve, drain on SIGTERM.
+
+SIGTERM (or SIGINT) starts a drain: new requests get 503 and /health says draining,
+in-flight requests run to completion for up to the drain timeout, then the process
+exits 0. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+from aiohttp import web
+
+from kvfleet_engine import server_pd
+from kvfleet_engine.engine_thread import EngineThread
+from kvfleet_engine.kv_transfer import HandleStore
+from kvfleet_engine.server_app import build_app
+from kvfleet_engine.server_kv_events import KVEventHub
+from kvfleet_engine.server_metrics import ServerMetrics
+from kvfleet_engine.server_state import ServerSettings, ServerState
+
+log = logging.getLogger(__name__)
+
+DRAIN_POLL_S = 0.05
+
+
+def serve(engine: Any, tokenizer: Any, settings: ServerSettings) -> int:
+    try:
+        import uvloop
+    except ImportError:  # optional: plain asyncio works, a little slower
+        return asyncio.run(serve_async(engine, tokenizer, settings))
+    return uvloop.run(serve_async(engine, tokenizer, settings))
+
+
+async def serve_async(engine: Any, tokenizer: Any, settings: ServerSettings) -> int:
+    loop = asyncio.get_running_loop()
+    state = ServerState(settings, tokenizer)
+    state.kv_events = KVEventHub()
+    state.handles = HandleStore(settings.kv_handle_ttl_s)
+    state.engine = EngineThread(engine, loop, on_outputs=state.deliver_outputs,
+                                on_error=state.deliver_error,
+                                on_kv_events=state.kv_events.publish)
+    stats = state.engine.stats
+    state.metrics = ServerMetrics(settings.served_model_names[0], settings.role,
+                                  block_size=stats.block_size, num_gpu_blocks=stats.num_gpu_blocks,
+                                  read_stats=lambda: state.engine.stats)
+    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None,
+                           shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    await site.start()
+    settings.port = _bound_port(runner, settings.port)
+    state.engine.start()
+    stop = asyncio.Event()
+    drain_task: list[asyncio.Task[None]] = []
+
+    def on_signal(signum: int) -> None:
+        if state.drain.begin(time.monotonic()):
+            log.warning("signal %d: draining (timeout %.1fs)", signum, settings.drain_timeout_s)
+            state.metrics.set_draining(True)
+            drain_task.append(loop.create_task(_wait_drained(state, stop)))
+        else:
+            log.warning("second signal %d: stopping now", signum)
+            stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    sweeper = loop.create_task(server_pd.sweep_expired_handles(state))
+    print(f"kvfleet engine ({settings.role}) serving {settings.served_model_names[0]} on "
+          f"http://{settings.host}:{settings.port}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        sweeper.cancel()
+        state.kv_events.close()
+        await runner.cleanup()  # cancels handlers still running (drain timed out)
+        for held in state.handles.pop_all():
+            log.info("dropping unclaimed KV handle of %s", held.request_id)
+        state.engine.stop()
+    print("kvfleet engine stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+async def _wait_drained(state: ServerState, stop: asyncio.Event) -> None:
+    while not state.drain.can_stop(time.monotonic(), state.num_in_flight):
+        await asyncio.sleep(DRAIN_POLL_S)
+    stop.set()
+
+
+def _bound_port(runner: web.AppRunner, requested: int) -> int:
+    """The real port when 0 was asked for (tests let the OS pick a free one)."""
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return requested

@@ -1,0 +1,94 @@
+"""Turn `kvfleet engine` flags into an engine, its tokenizer and the server's settings.
+
+Loaders and configs raise ValueError with a one-line reason; the CLI prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from kvfleet_engine.config import EngineConfig
+from kvfleet_engine.server_state import ServerSettings
+
+DEFAULT_MAX_MODEL_LEN = 2048
+
+
+def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettings]:
+    _check_flags(args)
+    if args.runner == "torch":
+        runner, tokenizer, model_len, default_name = _torch_parts(args)
+    else:
+        runner, tokenizer, model_len, default_name = _simulated_parts(args)
+    capacity = (args.num_blocks - 1) * args.block_size
+    max_model_len = args.max_model_len or min(model_len, DEFAULT_MAX_MODEL_LEN, capacity)
+    config = EngineConfig(
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=max_model_len,
+    )
+    from kvfleet_engine.engine import LLMEngine
+
+    engine = LLMEngine(config, runner, tokenizer=tokenizer)
+    settings = ServerSettings(
+        served_model_names=args.served_model_name or [default_name],
+        max_model_len=max_model_len,
+        vocab_size=int(tokenizer.vocab_size),
+        block_size=args.block_size,
+        role=args.role,
+        host=args.host,
+        port=args.port,
+        max_num_seqs=args.max_num_seqs,
+        max_queue=args.max_queue,
+        max_body_bytes=args.max_body_bytes,
+        drain_timeout_s=args.drain_timeout,
+        kv_handle_ttl_s=args.kv_handle_ttl,
+        kv_transfer_timeout_s=args.kv_transfer_timeout,
+    )
+    return engine, tokenizer, settings
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    for flag in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_body_bytes"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.num_blocks < 2:
+        raise ValueError("--num-blocks must be at least 2 (block 0 is reserved)")
+    if args.max_model_len is not None and args.max_model_len < 2:
+        raise ValueError("--max-model-len must be at least 2")
+    if args.max_queue < 0:
+        raise ValueError("--max-queue must be >= 0")
+    if args.drain_timeout < 0:
+        raise ValueError("--drain-timeout must be >= 0")
+    if args.kv_handle_ttl <= 0 or args.kv_transfer_timeout <= 0:
+        raise ValueError("--kv-handle-ttl and --kv-transfer-timeout must be positive")
+    if args.runner == "torch":
+        if not args.model:
+            raise ValueError("--model is required with --runner torch")
+        if args.profile:
+            raise ValueError("--profile only applies to --runner simulated")
+    elif not (args.profile or args.model):
+        raise ValueError("--runner simulated needs --profile (or --model naming a profile)")
+
+
+def _torch_parts(args: argparse.Namespace) -> tuple[Any, Any, int, str]:
+    from kvfleet_engine.model import registry
+    from kvfleet_engine.runner_torch import TorchRunner
+
+    loaded = registry.load(args.model, dtype=args.dtype)
+    runner = TorchRunner(loaded.model, args.num_blocks, args.block_size, seed=args.seed)
+    return runner, loaded.tokenizer, loaded.config.max_position_embeddings, args.model
+
+
+def _simulated_parts(args: argparse.Namespace) -> tuple[Any, Any, int, str]:
+    from kvfleet_engine import runner_sim
+    from kvfleet_engine.model.tokenizer import ByteTokenizer
+
+    name = args.profile or args.model
+    runner = runner_sim.build_simulated_runner(name, args.num_blocks, args.block_size,
+                                               seed=args.seed)
+    return runner, ByteTokenizer(), DEFAULT_MAX_MODEL_LEN * 64, args.model or name

@@ -1,0 +1,60 @@
+"""OpenAI-shaped HTTP errors: `{"error": {"message", "type", "param", "code"}}`.
+
+Handlers raise `APIError`; one middleware turns it (and aiohttp's own HTTP errors,
+and anything unexpected) into that shape, so a client never sees a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# error `type` values, as OpenAI's API and client use them
+INVALID_REQUEST = "invalid_request_error"
+NOT_FOUND = "not_found_error"
+SERVER_ERROR = "server_error"
+OVERLOADED = "overloaded_error"
+KV_TRANSFER = "kv_transfer_error"
+
+# status -> default type when aiohttp raises its own HTTP error (404 route, 405 method...)
+_TYPE_BY_STATUS = {400: INVALID_REQUEST, 404: NOT_FOUND, 405: INVALID_REQUEST, 413: INVALID_REQUEST}
+
+
+class APIError(Exception):
+    """An error that reaches the client as one JSON object with a status code."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = INVALID_REQUEST,  # noqa: A002 - OpenAI's field name
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(
+    message: str, type: str, param: str | None = None, code: str | None = None  # noqa: A002
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def type_for_status(status: int) -> str:
+    if status in _TYPE_BY_STATUS:
+        return _TYPE_BY_STATUS[status]
+    return SERVER_ERROR if status >= 500 else INVALID_REQUEST

@@ -1,0 +1,186 @@
+"""POST /v1/completions and /v1/chat/completions: whole responses and SSE streams.
+
+A handler validates, tokenizes and admits the request, hands it to the engine thread,
+then relays outputs from its mailbox. Whatever ends the handler early (client gone,
+handler cancelled, error) aborts the request, so its KV blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from kvfleet_engine import server_pd
+from kvfleet_engine.server_errors import SERVER_ERROR, APIError, bad_request
+from kvfleet_engine.server_metrics import RequestTimer
+from kvfleet_engine.server_protocol import (
+    GenerationRequest,
+    check_model,
+    check_token_ids,
+    parse_request,
+    resolve_sampling,
+)
+from kvfleet_engine.server_responses import (
+    ResponseIds,
+    chunk,
+    full_response,
+    usage,
+    usage_chunk,
+)
+from kvfleet_engine.server_sse import SSE_DONE, open_sse, sse_event
+from kvfleet_engine.server_state import STATE_KEY, RequestStream, ServerState
+
+log = logging.getLogger(__name__)
+
+
+async def handle_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, is_chat=False)
+
+
+async def handle_chat(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, is_chat=True)
+
+
+async def read_json_body(request: web.Request, max_bytes: int) -> Any:
+    """The decoded JSON body; 413 past max_bytes (checked while reading), 400 if malformed."""
+    too_large = APIError(413, f"request body exceeds {max_bytes} bytes", code="request_too_large")
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise too_large
+    parts, size = [], 0
+    async for part in request.content.iter_chunked(64 * 1024):
+        size += len(part)
+        if size > max_bytes:
+            raise too_large
+        parts.append(part)
+    try:
+        return json.loads(b"".join(parts))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise bad_request(f"malformed JSON body: {exc}", code="invalid_json") from None
+
+
+def tokenize_prompt(tokenizer: Any, req: GenerationRequest) -> list[int]:
+    if req.prompt_token_ids is not None:
+        return list(req.prompt_token_ids)
+    if req.messages is not None:
+        try:
+            text = tokenizer.apply_chat_template(req.messages, req.add_generation_prompt)
+        except ValueError as exc:  # the model's template rejected the conversation
+            raise bad_request(f"chat template: {exc}", param="messages") from None
+        return list(tokenizer.encode(text))
+    return list(tokenizer.encode(req.prompt_text or ""))
+
+
+async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
+    state: ServerState = request.app[STATE_KEY]
+    settings = state.settings
+    state.check_admission()  # cheap early 503 before reading the body
+    req = parse_request(await read_json_body(request, settings.max_body_bytes), is_chat=is_chat)
+    model = check_model(req.model, settings.served_model_names)
+    prompt_ids = tokenize_prompt(state.tokenizer, req)
+    check_token_ids(prompt_ids, settings.vocab_size, "messages" if is_chat else "prompt")
+    params = resolve_sampling(req, len(prompt_ids), settings.max_model_len)
+    params, hold_kv = server_pd.plan_prefill(req, params)
+    state.check_admission()
+    ids = ResponseIds(is_chat=is_chat, model=model)
+    request_id = ids.id
+    stream = state.open_stream(request_id)
+    timer = RequestTimer(state.metrics, time.monotonic())
+    is_settled = False  # True once the engine is done with the request
+    try:
+        preloaded = None
+        if req.is_remote_prefill:
+            preloaded = await server_pd.pull_prompt_kv(state, req, prompt_ids)
+        state.engine.add_request(request_id, prompt_ids, params, priority=req.priority,
+                                 hold_kv=hold_kv, preloaded_kv=preloaded)
+        if req.is_stream:
+            response = await _stream(request, req, ids, stream, timer)
+        else:
+            response = await _whole(state, req, ids, stream, timer, prompt_ids, hold_kv)
+        is_settled = True
+        return response
+    finally:
+        state.close_stream(request_id)
+        if not is_settled:
+            state.engine.abort(request_id)
+
+
+async def _outputs(stream: RequestStream, timer: RequestTimer) -> AsyncIterator[Any]:
+    """The request's outputs in order, up to and including the finished one."""
+    while True:
+        item = await stream.queue.get()
+        if isinstance(item, BaseException):
+            raise _engine_error(item)
+        timer.on_output(item, time.monotonic())
+        yield item
+        if item.is_finished:
+            return
+
+
+def _engine_error(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValueError):  # the engine refused the request's shape
+        return bad_request(str(exc))
+    log.error("request failed in the engine: %r", exc)
+    return APIError(500, f"engine error: {exc}", type=SERVER_ERROR)
+
+
+async def _whole(
+    state: ServerState,
+    req: GenerationRequest,
+    ids: ResponseIds,
+    stream: RequestStream,
+    timer: RequestTimer,
+    prompt_ids: list[int],
+    hold_kv: bool,
+) -> web.Response:
+    last = None
+    async for output in _outputs(stream, timer):
+        last = output
+    assert last is not None
+    body = full_response(
+        ids, last.text, last.finish_reason,
+        usage(last.num_prompt_tokens, len(last.token_ids), last.num_cached_tokens),
+    )
+    if hold_kv:
+        body[server_pd.KV_TRANSFER_PARAMS] = await server_pd.publish_held_kv(
+            state, ids.id, prompt_ids, last.token_ids
+        )
+    return web.json_response(body)
+
+
+async def _stream(
+    request: web.Request,
+    req: GenerationRequest,
+    ids: ResponseIds,
+    stream: RequestStream,
+    timer: RequestTimer,
+) -> web.StreamResponse:
+    response = await open_sse(request)
+    is_first = True
+    last = None
+    try:
+        async for output in _outputs(stream, timer):
+            last = output
+            finish = output.finish_reason if output.is_finished else None
+            if output.new_text or finish or is_first:
+                payload = chunk(ids, output.new_text, finish, is_first=is_first,
+                                include_usage=req.include_usage)
+                await response.write(sse_event(payload))
+                is_first = False
+    except APIError as exc:  # headers are out: report in-band, as OpenAI does
+        await response.write(sse_event(exc.to_dict()))
+        await response.write(SSE_DONE)
+        return response
+    if req.include_usage and last is not None:
+        usage_body = usage(last.num_prompt_tokens, len(last.token_ids), last.num_cached_tokens)
+        await response.write(sse_event(usage_chunk(ids, usage_body)))
+    await response.write(SSE_DONE)
+    await response.write_eof()
+    return response
+
