@@ -1,0 +1,380 @@
+"""The router's versioned configuration: what `router.yaml` holds and what the operator PUTs.
+
+One document, schema `kvfleet.io/router/v1`, replaced as a whole (never patched):
+
+```yaml
+schema: kvfleet.io/router/v1     # optional; the only accepted value
+version: 3                       # int >= 0; an admin push must be higher than the current
+endpoints:                       # the backends; names are unique
+  - name: e0
+    url: http://127.0.0.1:8001   # http(s)://host:port, no path
+    role: unified                # unified | prefill | decode
+    state: active                # active | draining (draining: no new requests, in-flight finish)
+    capacity: 256                # in-flight at which it is full; load = in-flight/capacity
+    models: []                   # served model names; empty = any
+    prefix_mode: approximate     # approximate (router hashes text) | precise (KV events)
+policy:
+  name: cache-aware              # round-robin | random | least-request | least-kv | prefix-cache |
+                                 # session | latency | ucb | slo | cache-aware
+  picker: max                    # max | power-of-two | weighted-random (ignored by round-robin)
+  weights: {prefix: 2.0, queue: 1.0, kv: 0.5}   # scorer -> weight (cache-aware only)
+  allow_override: false          # honour the per-request header below?
+  override_header: x-kvfleet-policy
+  imbalance: {abs_threshold: 8, rel_threshold: 1.5}   # cache-aware's load guard
+  ucb_c: 1.0                     # UCB1 exploration constant
+  ttft_ref_s: 0.5                # reward = ttft_ref / (ttft_ref + ttft), in (0, 1]
+  slo: {prefill_s_per_token: 0.0005, decode_s_per_token: 0.02, ewma_alpha: 0.2}
+session: {header: x-session-id, use_user_field: true, load_factor: 1.25}
+prefix: {block_bytes: 64, max_blocks_per_endpoint: 20000, chars_per_token: 4.0}
+saturation: {max_waiting: 0, max_kv_usage: 0.98}    # 0 disables max_waiting
+queue: {max_size: 256, timeout_s: 5.0, retry_after_s: 1}
+health: {probe_interval_s: 2.0, probe_timeout_s: 1.0, eject_after_errors: 3,
+         eject_base_s: 2.0, eject_max_s: 30.0}
+signals: {poll_interval_s: 1.0, stale_after_s: 5.0}
+timeouts: {connect_s: 2.0, first_byte_s: 60.0, idle_s: 60.0}
+retries: {max_attempts: 2}       # total tries per request, only before the client saw a byte
+pd: {prefill_threshold_tokens: 128}   # uncached prompt tokens above which a separate prefill runs
+limits: {max_body_bytes: 4194304}
+```
+
+`RouterConfig.from_dict(data)` checks everything and raises `ConfigError` whose message starts
+with the field path (`endpoints[1].role: must be one of ...`). `to_dict()` is the inverse.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+SCHEMA = "kvfleet.io/router/v1"
+ROLES = ("unified", "prefill", "decode")
+STATES = ("active", "draining")
+PREFIX_MODES = ("approximate", "precise")
+POLICY_NAMES = (
+    "round-robin", "random", "least-request", "least-kv", "prefix-cache",
+    "session", "latency", "ucb", "slo", "cache-aware",
+)
+PICKER_NAMES = ("max", "power-of-two", "weighted-random")
+SCORER_NAMES = ("prefix", "queue", "kv", "session", "latency", "ucb", "slo")
+
+
+class ConfigError(ValueError):
+    """A config problem; the message starts with the offending field's path."""
+
+
+def _check(cond: bool, path: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(f"{path}: {message}")
+
+
+def _positive(value: float, path: str) -> None:
+    _check(value > 0, path, f"must be > 0, got {value!r}")
+
+
+@dataclass(slots=True)
+class EndpointConfig:
+    name: str
+    url: str
+    role: str = "unified"
+    state: str = "active"
+    capacity: int = 256
+    models: list[str] = field(default_factory=list)
+    prefix_mode: str = "approximate"
+
+    def __post_init__(self) -> None:
+        _check(bool(self.name), "name", "must not be empty")
+        parts = urlsplit(self.url)
+        _check(parts.scheme in ("http", "https") and bool(parts.hostname) and parts.path in
+               ("", "/"), "url", f"must look like http://host:port, got {self.url!r}")
+        self.url = self.url.rstrip("/")
+        _check(self.role in ROLES, "role", f"must be one of {', '.join(ROLES)}")
+        _check(self.state in STATES, "state", f"must be one of {', '.join(STATES)}")
+        _positive(self.capacity, "capacity")
+        _check(self.prefix_mode in PREFIX_MODES, "prefix_mode",
+               f"must be one of {', '.join(PREFIX_MODES)}")
+
+    @property
+    def is_draining(self) -> bool:
+        return self.state == "draining"
+
+
+@dataclass(slots=True)
+class ImbalanceConfig:
+    abs_threshold: float = 8.0
+    rel_threshold: float = 1.5
+
+    def __post_init__(self) -> None:
+        _check(self.abs_threshold >= 0, "abs_threshold", "must be >= 0")
+        _check(self.rel_threshold >= 1, "rel_threshold", "must be >= 1")
+
+
+@dataclass(slots=True)
+class SloConfig:
+    prefill_s_per_token: float = 0.0005  # prior for alpha until measured
+    decode_s_per_token: float = 0.02  # prior for beta until measured
+    ewma_alpha: float = 0.2
+
+    def __post_init__(self) -> None:
+        _positive(self.prefill_s_per_token, "prefill_s_per_token")
+        _positive(self.decode_s_per_token, "decode_s_per_token")
+        _check(0 < self.ewma_alpha <= 1, "ewma_alpha", "must be in (0, 1]")
+
+
+def _default_weights() -> dict[str, float]:
+    return {"prefix": 2.0, "queue": 1.0, "kv": 0.5}
+
+
+@dataclass(slots=True)
+class PolicyConfig:
+    name: str = "cache-aware"
+    picker: str = "max"
+    weights: dict[str, float] = field(default_factory=_default_weights)
+    allow_override: bool = False
+    override_header: str = "x-kvfleet-policy"
+    imbalance: ImbalanceConfig = field(default_factory=ImbalanceConfig)
+    ucb_c: float = 1.0
+    ttft_ref_s: float = 0.5
+    slo: SloConfig = field(default_factory=SloConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.name in POLICY_NAMES, "name", f"must be one of {', '.join(POLICY_NAMES)}")
+        _check(self.picker in PICKER_NAMES, "picker", f"must be one of {', '.join(PICKER_NAMES)}")
+        for key, weight in self.weights.items():
+            _check(key in SCORER_NAMES, f"weights.{key}",
+                   f"unknown scorer; known: {', '.join(SCORER_NAMES)}")
+            _check(isinstance(weight, int | float) and weight >= 0, f"weights.{key}",
+                   "must be a number >= 0")
+        _check(self.ucb_c >= 0, "ucb_c", "must be >= 0")
+        _positive(self.ttft_ref_s, "ttft_ref_s")
+        _check(bool(self.override_header), "override_header", "must not be empty")
+
+
+@dataclass(slots=True)
+class SessionConfig:
+    header: str = "x-session-id"
+    use_user_field: bool = True
+    load_factor: float = 1.25  # bounded-load consistent hashing: cap = factor * mean load
+
+    def __post_init__(self) -> None:
+        _check(self.load_factor >= 1, "load_factor", "must be >= 1")
+
+
+@dataclass(slots=True)
+class PrefixConfig:
+    block_bytes: int = 64
+    max_blocks_per_endpoint: int = 20000
+    chars_per_token: float = 4.0  # estimate prompt tokens from text without a tokenizer
+
+    def __post_init__(self) -> None:
+        _positive(self.block_bytes, "block_bytes")
+        _positive(self.max_blocks_per_endpoint, "max_blocks_per_endpoint")
+        _positive(self.chars_per_token, "chars_per_token")
+
+
+@dataclass(slots=True)
+class SaturationConfig:
+    max_waiting: int = 0  # engine-reported waiting requests; 0 disables
+    max_kv_usage: float = 0.98
+
+    def __post_init__(self) -> None:
+        _check(self.max_waiting >= 0, "max_waiting", "must be >= 0")
+        _check(0 < self.max_kv_usage <= 1, "max_kv_usage", "must be in (0, 1]")
+
+
+@dataclass(slots=True)
+class QueueConfig:
+    max_size: int = 256
+    timeout_s: float = 5.0
+    retry_after_s: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self.max_size >= 0, "max_size", "must be >= 0")
+        _check(self.timeout_s >= 0, "timeout_s", "must be >= 0")
+        _check(self.retry_after_s >= 0, "retry_after_s", "must be >= 0")
+
+
+@dataclass(slots=True)
+class HealthConfig:
+    probe_interval_s: float = 2.0
+    probe_timeout_s: float = 1.0
+    eject_after_errors: int = 3
+    eject_base_s: float = 2.0
+    eject_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        _positive(self.probe_interval_s, "probe_interval_s")
+        _positive(self.probe_timeout_s, "probe_timeout_s")
+        _check(self.eject_after_errors >= 1, "eject_after_errors", "must be >= 1")
+        _positive(self.eject_base_s, "eject_base_s")
+        _check(self.eject_max_s >= self.eject_base_s, "eject_max_s", "must be >= eject_base_s")
+
+
+@dataclass(slots=True)
+class SignalsConfig:
+    poll_interval_s: float = 1.0
+    stale_after_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        _positive(self.poll_interval_s, "poll_interval_s")
+        _check(self.stale_after_s >= self.poll_interval_s, "stale_after_s",
+               "must be >= poll_interval_s")
+
+
+@dataclass(slots=True)
+class TimeoutsConfig:
+    connect_s: float = 2.0
+    first_byte_s: float = 60.0
+    idle_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        _positive(self.connect_s, "connect_s")
+        _positive(self.first_byte_s, "first_byte_s")
+        _positive(self.idle_s, "idle_s")
+
+
+@dataclass(slots=True)
+class RetriesConfig:
+    max_attempts: int = 2
+
+    def __post_init__(self) -> None:
+        _check(self.max_attempts >= 1, "max_attempts", "must be >= 1")
+
+
+@dataclass(slots=True)
+class PDConfig:
+    prefill_threshold_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        _check(self.prefill_threshold_tokens >= 0, "prefill_threshold_tokens", "must be >= 0")
+
+
+@dataclass(slots=True)
+class LimitsConfig:
+    max_body_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        _positive(self.max_body_bytes, "max_body_bytes")
+
+
+@dataclass(slots=True)
+class RouterConfig:
+    version: int = 0
+    endpoints: list[EndpointConfig] = field(default_factory=list)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
+    prefix: PrefixConfig = field(default_factory=PrefixConfig)
+    saturation: SaturationConfig = field(default_factory=SaturationConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    signals: SignalsConfig = field(default_factory=SignalsConfig)
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    retries: RetriesConfig = field(default_factory=RetriesConfig)
+    pd: PDConfig = field(default_factory=PDConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    schema: str = SCHEMA
+
+    def __post_init__(self) -> None:
+        _check(self.schema == SCHEMA, "schema", f"must be {SCHEMA!r}")
+        _check(self.version >= 0, "version", "must be >= 0")
+        seen: set[str] = set()
+        for i, ep in enumerate(self.endpoints):
+            _check(ep.name not in seen, f"endpoints[{i}].name", f"duplicate name {ep.name!r}")
+            seen.add(ep.name)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RouterConfig:
+        cfg = _build(cls, data, "")
+        assert isinstance(cfg, RouterConfig)
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --- generic dict -> dataclass conversion with field-path errors ---
+
+_NESTED: dict[str, type] = {
+    "policy": PolicyConfig, "imbalance": ImbalanceConfig, "slo": SloConfig,
+    "session": SessionConfig, "prefix": PrefixConfig, "saturation": SaturationConfig,
+    "queue": QueueConfig, "health": HealthConfig, "signals": SignalsConfig,
+    "timeouts": TimeoutsConfig, "retries": RetriesConfig, "pd": PDConfig,
+    "limits": LimitsConfig,
+}
+_SCALARS: dict[str, tuple[type, ...]] = {
+    "int": (int,), "float": (int, float), "str": (str,), "bool": (bool,),
+}
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _coerce(value: Any, type_name: str, path: str) -> Any:
+    if type_name in _SCALARS:
+        ok = isinstance(value, _SCALARS[type_name])
+        if type_name in ("int", "float") and isinstance(value, bool):
+            ok = False
+        _check(ok, path, f"must be {type_name}, got {type(value).__name__}")
+        return float(value) if type_name == "float" else value
+    if type_name == "list[str]":
+        _check(isinstance(value, list) and all(isinstance(v, str) for v in value), path,
+               "must be a list of strings")
+        return list(value)
+    if type_name == "dict[str, float]":
+        _check(isinstance(value, dict), path, "must be a mapping")
+        for key, item in value.items():
+            _check(isinstance(item, int | float) and not isinstance(item, bool),
+                   _join(path, str(key)), "must be a number")
+        return {str(k): float(v) for k, v in value.items()}
+    raise AssertionError(f"unhandled type {type_name}")  # a schema bug, not bad input
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    _check(isinstance(data, dict), path or "<root>", "must be a mapping")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        _check(key in fields, _join(path, str(key)), "unknown field")
+    kwargs: dict[str, Any] = {}
+    for name, value in data.items():
+        fpath = _join(path, name)
+        type_name = str(fields[name].type)
+        if name == "endpoints":
+            _check(isinstance(value, list), fpath, "must be a list")
+            kwargs[name] = [_build(EndpointConfig, item, f"{fpath}[{i}]")
+                            for i, item in enumerate(value)]
+        elif name in _NESTED and type_name not in _SCALARS:
+            kwargs[name] = _build(_NESTED[name], value, fpath)
+        else:
+            kwargs[name] = _coerce(value, type_name, fpath)
+    for name, f in fields.items():
+        if name not in kwargs and f.default is dataclasses.MISSING and \
+                f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{_join(path, name)}: required")
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        # __post_init__ reports a path relative to its own dataclass.
+        if path:
+            raise ConfigError(f"{path}.{exc}") from None
+        raise
+
+
+def load_file(path: str) -> RouterConfig:
+    """Read a YAML (or JSON) file; every problem becomes one ConfigError line."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        data = {}
+    try:
+        return RouterConfig.from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

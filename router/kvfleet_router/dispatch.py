@@ -1,0 +1,155 @@
+"""Pick an endpoint (waiting in the priority queue when all are busy), forward, retry.
+
+A retry goes to an endpoint not tried yet, and only while nothing reached the client.
+The in-flight count is taken at the decision and released when the exchange ends, so
+decisions between /metrics scrapes still see current load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from kvfleet_router.endpoint import EndpointState
+from kvfleet_router.errors import error_response
+from kvfleet_router.proxy import BackendFailure, Outcome
+from kvfleet_router.request_info import RequestInfo
+from kvfleet_router.router_core import Routed
+from kvfleet_router.scorers_feedback import learn
+from kvfleet_router.wait_queue import QueueFull
+
+if TYPE_CHECKING:
+    from kvfleet_router.app import RouterApp
+
+_POLL_S = 0.05  # how often a queued head re-checks for capacity without a wake-up
+
+
+class Rejected(Exception):
+    def __init__(self, response: web.Response) -> None:
+        super().__init__("rejected")
+        self.response = response
+
+
+class Dispatcher:
+    def __init__(self, app: RouterApp) -> None:
+        self.app = app
+        self._request_counters: dict[tuple[str, str], object] = {}
+
+    def try_route(self, info: RequestInfo, role: str, policy: str | None,
+                  exclude: frozenset[str]) -> Routed:
+        core, metrics = self.app.core, self.app.metrics
+        t0 = time.perf_counter()
+        routed = core.route(info, role, time.monotonic(), policy, exclude)
+        e = routed.decision.endpoint
+        if e is not None:
+            core.record(routed)
+            e.num_in_flight += 1
+            e.breaker.on_attempt(routed.ctx.now)
+        metrics.decision_seconds.observe(time.perf_counter() - t0)
+        if e is not None:
+            key = (e.name, routed.policy_name)
+            counter = self._request_counters.get(key)
+            if counter is None:
+                counter = metrics.requests.labels(*key)
+                self._request_counters[key] = counter
+            counter.inc()  # type: ignore[attr-defined]
+        return routed
+
+    def _reject(self, reason: str) -> Rejected:
+        cfg = self.app.core.cfg
+        self.app.metrics.rejected.labels(reason).inc()
+        if reason == "no-endpoint":
+            return Rejected(error_response("no healthy endpoint can serve this request", 503,
+                                           code="no_endpoint"))
+        return Rejected(error_response(
+            "all endpoints are saturated; retry later", 429, code="saturated",
+            headers={"Retry-After": str(cfg.queue.retry_after_s)}))
+
+    async def acquire(self, info: RequestInfo, role: str, policy: str | None,
+                      exclude: frozenset[str]) -> Routed:
+        """Route now, or wait in the bounded priority queue; raises Rejected."""
+        routed = self.try_route(info, role, policy, exclude)
+        if routed.decision.endpoint is not None:
+            return routed
+        if exclude and routed.decision.reason == "no-endpoint":
+            raise self._reject("no-endpoint")  # a retry with nowhere else to go
+        queue, qcfg = self.app.queue, self.app.core.cfg.queue
+        try:
+            fut = queue.enter(info.priority)
+        except QueueFull:
+            raise self._reject("queue-full") from None
+        deadline = time.monotonic() + qcfg.timeout_s
+        reason = routed.decision.reason
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._reject(reason)
+                try:
+                    await asyncio.wait_for(asyncio.shield(fut), min(remaining, _POLL_S))
+                except TimeoutError:
+                    pass
+                if fut.done():
+                    fut = queue.rearm(fut)
+                if queue.is_head(fut):
+                    routed = self.try_route(info, role, policy, exclude)
+                    if routed.decision.endpoint is not None:
+                        return routed
+                    reason = routed.decision.reason
+        finally:
+            queue.leave(fut)
+
+    def release(self, e: EndpointState) -> None:
+        e.num_in_flight -= 1
+        self.app.queue.wake()
+
+    def _on_outcome(self, e: EndpointState, routed: Routed, outcome: Outcome) -> None:
+        now = time.monotonic()
+        if outcome.is_broken:
+            self._failure(e, "midstream", now)
+        elif outcome.is_client_gone:
+            e.breaker.release_trial()
+        else:
+            e.breaker.record_success()
+            learn(e, routed, outcome, self.app.core.cfg.policy.ttft_ref_s)
+
+    def _failure(self, e: EndpointState, kind: str, now: float) -> None:
+        self.app.metrics.backend_errors.labels(e.name, kind).inc()
+        if e.breaker.record_failure(now):
+            self.app.metrics.ejections.labels(e.name).inc()
+
+    async def serve(self, request: web.Request, raw: bytes, info: RequestInfo, role: str,
+                    policy: str | None, first: Routed | None = None) -> web.StreamResponse:
+        """Forward with retries; `first` is an already-acquired decision (P/D decode leg)."""
+        tried: set[str] = set()
+        attempts = self.app.core.cfg.retries.max_attempts
+        last: BackendFailure | None = None
+        for attempt in range(attempts):
+            if first is not None and attempt == 0:
+                routed = first
+            else:
+                try:
+                    routed = await self.acquire(info, role, policy, frozenset(tried))
+                except Rejected as rej:
+                    if last is None:
+                        return rej.response
+                    break
+            e = routed.decision.endpoint
+            assert e is not None
+            try:
+                return await self.app.forwarder.forward(
+                    request, e, raw, functools.partial(self._on_outcome, e, routed))
+            except BackendFailure as exc:
+                last = exc
+                tried.add(e.name)
+                self._failure(e, exc.kind, time.monotonic())
+                if attempt + 1 < attempts:
+                    self.app.metrics.retries.inc()
+            finally:
+                self.release(e)
+        assert last is not None
+        return error_response(f"upstream failed: {last}", last.status, code="upstream_error")

@@ -1,0 +1,104 @@
+"""One backend as the router sees it: its config, live counters, scraped signals, health.
+
+Policies read these objects and nothing else, so a benchmark or simulator can build them
+directly (`EndpointState.from_config(EndpointConfig(...))`) without any I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvfleet_router.breaker import CircuitBreaker
+from kvfleet_router.config import EndpointConfig, HealthConfig
+
+
+@dataclass(slots=True)
+class Signals:
+    """The last /metrics scrape. `scraped_at` 0 means never; stale means unknown."""
+
+    num_running: float = 0.0
+    num_waiting: float = 0.0
+    kv_usage: float = 0.0  # 0-1
+    block_size: int = 0
+    scraped_at: float = 0.0
+
+    def is_fresh(self, now: float, stale_after_s: float) -> bool:
+        return self.scraped_at > 0 and now - self.scraped_at <= stale_after_s
+
+
+@dataclass(slots=True)
+class Ewma:
+    alpha: float = 0.2
+    value: float | None = None
+    num_samples: int = 0
+
+    def add(self, sample: float) -> None:
+        self.num_samples += 1
+        self.value = sample if self.value is None else (
+            self.alpha * sample + (1 - self.alpha) * self.value)
+
+
+@dataclass(slots=True)
+class EndpointState:
+    name: str
+    url: str
+    role: str = "unified"
+    is_draining: bool = False
+    capacity: int = 256
+    models: tuple[str, ...] = ()
+    prefix_mode: str = "approximate"
+    num_in_flight: int = 0
+    is_probe_healthy: bool = True  # last active /health probe
+    is_removed: bool = False  # dropped from config; kept until its in-flight requests end
+    signals: Signals = field(default_factory=Signals)
+    is_signals_fresh: bool = False  # refreshed by the poller; stale => unknown, not idle
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    ttft: Ewma = field(default_factory=Ewma)  # seconds to first byte
+    prefill_s_per_token: Ewma = field(default_factory=Ewma)  # alpha of the SLO scorer
+    decode_s_per_token: Ewma = field(default_factory=Ewma)  # beta of the SLO scorer
+    num_ucb_pulls: int = 0
+    ucb_reward_sum: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg: EndpointConfig, health: HealthConfig | None = None,
+                    ewma_alpha: float = 0.2) -> EndpointState:
+        h = health or HealthConfig()
+        state = cls(name=cfg.name, url=cfg.url)
+        state.apply_config(cfg)
+        state.breaker = CircuitBreaker(h.eject_after_errors, h.eject_base_s, h.eject_max_s)
+        for ewma in (state.ttft, state.prefill_s_per_token, state.decode_s_per_token):
+            ewma.alpha = ewma_alpha
+        return state
+
+    def apply_config(self, cfg: EndpointConfig) -> None:
+        """Update the mutable settings in place; in-flight counters and history stay."""
+        self.role = cfg.role
+        self.is_draining = cfg.is_draining
+        self.capacity = cfg.capacity
+        self.models = tuple(cfg.models)
+        self.prefix_mode = cfg.prefix_mode
+
+    @property
+    def load(self) -> float:
+        """in-flight / capacity, the load used by the imbalance metric."""
+        return self.num_in_flight / self.capacity
+
+    def queue_depth(self) -> float:
+        """Requests ahead of a new one: the router's own count, or the engine's when larger
+        (other routers share the engine). Engine figures count only while fresh."""
+        if self.is_signals_fresh:
+            return max(float(self.num_in_flight),
+                       self.signals.num_running + self.signals.num_waiting)
+        return float(self.num_in_flight)
+
+    def kv_usage(self) -> float | None:
+        """KV occupancy 0-1, or None when unknown (never scraped or stale)."""
+        return self.signals.kv_usage if self.is_signals_fresh else None
+
+    def is_healthy(self, now: float) -> bool:
+        return self.is_probe_healthy and self.breaker.can_attempt(now)
+
+    def state_name(self) -> str:
+        if self.is_removed:
+            return "removed"
+        return "draining" if self.is_draining else "active"

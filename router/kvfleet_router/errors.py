@@ -1,0 +1,42 @@
+"""OpenAI-shaped error responses: {"error": {"message", "type", "param", "code"}}."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+
+class RequestError(ValueError):
+    """A client mistake, reported as a 400 (or `status`)."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+        self.code = code
+
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+          409: "conflict_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def error_body(message: str, status: int, param: str | None = None,
+               code: str | None = None) -> dict[str, object]:
+    err_type = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": err_type, "param": param,
+                      "code": code if code is not None else status}}
+
+
+def error_response(message: str, status: int, param: str | None = None,
+                   code: str | None = None,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, headers=headers, content_type="application/json",
+                        text=json.dumps(error_body(message, status, param, code)))
+
+
+def sse_error_event(message: str, status: int = 502, code: str = "backend_error") -> bytes:
+    """The event a broken stream ends with; the openai client raises APIError on it."""
+    return b"data: " + json.dumps(error_body(message, status, None, code)).encode() + \
+        b"\n\ndata: [DONE]\n\n"

@@ -1,0 +1,48 @@
+"""Subscribe to a kvfleet engine's GET /v1/kv_events (NDJSON of contract.KVEvent) and feed
+the precise prefix index. On disconnect the endpoint's index is reset (events were missed)
+and the subscriber reconnects with capped backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import aiohttp
+from kvfleet_engine.contract import KVEvent
+
+from kvfleet_router.prefix_index import PreciseKVIndex
+
+log = logging.getLogger(__name__)
+
+
+async def subscribe_forever(session: aiohttp.ClientSession, name: str, url: str,
+                            index: PreciseKVIndex, max_backoff_s: float = 5.0) -> None:
+    backoff = 0.2
+    while True:
+        try:
+            timeout = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=None)
+            async with session.get(url + "/v1/kv_events", timeout=timeout) as resp:
+                if resp.status == 200:
+                    backoff = 0.2
+                    index.reset(name)
+                    async for line in resp.content:
+                        apply_line(index, name, line)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            pass
+        index.reset(name)
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, max_backoff_s)
+
+
+def apply_line(index: PreciseKVIndex, name: str, line: bytes) -> None:
+    line = line.strip()
+    if not line:
+        return
+    try:
+        event = KVEvent.from_dict(json.loads(line))
+    except (ValueError, KeyError, TypeError):
+        log.warning("kv_events from %s: skipping a malformed line", name)
+        return
+    index.apply(name, event)

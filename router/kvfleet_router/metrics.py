@@ -1,0 +1,74 @@
+"""The router's own Prometheus metrics (one registry per app, so tests can run several).
+
+kvfleet_router_requests_total{endpoint,policy}     routed requests (each attempt's endpoint)
+kvfleet_router_decision_seconds                    routing-decision latency histogram
+kvfleet_router_prefix_hit_ratio                    estimated matched/prompt blocks, cumulative
+kvfleet_router_queue_length                        requests waiting for capacity
+kvfleet_router_rejected_total{reason}              429 (saturated/queue full) and 503s
+kvfleet_router_retries_total                       retries on another endpoint
+kvfleet_router_ejections_total{endpoint}           circuit-breaker ejections
+kvfleet_router_backend_errors_total{endpoint,kind} connect/status/timeout/midstream
+kvfleet_router_in_flight{endpoint}                 router-side in-flight requests
+kvfleet_router_imbalance                           (max load - min load) / mean load,
+                                                   load = in-flight / capacity, active endpoints
+kvfleet_router_config_version                      the config version in force
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kvfleet_router.policies.guard import imbalance_ratio
+from kvfleet_router.router_core import RouterCore
+
+
+class _LiveCollector(Collector):
+    """Values computed at scrape time from the live registry."""
+
+    def __init__(self, core: Callable[[], RouterCore], queue_len: Callable[[], int]) -> None:
+        self._core = core
+        self._queue_len = queue_len
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        core = self._core()
+        in_flight = GaugeMetricFamily("kvfleet_router_in_flight", "router-side in-flight",
+                                      labels=["endpoint"])
+        for e in core.registry.all_endpoints():
+            in_flight.add_metric([e.name], e.num_in_flight)
+        yield in_flight
+        active = [e.load for e in core.registry.endpoints if not e.is_draining]
+        yield GaugeMetricFamily("kvfleet_router_imbalance", "(max-min)/mean of in-flight/capacity",
+                                value=imbalance_ratio(active))
+        yield GaugeMetricFamily("kvfleet_router_prefix_hit_ratio",
+                                "estimated prefix hit ratio", value=core.prefix_hit_ratio)
+        yield GaugeMetricFamily("kvfleet_router_queue_length", "waiting requests",
+                                value=self._queue_len())
+        yield GaugeMetricFamily("kvfleet_router_config_version", "config version",
+                                value=core.cfg.version)
+
+
+class RouterMetrics:
+    def __init__(self, core: Callable[[], RouterCore], queue_len: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("kvfleet_router_requests", "routed requests",
+                                ["endpoint", "policy"], registry=r)
+        self.decision_seconds = Histogram(
+            "kvfleet_router_decision_seconds", "routing decision latency", registry=r,
+            buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 1e-1))
+        self.rejected = Counter("kvfleet_router_rejected", "rejected requests", ["reason"],
+                                registry=r)
+        self.retries = Counter("kvfleet_router_retries", "retries on another endpoint",
+                               registry=r)
+        self.ejections = Counter("kvfleet_router_ejections", "endpoint ejections",
+                                 ["endpoint"], registry=r)
+        self.backend_errors = Counter("kvfleet_router_backend_errors", "backend failures",
+                                      ["endpoint", "kind"], registry=r)
+        r.register(_LiveCollector(core, queue_len))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,67 @@
+"""Filters: drop endpoints a request must not go to. Registered by type name in FILTERS.
+
+Each factory takes the RouterConfig and returns `f(endpoints, ctx) -> endpoints`.
+
+* healthy:      keep e if its last /health probe passed and its circuit breaker admits a try.
+* not-draining: keep e if e.state is active (draining endpoints finish in-flight work only).
+* role:         keep e if e.role == ctx.role (unified, prefill or decode).
+* model:        keep e if e.models is empty or ctx.request.model is None or in e.models.
+* saturation:   drop e if in_flight >= capacity, or engine waiting >= max_waiting (when > 0,
+                fresh scrape only), or KV usage >= max_kv_usage (fresh scrape only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvfleet_router.config import RouterConfig
+from kvfleet_router.endpoint import EndpointState
+from kvfleet_router.policies.context import RouteContext
+
+Filter = Callable[[list[EndpointState], RouteContext], list[EndpointState]]
+
+
+def healthy(cfg: RouterConfig) -> Filter:
+    return lambda eps, ctx: [e for e in eps if e.is_healthy(ctx.now)]
+
+
+def not_draining(cfg: RouterConfig) -> Filter:
+    return lambda eps, ctx: [e for e in eps if not e.is_draining and not e.is_removed]
+
+
+def role(cfg: RouterConfig) -> Filter:
+    return lambda eps, ctx: [e for e in eps if e.role == ctx.role]
+
+
+def model(cfg: RouterConfig) -> Filter:
+    def keep(e: EndpointState, wanted: str | None) -> bool:
+        return not e.models or wanted is None or wanted in e.models
+
+    return lambda eps, ctx: [e for e in eps if keep(e, ctx.request.model)]
+
+
+def is_saturated(e: EndpointState, max_waiting: int, max_kv_usage: float) -> bool:
+    if e.num_in_flight >= e.capacity:
+        return True
+    if not e.is_signals_fresh:
+        return False  # unknown is not proof of saturation; the in-flight cap still holds
+    if max_waiting > 0 and e.signals.num_waiting >= max_waiting:
+        return True
+    return e.signals.kv_usage >= max_kv_usage
+
+
+def saturation(cfg: RouterConfig) -> Filter:
+    max_waiting, max_kv = cfg.saturation.max_waiting, cfg.saturation.max_kv_usage
+    return lambda eps, ctx: [e for e in eps if not is_saturated(e, max_waiting, max_kv)]
+
+
+FILTERS: dict[str, Callable[[RouterConfig], Filter]] = {
+    "healthy": healthy,
+    "not-draining": not_draining,
+    "role": role,
+    "model": model,
+    "saturation": saturation,
+}
+
+# Eligibility first; an empty result after "saturation" alone means "queue, then 429".
+ELIGIBILITY = ("healthy", "not-draining", "role", "model")

@@ -1,0 +1,113 @@
+"""A policy = eligibility filters -> saturation filter -> weighted scorers -> picker.
+
+    policy = build_policy("cache-aware", cfg)
+    decision = policy.choose(endpoints, ctx)      # pure: no I/O, no clocks (ctx.now)
+    decision.endpoint  # None with decision.reason "no-endpoint" or "saturated"
+
+Named policies (POLICIES) are fixed mixes; only `cache-aware` reads `policy.weights`:
+* round-robin:   no scorers, round-robin picker.
+* random:        no scorers, weighted-random picker (uniform).
+* least-request: queue.
+* least-kv:      kv + 0.01 queue (tie-break).
+* prefix-cache:  prefix + 0.01 queue (tie-break).
+* session:       session + 0.01 queue.
+* latency:       latency.
+* ucb:           ucb.
+* slo:           slo.
+* cache-aware:   sum(weights[s] * s) over prefix/queue/kv (config weights); when the
+                 imbalance guard trips it scores by queue only and reports
+                 is_balanced_by_load (the router still records the prompt's prefix).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvfleet_router.config import RouterConfig
+from kvfleet_router.endpoint import EndpointState
+from kvfleet_router.policies.context import RouteContext
+from kvfleet_router.policies.filters import ELIGIBILITY, FILTERS, Filter
+from kvfleet_router.policies.guard import is_imbalanced
+from kvfleet_router.policies.pickers import PICKERS, Picker
+from kvfleet_router.policies.scorers import SCORERS, Scorer
+
+
+@dataclass(slots=True)
+class Decision:
+    endpoint: EndpointState | None
+    reason: str  # "picked" | "balanced" | "no-endpoint" | "saturated"
+    score: float = 0.0
+
+    @property
+    def is_balanced_by_load(self) -> bool:
+        return self.reason == "balanced"
+
+
+class Policy:
+    def __init__(self, name: str, cfg: RouterConfig, weights: dict[str, float],
+                 picker: str, use_guard: bool = False) -> None:
+        self.name = name
+        self.eligibility: list[Filter] = [FILTERS[f](cfg) for f in ELIGIBILITY]
+        self.saturation: Filter = FILTERS["saturation"](cfg)
+        self.scorers: list[tuple[float, Scorer]] = [
+            (w, SCORERS[s](cfg)) for s, w in weights.items() if w > 0]
+        self.picker: Picker = PICKERS[picker]()
+        self.guard = cfg.policy.imbalance if use_guard else None
+        self.balance_scorer: Scorer = SCORERS["queue"](cfg)
+
+    def eligible(self, endpoints: list[EndpointState], ctx: RouteContext) -> list[EndpointState]:
+        for f in self.eligibility:
+            endpoints = f(endpoints, ctx)
+        return endpoints
+
+    def choose(self, endpoints: list[EndpointState], ctx: RouteContext) -> Decision:
+        candidates = self.eligible(endpoints, ctx)
+        if not candidates:
+            return Decision(None, "no-endpoint")
+        candidates = self.saturation(candidates, ctx)
+        if not candidates:
+            return Decision(None, "saturated")
+        reason = "picked"
+        if self.guard is not None and is_imbalanced(
+                [e.queue_depth() for e in candidates], self.guard.abs_threshold,
+                self.guard.rel_threshold):
+            totals = self.balance_scorer(candidates, ctx)
+            reason = "balanced"
+        else:
+            totals = self.combined_scores(candidates, ctx)
+        i = self.picker(totals, ctx.rng)
+        return Decision(candidates[i], reason, totals[i])
+
+    def combined_scores(self, candidates: list[EndpointState], ctx: RouteContext) -> list[float]:
+        totals = [0.0] * len(candidates)
+        for weight, scorer in self.scorers:
+            for i, s in enumerate(scorer(candidates, ctx)):
+                totals[i] += weight * s
+        return totals
+
+
+def _fixed(weights: dict[str, float], picker: str | None = None,
+           ) -> Callable[[str, RouterConfig], Policy]:
+    return lambda name, cfg: Policy(name, cfg, weights, picker or cfg.policy.picker)
+
+
+POLICIES: dict[str, Callable[[str, RouterConfig], Policy]] = {
+    "round-robin": _fixed({}, "round-robin"),
+    "random": _fixed({}, "weighted-random"),
+    "least-request": _fixed({"queue": 1.0}),
+    "least-kv": _fixed({"kv": 1.0, "queue": 0.01}),
+    "prefix-cache": _fixed({"prefix": 1.0, "queue": 0.01}),
+    "session": _fixed({"session": 1.0, "queue": 0.01}),
+    "latency": _fixed({"latency": 1.0}),
+    "ucb": _fixed({"ucb": 1.0}),
+    "slo": _fixed({"slo": 1.0}),
+    "cache-aware": lambda name, cfg: Policy(name, cfg, cfg.policy.weights, cfg.policy.picker,
+                                            use_guard=True),
+}
+
+
+def build_policy(name: str, cfg: RouterConfig) -> Policy:
+    if name not in POLICIES:
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return POLICIES[name](name, cfg)

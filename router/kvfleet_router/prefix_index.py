@@ -1,0 +1,188 @@
+"""Which endpoint holds which prompt prefix: pure, in-memory, importable without I/O.
+
+Two indexes share one structure (`ChainIndex`): per-endpoint LRU sets of chained block
+hashes, plus a reverse map hash -> endpoints so a lookup costs O(prompt blocks).
+
+* Approximate (`ApproxPrefixIndex`): the router hashes the prompt's UTF-8 bytes in fixed
+  chunks of `block_bytes` into a chain h_k = H(h_{k-1} || chunk_k) (only full chunks), and
+  records the chain for the endpoint it picked. No tokenizer on the hot path.
+      idx = ApproxPrefixIndex(block_bytes=64, max_blocks_per_endpoint=20000)
+      hashes = idx.hash_text(prompt_text)
+      matched = idx.match(hashes)          # {endpoint: leading blocks matched}
+      idx.record("e0", hashes)             # after picking e0
+* Precise (`PreciseKVIndex`): fed by an engine's KV events (contract.KVEvent). Engine block
+  hashes are over token ids with the engine's own hash function, which the router does not
+  reproduce. Instead it re-hashes each stored block's `token_ids` with its own chain
+  (`hash_tokens`) and keeps engine-hash -> router-hash per endpoint for removals. A request
+  can use the precise index only when it carries token ids (`prompt` as a list of ints);
+  text prompts fall back to the approximate index, which is always recorded as well.
+      pidx.apply("e0", event)              # BlockStored / BlockRemoved / AllBlocksCleared
+      pidx.match(pidx.hash_tokens(token_ids, block_size))
+
+`match` returns the number of *leading* blocks each endpoint holds, because a prefix cache
+can only reuse a contiguous prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from kvfleet_engine.contract import KVEvent
+
+_ROOT = b"kvfleet-root"
+
+
+def _chain(parent: bytes, payload: bytes) -> bytes:
+    return hashlib.blake2b(parent + payload, digest_size=8).digest()
+
+
+class ChainIndex:
+    """Per-endpoint LRU sets of block hashes with a reverse map for fast matching."""
+
+    def __init__(self, max_blocks_per_endpoint: int) -> None:
+        if max_blocks_per_endpoint < 1:
+            raise ValueError("max_blocks_per_endpoint must be >= 1")
+        self.max_blocks_per_endpoint = max_blocks_per_endpoint
+        self._lru: dict[str, OrderedDict[bytes, None]] = {}
+        self._owners: dict[bytes, set[str]] = {}
+
+    def record(self, endpoint: str, hashes: Iterable[bytes]) -> None:
+        lru = self._lru.setdefault(endpoint, OrderedDict())
+        for h in hashes:
+            if h in lru:
+                lru.move_to_end(h)
+                continue
+            lru[h] = None
+            self._owners.setdefault(h, set()).add(endpoint)
+        while len(lru) > self.max_blocks_per_endpoint:
+            old, _ = lru.popitem(last=False)
+            self._drop_owner(old, endpoint)
+
+    def remove(self, endpoint: str, hashes: Iterable[bytes]) -> None:
+        lru = self._lru.get(endpoint)
+        if lru is None:
+            return
+        for h in hashes:
+            if h in lru:
+                del lru[h]
+                self._drop_owner(h, endpoint)
+
+    def forget_endpoint(self, endpoint: str) -> None:
+        for h in self._lru.pop(endpoint, OrderedDict()):
+            self._drop_owner(h, endpoint)
+
+    def match(self, hashes: list[bytes]) -> dict[str, int]:
+        """endpoint -> number of leading blocks of `hashes` it holds (absent means 0)."""
+        result: dict[str, int] = {}
+        alive: set[str] | None = None
+        for depth, h in enumerate(hashes):
+            owners = self._owners.get(h)
+            if not owners:
+                break
+            alive = set(owners) if alive is None else alive & owners
+            if not alive:
+                break
+            for ep in alive:
+                result[ep] = depth + 1
+        return result
+
+    def num_blocks(self, endpoint: str) -> int:
+        return len(self._lru.get(endpoint, ()))
+
+    def endpoints(self) -> list[str]:
+        return list(self._lru)
+
+    def _drop_owner(self, h: bytes, endpoint: str) -> None:
+        owners = self._owners.get(h)
+        if owners is not None:
+            owners.discard(endpoint)
+            if not owners:
+                del self._owners[h]
+
+
+class ApproxPrefixIndex(ChainIndex):
+    def __init__(self, block_bytes: int = 64, max_blocks_per_endpoint: int = 20000) -> None:
+        super().__init__(max_blocks_per_endpoint)
+        if block_bytes < 1:
+            raise ValueError("block_bytes must be >= 1")
+        self.block_bytes = block_bytes
+
+    def hash_text(self, text: str) -> list[bytes]:
+        return self.hash_bytes(text.encode("utf-8", "surrogatepass"))
+
+    def hash_bytes(self, data: bytes) -> list[bytes]:
+        out: list[bytes] = []
+        parent = _ROOT
+        step = self.block_bytes
+        for start in range(0, len(data) - step + 1, step):
+            parent = _chain(parent, data[start:start + step])
+            out.append(parent)
+        return out
+
+
+def hash_tokens(token_ids: list[int], block_size: int) -> list[bytes]:
+    """Router-side chained hashes of full token blocks (independent of the engine's hash)."""
+    out: list[bytes] = []
+    parent = _ROOT
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = _chain(parent, array("q", token_ids[start:start + block_size]).tobytes())
+        out.append(parent)
+    return out
+
+
+class PreciseKVIndex(ChainIndex):
+    """Exact per-endpoint view of engines' prefix caches, from KV events."""
+
+    def __init__(self, max_blocks_per_endpoint: int = 1_000_000) -> None:
+        super().__init__(max_blocks_per_endpoint)
+        self._engine_to_router: dict[str, dict[int, bytes]] = {}
+        self.block_sizes: dict[str, int] = {}
+        self.last_seq: dict[str, int] = {}
+
+    def apply(self, endpoint: str, event: KVEvent) -> bool:
+        """Apply one event; False when a sequence gap means the index was reset."""
+        is_in_order = True
+        last = self.last_seq.get(endpoint)
+        if last is not None and event.seq != last + 1:
+            self.reset(endpoint)
+            is_in_order = False
+        self.last_seq[endpoint] = event.seq
+        mapping = self._engine_to_router.setdefault(endpoint, {})
+        if event.type == "AllBlocksCleared":
+            self.reset(endpoint)
+            self.last_seq[endpoint] = event.seq
+        elif event.type == "BlockRemoved":
+            gone = [mapping.pop(h) for h in event.block_hashes if h in mapping]
+            self.remove(endpoint, gone)
+        elif event.type == "BlockStored":
+            self._store(endpoint, event, mapping)
+        return is_in_order
+
+    def _store(self, endpoint: str, event: KVEvent, mapping: dict[int, bytes]) -> None:
+        size = event.block_size
+        if size < 1 or len(event.token_ids) < size * len(event.block_hashes):
+            return  # cannot re-hash without the tokens
+        self.block_sizes[endpoint] = size
+        if event.parent_block_hash is None:
+            parent = _ROOT
+        elif event.parent_block_hash in mapping:
+            parent = mapping[event.parent_block_hash]
+        else:
+            return  # parent unknown (before we subscribed): the chain cannot be placed
+        hashes: list[bytes] = []
+        for i, engine_hash in enumerate(event.block_hashes):
+            tokens = event.token_ids[i * size:(i + 1) * size]
+            parent = _chain(parent, array("q", tokens).tobytes())
+            mapping[engine_hash] = parent
+            hashes.append(parent)
+        self.record(endpoint, hashes)
+
+    def reset(self, endpoint: str) -> None:
+        self.forget_endpoint(endpoint)
+        self._engine_to_router.pop(endpoint, None)
+        self.last_seq.pop(endpoint, None)
+
+    hash_tokens = staticmethod(hash_tokens)

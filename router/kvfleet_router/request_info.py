@@ -1,0 +1,94 @@
+"""Parse a client body once and keep only what routing needs.
+
+The raw bytes are forwarded untouched; this object only informs the policy (and P/D,
+which must add `kv_transfer_params`, so it keeps the parsed dict too).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvfleet_router.errors import RequestError
+
+PRIORITY_HEADER = "x-kvfleet-priority"
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    model: str | None = None
+    prompt_text: str = ""  # prompt, or chat messages rendered "role: content\n"
+    prompt_token_ids: list[int] | None = None  # only when the client sent token ids
+    session_key: str | None = None
+    priority: int = 0  # lower runs first, as in vLLM
+    is_stream: bool = False
+    max_tokens: int = 16
+    body: dict[str, Any] = field(default_factory=dict)
+
+    def estimated_prompt_tokens(self, chars_per_token: float) -> int:
+        if self.prompt_token_ids is not None:
+            return len(self.prompt_token_ids)
+        return int(len(self.prompt_text) / chars_per_token)
+
+
+def _render_messages(messages: Any) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list", param="messages")
+    parts: list[str] = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise RequestError(f"messages[{i}] must be an object", param="messages")
+        content = msg.get("content")
+        if isinstance(content, list):  # OpenAI content parts: keep the text ones
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        parts.append(f"{msg.get('role', '')}: {content if content is not None else ''}\n")
+    return "".join(parts)
+
+
+def _prompt(prompt: Any) -> tuple[str, list[int] | None]:
+    if isinstance(prompt, str):
+        return prompt, None
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return "".join(prompt), None
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return "", list(prompt)
+        if isinstance(prompt[0], list) and all(isinstance(t, int) for t in prompt[0]):
+            return "", list(prompt[0])  # batched token prompts: route by the first
+    raise RequestError("'prompt' must be a string, a list of strings or token ids",
+                       param="prompt")
+
+
+def parse_request(raw: bytes, path: str, headers: Any, session_header: str,
+                  use_user_field: bool) -> RequestInfo:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestError("request body must be a JSON object")
+    info = RequestInfo(body=body)
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise RequestError("'model' must be a string", param="model")
+    info.model = model
+    if path.endswith("/chat/completions"):
+        info.prompt_text = _render_messages(body.get("messages"))
+    else:
+        if "prompt" not in body:
+            raise RequestError("'prompt' is required", param="prompt")
+        info.prompt_text, info.prompt_token_ids = _prompt(body["prompt"])
+    info.is_stream = body.get("stream") is True
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", 16))
+    info.max_tokens = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 16
+    session = headers.get(session_header)
+    if not session and use_user_field and isinstance(body.get("user"), str):
+        session = body["user"]
+    info.session_key = session or None
+    priority = headers.get(PRIORITY_HEADER, body.get("priority", 0))
+    try:
+        info.priority = int(priority)
+    except (TypeError, ValueError):
+        raise RequestError("priority must be an integer", param="priority") from None
+    return info

@@ -1,0 +1,119 @@
+"""The routing brain without I/O: registry + prefix indexes + policies.
+
+Benchmarks and the simulator drive this directly:
+
+    core = RouterCore(RouterConfig.from_dict({...}), rng=random.Random(0))
+    info = RequestInfo(prompt_text="...", max_tokens=64)
+    routed = core.route(info, role="unified", now=time.monotonic())
+    routed.decision.endpoint        # an EndpointState, or None (reason: no-endpoint/saturated)
+    core.record(routed)             # remember the prompt's blocks on the chosen endpoint
+    routed.matched_fraction         # estimated prefix hit fraction on the chosen endpoint
+
+The app calls the same methods, so replays measure the code that serves traffic.
+"""
+
+from __future__ import annotations
+
+import random
+from array import array
+from dataclasses import dataclass, field
+
+from kvfleet_router.config import RouterConfig
+from kvfleet_router.endpoint import EndpointState
+from kvfleet_router.policies.context import RouteContext
+from kvfleet_router.policies.policy import POLICIES, Decision, Policy, build_policy
+from kvfleet_router.prefix_index import ApproxPrefixIndex, PreciseKVIndex, hash_tokens
+from kvfleet_router.registry import Registry
+from kvfleet_router.request_info import RequestInfo
+
+
+@dataclass(slots=True)
+class Routed:
+    decision: Decision
+    ctx: RouteContext
+    hashes: list[bytes] = field(default_factory=list)
+    policy_name: str = ""
+
+    @property
+    def matched_fraction(self) -> float:
+        e = self.decision.endpoint
+        return self.ctx.prefix_fraction.get(e.name, 0.0) if e is not None else 0.0
+
+
+def prompt_bytes(info: RequestInfo) -> bytes:
+    if info.prompt_token_ids is not None:
+        return array("q", info.prompt_token_ids).tobytes()
+    return info.prompt_text.encode("utf-8", "surrogatepass")
+
+
+class RouterCore:
+    def __init__(self, cfg: RouterConfig, rng: random.Random | None = None) -> None:
+        self.rng = rng or random.Random()
+        self.registry = Registry()
+        self.precise = PreciseKVIndex()
+        self.approx = ApproxPrefixIndex(cfg.prefix.block_bytes, cfg.prefix.max_blocks_per_endpoint)
+        self.num_prompt_blocks = 0  # for the estimated prefix hit ratio
+        self.num_matched_blocks = 0.0
+        self.apply(cfg)
+
+    def apply(self, cfg: RouterConfig) -> list[EndpointState]:
+        """Install a new config; the caller has validated it. Returns removed endpoints."""
+        if (cfg.prefix.block_bytes != self.approx.block_bytes):
+            self.approx = ApproxPrefixIndex(cfg.prefix.block_bytes,
+                                            cfg.prefix.max_blocks_per_endpoint)
+        self.approx.max_blocks_per_endpoint = cfg.prefix.max_blocks_per_endpoint
+        policies: dict[str, Policy] = {name: build_policy(name, cfg) for name in POLICIES}
+        gone = self.registry.apply(cfg)
+        for e in gone:
+            self.approx.forget_endpoint(e.name)
+            self.precise.reset(e.name)
+        self.cfg, self.policies = cfg, policies
+        return gone
+
+    def prefix_fractions(self, info: RequestInfo, hashes: list[bytes],
+                         endpoints: list[EndpointState]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if hashes:
+            for name, n in self.approx.match(hashes).items():
+                out[name] = n / len(hashes)
+        if info.prompt_token_ids is None:
+            return out
+        by_size: dict[int, tuple[list[bytes], dict[str, int]]] = {}
+        for e in endpoints:
+            size = self.precise.block_sizes.get(e.name)
+            if e.prefix_mode != "precise" or not size:
+                continue
+            if size not in by_size:
+                th = hash_tokens(info.prompt_token_ids, size)
+                by_size[size] = (th, self.precise.match(th) if th else {})
+            th, matched = by_size[size]
+            if th:
+                out[e.name] = matched.get(e.name, 0) / len(th)
+        return out
+
+    def route(self, info: RequestInfo, role: str, now: float, policy_name: str | None = None,
+              exclude: frozenset[str] = frozenset()) -> Routed:
+        name = policy_name or self.cfg.policy.name
+        policy = self.policies[name]
+        endpoints = self.registry.endpoints
+        if exclude:
+            endpoints = [e for e in endpoints if e.name not in exclude]
+        hashes = self.approx.hash_bytes(prompt_bytes(info))
+        ctx = RouteContext(request=info, role=role, now=now, rng=self.rng,
+                           num_prompt_tokens=info.estimated_prompt_tokens(
+                               self.cfg.prefix.chars_per_token))
+        ctx.prefix_fraction = self.prefix_fractions(info, hashes, endpoints)
+        return Routed(policy.choose(endpoints, ctx), ctx, hashes, name)
+
+    def record(self, routed: Routed) -> None:
+        """Remember the prompt on the chosen endpoint (also when balancing by load)."""
+        e = routed.decision.endpoint
+        if e is None:
+            return
+        self.approx.record(e.name, routed.hashes)
+        self.num_prompt_blocks += len(routed.hashes)
+        self.num_matched_blocks += routed.matched_fraction * len(routed.hashes)
+
+    @property
+    def prefix_hit_ratio(self) -> float:
+        return self.num_matched_blocks / self.num_prompt_blocks if self.num_prompt_blocks else 0.0
