@@ -1,0 +1,136 @@
+"""Engine command lines and environment per role, pure.
+
+Public API:
+
+- `engine_args(spec, role, *, host, port) -> list[str]`: the arguments of one replica.
+  vLLM: what follows `vllm serve` / the vllm-openai image entrypoint (`--model ...`).
+  builtin: what follows `kvfleet engine`. User `engine.args` come last, so they win.
+- `engine_command(spec) -> list[str]`: the program for local processes
+  (`kvfleet engine` as `python -m kvfleet_operator.cli engine`, or `vllm serve`).
+  Builtin flags follow engine/kvfleet_engine/cli.py (a test parses them with its parser).
+- `engine_env(spec, role) -> dict[str, str]`.
+
+Renderers are registered by engine kind in `RENDERERS`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvfleet_operator.api.spec import PoolSpec
+
+# vLLM's NixlConnector: both sides of a P/D pair run kv_both (as llm-d does).
+NIXL_KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+NIXL_SIDE_CHANNEL_PORT = 5600
+MODEL_MOUNT = "/models"  # where the Kubernetes runtime mounts a pvc:// source
+
+
+def model_ref(spec: PoolSpec) -> str:
+    """What the engine's --model gets for the pool's `model.source`."""
+    source = spec.model.source or ""
+    scheme, _, rest = source.partition("://")
+    if scheme in ("builtin", "hf"):
+        return rest
+    if scheme == "file":
+        return rest  # file:///abs/path -> /abs/path
+    if scheme == "pvc":
+        _claim, _, path = rest.partition("/")
+        return f"{MODEL_MOUNT}/{path}".rstrip("/")
+    return source  # s3:// and gs:// stream straight from object storage
+
+
+@dataclass(slots=True)
+class Renderer:
+    command: Callable[[], list[str]]
+    args: Callable[[PoolSpec, str, str, int], list[str]]
+    env: Callable[[PoolSpec, str], dict[str, str]]
+
+
+def _vllm_args(spec: PoolSpec, role: str, host: str, port: int) -> list[str]:
+    e = spec.engine
+    gpus = spec.topology.roles()[role].gpus
+    args = [
+        "--model", model_ref(spec),
+        "--served-model-name", spec.model.api_name,
+        "--host", host,
+        "--port", str(port),
+        "--max-num-seqs", str(e.max_num_seqs),
+        "--max-num-batched-tokens", str(e.max_num_batched_tokens),
+        "--block-size", str(e.block_size),
+        "--gpu-memory-utilization", f"{e.gpu_memory_utilization:g}",
+        "--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching",
+    ]  # fmt: skip
+    if spec.model.scheme in ("s3", "gs"):
+        args += ["--load-format", "runai_streamer"]
+    if e.max_model_len is not None:
+        args += ["--max-model-len", str(e.max_model_len)]
+    if e.num_blocks is not None:
+        args += ["--num-gpu-blocks-override", str(e.num_blocks)]
+    if gpus > 1:
+        args += ["--tensor-parallel-size", str(gpus)]
+    if role in ("prefill", "decode"):
+        args += ["--kv-transfer-config", json.dumps(NIXL_KV_TRANSFER_CONFIG, sort_keys=True)]
+    return args + list(e.args)
+
+
+def _vllm_env(spec: PoolSpec, role: str) -> dict[str, str]:
+    env = {"VLLM_LOGGING_LEVEL": "INFO"}
+    if role in ("prefill", "decode"):
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(NIXL_SIDE_CHANNEL_PORT)
+    return env
+
+
+def _builtin_args(spec: PoolSpec, role: str, host: str, port: int) -> list[str]:
+    e = spec.engine
+    args = [
+        "--model", model_ref(spec),
+        "--served-model-name", spec.model.api_name,
+        "--runner", e.runner,
+        "--role", role,
+        "--host", host,
+        "--port", str(port),
+        "--max-num-seqs", str(e.max_num_seqs),
+        "--max-num-batched-tokens", str(e.max_num_batched_tokens),
+        "--block-size", str(e.block_size),
+        "--drain-timeout", str(spec.autoscaling.drain_timeout_seconds),
+    ]  # fmt: skip
+    if e.profile:
+        args += ["--profile", e.profile]
+    if e.num_blocks is not None:
+        args += ["--num-blocks", str(e.num_blocks)]
+    if e.max_model_len is not None:
+        args += ["--max-model-len", str(e.max_model_len)]
+    # kvfleet's engine always caches prefixes (it has no switch); enablePrefixCaching: false
+    # only reaches vLLM.
+    return args + list(e.args)
+
+
+def _builtin_env(spec: PoolSpec, role: str) -> dict[str, str]:
+    return {"PYTHONUNBUFFERED": "1"}
+
+
+RENDERERS: dict[str, Renderer] = {
+    "vllm": Renderer(lambda: ["vllm", "serve"], _vllm_args, _vllm_env),
+    "builtin": Renderer(
+        lambda: [sys.executable, "-m", "kvfleet_operator.cli", "engine"],
+        _builtin_args,
+        _builtin_env,
+    ),
+}
+
+
+def engine_command(spec: PoolSpec) -> list[str]:
+    return RENDERERS[spec.engine.kind].command()
+
+
+def engine_args(spec: PoolSpec, role: str, *, host: str = "0.0.0.0", port: int = 8000) -> list[str]:
+    if role not in spec.topology.roles():
+        raise ValueError(f"role {role!r} is not in this pool's topology")
+    return RENDERERS[spec.engine.kind].args(spec, role, host, port)
+
+
+def engine_env(spec: PoolSpec, role: str) -> dict[str, str]:
+    return RENDERERS[spec.engine.kind].env(spec, role)

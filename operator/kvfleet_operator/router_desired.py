@@ -1,0 +1,89 @@
+"""The router config the pool wants, as the dict `kvfleet_router.config.RouterConfig.from_dict`
+accepts, pure.
+
+Public API:
+
+- `RouterEndpoint`: one replica the router should know (name, url, role, state).
+- `build_router_config(spec, endpoints, version) -> dict`.
+- `next_version(previous, candidate) -> int`: the version only moves when the content
+  (everything but `version`) changes, so a steady pool never re-pushes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvfleet_router.config import PolicyConfig
+
+from kvfleet_operator.api.spec import PoolSpec
+
+# The router learns prefix locality by hashing prompt text; precise KV-event indexing is
+# opt-in per endpoint and needs kvfleet engines, so the default stays approximate.
+PREFIX_MODE = "approximate"
+
+
+@dataclass(slots=True, frozen=True)
+class RouterEndpoint:
+    name: str
+    url: str
+    role: str
+    is_draining: bool = False
+
+
+def weights(spec: PoolSpec) -> dict[str, float] | None:
+    """The spec's weights over the router's defaults (the router replaces the whole map)."""
+    w = spec.routing.weights
+    if w is None:
+        return None
+    merged = dict(PolicyConfig().weights)
+    for name in w.__slots__:
+        value = getattr(w, name)
+        if value is not None:
+            merged[name] = float(value)
+    return dict(sorted(merged.items()))
+
+
+def build_router_config(
+    spec: PoolSpec, endpoints: Sequence[RouterEndpoint], version: int
+) -> dict[str, Any]:
+    r = spec.routing
+    policy: dict[str, Any] = {
+        "name": r.policy,
+        "imbalance": {
+            "abs_threshold": float(r.imbalance.abs_threshold),
+            "rel_threshold": float(r.imbalance.rel_threshold),
+        },
+    }
+    if (w := weights(spec)) is not None:
+        policy["weights"] = w
+    config: dict[str, Any] = {
+        "version": version,
+        "endpoints": [
+            {
+                "name": ep.name,
+                "url": ep.url,
+                "role": ep.role,
+                "state": "draining" if ep.is_draining else "active",
+                "capacity": spec.engine.max_num_seqs,
+                "models": [spec.model.api_name],
+                "prefix_mode": PREFIX_MODE,
+            }
+            for ep in sorted(endpoints, key=lambda e: e.name)
+        ],
+        "policy": policy,
+        "session": {"header": r.session_header},
+    }
+    if spec.topology.is_disaggregated:
+        config["pd"] = {"prefill_threshold_tokens": r.pd_threshold_tokens}
+    return config
+
+
+def next_version(previous: dict[str, Any] | None, candidate: dict[str, Any]) -> int:
+    """Previous version if the content is unchanged, else previous + 1 (first push: 1)."""
+    if previous is None:
+        return 1
+    old_version = int(previous.get("version", 0))
+    strip = lambda d: {k: v for k, v in d.items() if k != "version"}  # noqa: E731
+    return old_version if strip(previous) == strip(candidate) else old_version + 1

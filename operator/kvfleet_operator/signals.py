@@ -1,0 +1,319 @@
+"""Engine signals: parse `/metrics`, keep a short scrape log, aggregate per role over a window.
+
+Public API (pure unless marked async):
+
+- `parse_metrics(text) -> ReplicaSample`: Prometheus text from a vLLM or kvfleet engine
+  into one typed sample. Accepts current vLLM v1 names and the older ones in
+  `contract.LEGACY_NAMES`. Raises `MetricsParseError` on text that is not Prometheus.
+- `ScrapeLog`: per-replica history of `Scrape`s (a sample or a failure, stamped with the
+  caller's clock). `add`, `forget`, `prune`. It is plain data; no clock inside.
+- `aggregate(log, roles, now, window_s, stale_after_s, num_held_requests=0) -> Signals`:
+  per-role `RoleSignals` over `[now - window_s, now]`: waiting/running (window mean,
+  summed over replicas), KV usage mean and max, waiting prompt tokens, TTFT/ITL p90 from
+  histogram deltas, preemptions/s, request rate, prompt tokens/s (all and uncached).
+  A replica whose newest scrape failed or is older than `stale_after_s` is *unknown*:
+  it is counted in `num_unknown` and contributes nothing, so it never looks idle.
+- `async scrape(session, replica, url, now, timeout_s) -> Scrape`: the only I/O here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvfleet_engine import contract as c
+
+Buckets = tuple[tuple[float, float], ...]  # (upper bound `le`, cumulative count), sorted by le
+
+
+class MetricsParseError(ValueError):
+    """The scraped body is not Prometheus text exposition."""
+
+
+@dataclass(slots=True)
+class ReplicaSample:
+    """What one scrape of one replica said. Counters are raw totals since process start."""
+
+    num_running: float = 0.0
+    num_waiting: float = 0.0
+    kv_usage: float = 0.0  # 0-1 fraction
+    num_waiting_prompt_tokens: float = 0.0
+    num_preemptions: float = 0.0
+    num_prompt_tokens: float = 0.0
+    num_generation_tokens: float = 0.0
+    num_prefix_queries: float = 0.0
+    num_prefix_hits: float = 0.0
+    ttft: Buckets = ()
+    itl: Buckets = ()
+    role: str | None = None  # from kvfleet:role, when the engine exposes it
+    is_draining: bool = False
+
+    @property
+    def num_requests(self) -> float:
+        """Requests that reached their first token (the TTFT histogram's count)."""
+        return self.ttft[-1][1] if self.ttft else 0.0
+
+
+@dataclass(slots=True)
+class Scrape:
+    """One scrape attempt at time `t` (the caller's clock, seconds)."""
+
+    t: float
+    sample: ReplicaSample | None  # None when the scrape failed
+    error: str = ""
+
+
+_GAUGES = {
+    c.NUM_REQUESTS_RUNNING: "num_running",
+    c.NUM_REQUESTS_WAITING: "num_waiting",
+    c.KV_CACHE_USAGE_PERC: "kv_usage",
+    c.NUM_WAITING_PROMPT_TOKENS: "num_waiting_prompt_tokens",
+}
+_COUNTERS = {
+    c.NUM_PREEMPTIONS: "num_preemptions",
+    c.PROMPT_TOKENS: "num_prompt_tokens",
+    c.GENERATION_TOKENS: "num_generation_tokens",
+    c.PREFIX_CACHE_QUERIES: "num_prefix_queries",
+    c.PREFIX_CACHE_HITS: "num_prefix_hits",
+}
+_HISTOGRAMS = {c.TIME_TO_FIRST_TOKEN: "ttft", c.INTER_TOKEN_LATENCY: "itl"}
+
+
+def _canonical(family: str) -> str:
+    """Current vLLM name for a family; untyped counters keep their `_total` suffix."""
+    if family.endswith("_total"):
+        family = family[: -len("_total")]
+    return c.LEGACY_NAMES.get(family, family)
+
+
+def parse_metrics(text: str) -> ReplicaSample:
+    """Parse one `/metrics` body. Label sets of the same metric are summed (multi-model)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as exc:  # the parser raises bare ValueError/TypeError/IndexError
+        raise MetricsParseError(f"not Prometheus text: {exc}") from None
+    # canonical name -> (is_legacy -> samples); untyped lines arrive as separate families.
+    grouped: dict[str, dict[bool, list[Any]]] = {}
+    for fam in families:
+        is_legacy = fam.name.removesuffix("_total") in c.LEGACY_NAMES
+        grouped.setdefault(_canonical(fam.name), {}).setdefault(is_legacy, []).extend(fam.samples)
+    sample = ReplicaSample()
+    totals: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    for name, by_kind in grouped.items():
+        samples = by_kind.get(False) or by_kind.get(True) or []  # current names win
+        if name == c.ROLE_INFO:
+            for s in samples:
+                if s.value and "role" in s.labels:
+                    sample.role = s.labels["role"]
+        elif name in _GAUGES or name in _COUNTERS or name == c.DRAINING:
+            totals[name] = sum(s.value for s in samples if not s.name.endswith("_created"))
+        elif name in _HISTOGRAMS:
+            per_le = buckets.setdefault(name, {})
+            for s in samples:
+                if s.name.endswith("_bucket") and "le" in s.labels:
+                    le = float(s.labels["le"])
+                    per_le[le] = per_le.get(le, 0.0) + s.value
+    for name, attr in {**_GAUGES, **_COUNTERS}.items():
+        if name in totals:
+            setattr(sample, attr, float(totals[name]))
+    sample.is_draining = totals.get(c.DRAINING, 0.0) > 0
+    for name, attr in _HISTOGRAMS.items():
+        if name in buckets:
+            setattr(sample, attr, tuple(sorted(buckets[name].items())))
+    return sample
+
+
+@dataclass(slots=True)
+class ScrapeLog:
+    """Recent scrapes per replica. The runtime adds; `aggregate` reads."""
+
+    scrapes: dict[str, deque[Scrape]] = field(default_factory=dict)
+
+    def add(self, replica: str, scrape: Scrape) -> None:
+        self.scrapes.setdefault(replica, deque()).append(scrape)
+
+    def forget(self, replica: str) -> None:
+        self.scrapes.pop(replica, None)
+
+    def prune(self, now: float, keep_s: float) -> None:
+        """Drop scrapes older than keep_s, but keep one baseline before the cutoff."""
+        for log in self.scrapes.values():
+            while len(log) > 1 and log[1].t <= now - keep_s:
+                log.popleft()
+
+
+@dataclass(slots=True)
+class RoleSignals:
+    """One role's aggregate over a window. Rates are per second; latencies in seconds."""
+
+    num_replicas: int = 0
+    num_known: int = 0
+    num_unknown: int = 0
+    num_waiting: float = 0.0
+    num_running: float = 0.0
+    kv_usage_mean: float = 0.0
+    kv_usage_max: float = 0.0
+    num_waiting_prompt_tokens: float = 0.0
+    ttft_p90_s: float | None = None
+    itl_p90_s: float | None = None
+    preemptions_per_s: float = 0.0
+    request_rate: float = 0.0
+    prompt_tokens_per_s: float = 0.0
+    uncached_prompt_tokens_per_s: float = 0.0
+    generation_tokens_per_s: float = 0.0
+    num_held_requests: int = 0  # held by the router for this pool (scale from zero)
+
+    @property
+    def is_idle(self) -> bool:
+        """True only when every replica is known and none has work or traffic."""
+        return (
+            self.num_unknown == 0
+            and self.num_held_requests == 0
+            and self.num_waiting == 0
+            and self.num_running == 0
+            and self.request_rate == 0
+        )
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+
+
+@dataclass(slots=True)
+class Signals:
+    """Per-role aggregates over one window ending at `t`."""
+
+    t: float
+    window_s: float
+    roles: dict[str, RoleSignals]
+
+
+def _rate(first: float, last: float, dt: float) -> float:
+    """Counter rate; a drop means the process restarted, so count from zero."""
+    if dt <= 0:
+        return 0.0
+    return (last if last < first else last - first) / dt
+
+
+def _bucket_delta(first: Buckets, last: Buckets) -> dict[float, float]:
+    before = dict(first)
+    if last and before and last[-1][1] < before.get(last[-1][0], 0.0):
+        before = {}  # counter reset
+    return {le: max(0.0, n - before.get(le, 0.0)) for le, n in last}
+
+
+def histogram_quantile(q: float, cumulative: Mapping[float, float]) -> float | None:
+    """Prometheus-style quantile from cumulative buckets (le -> count); None when empty."""
+    items = sorted(cumulative.items())
+    if not items or items[-1][1] <= 0:
+        return None
+    rank = q * items[-1][1]
+    lower_le, lower_n = 0.0, 0.0
+    for le, n in items:
+        if n >= rank:
+            if math.isinf(le):
+                return lower_le  # like Prometheus: the highest finite bound
+            if n == lower_n:
+                return le
+            return lower_le + (le - lower_le) * (rank - lower_n) / (n - lower_n)
+        lower_le, lower_n = le, n
+    return lower_le
+
+
+def _window(log: Iterable[Scrape], start: float, now: float) -> tuple[Scrape | None, list[Scrape]]:
+    """(baseline: newest good scrape at or before start, good scrapes inside the window)."""
+    baseline: Scrape | None = None
+    inside: list[Scrape] = []
+    for s in log:
+        if s.sample is None or s.t > now:
+            continue
+        if s.t <= start:
+            baseline = s
+        else:
+            inside.append(s)
+    return baseline, inside
+
+
+def _is_known(log: deque[Scrape], now: float, stale_after_s: float) -> bool:
+    if not log:
+        return False
+    newest = log[-1]
+    return newest.sample is not None and now - newest.t <= stale_after_s
+
+
+def aggregate(
+    log: ScrapeLog,
+    roles: Mapping[str, str],
+    now: float,
+    window_s: float,
+    stale_after_s: float,
+    num_held_requests: int = 0,
+) -> Signals:
+    """Aggregate `log` per role. `roles` maps replica name -> role for the current fleet."""
+    out: dict[str, RoleSignals] = {}
+    hists: dict[str, dict[str, dict[float, float]]] = {}
+    kv_means: dict[str, list[float]] = {}
+    for replica, role in roles.items():
+        rs = out.setdefault(role, RoleSignals())
+        rs.num_replicas += 1
+        scrapes = log.scrapes.get(replica, deque())
+        if not _is_known(scrapes, now, stale_after_s):
+            rs.num_unknown += 1
+            continue
+        rs.num_known += 1
+        baseline, inside = _window(scrapes, now - window_s, now)
+        samples = [s.sample for s in inside if s.sample is not None] or [scrapes[-1].sample]
+        gauges = [s for s in samples if s is not None]
+        n = len(gauges)
+        rs.num_waiting += sum(g.num_waiting for g in gauges) / n
+        rs.num_running += sum(g.num_running for g in gauges) / n
+        rs.num_waiting_prompt_tokens += sum(g.num_waiting_prompt_tokens for g in gauges) / n
+        kv_means.setdefault(role, []).append(sum(g.kv_usage for g in gauges) / n)
+        rs.kv_usage_max = max(rs.kv_usage_max, max(g.kv_usage for g in gauges))
+        first = baseline or (inside[0] if inside else None)
+        last = inside[-1] if inside else None
+        if first is None or last is None or first is last:
+            continue  # one point: no rate yet
+        a, b = first.sample, last.sample
+        assert a is not None and b is not None
+        dt = last.t - first.t
+        rs.preemptions_per_s += _rate(a.num_preemptions, b.num_preemptions, dt)
+        rs.request_rate += _rate(a.num_requests, b.num_requests, dt)
+        prompt = _rate(a.num_prompt_tokens, b.num_prompt_tokens, dt)
+        hits = _rate(a.num_prefix_hits, b.num_prefix_hits, dt)
+        rs.prompt_tokens_per_s += prompt
+        rs.uncached_prompt_tokens_per_s += max(0.0, prompt - hits)
+        rs.generation_tokens_per_s += _rate(a.num_generation_tokens, b.num_generation_tokens, dt)
+        role_h = hists.setdefault(role, {"ttft": {}, "itl": {}})
+        for key, (fa, fb) in {"ttft": (a.ttft, b.ttft), "itl": (a.itl, b.itl)}.items():
+            for le, d in _bucket_delta(fa, fb).items():
+                role_h[key][le] = role_h[key].get(le, 0.0) + d
+    for role, rs in out.items():
+        means = kv_means.get(role, [])
+        rs.kv_usage_mean = sum(means) / len(means) if means else 0.0
+        rs.num_held_requests = num_held_requests
+        if role in hists:
+            rs.ttft_p90_s = histogram_quantile(0.9, hists[role]["ttft"])
+            rs.itl_p90_s = histogram_quantile(0.9, hists[role]["itl"])
+    return Signals(t=now, window_s=window_s, roles=out)
+
+
+async def scrape(session, replica: str, url: str, now: float, timeout_s: float = 2.0) -> Scrape:
+    """GET `url` (a replica's /metrics) with an aiohttp session; failures become Scrape(None)."""
+
+    import aiohttp
+
+    try:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with session.get(url, timeout=timeout) as resp:
+            if resp.status != 200:
+                return Scrape(t=now, sample=None, error=f"{replica}: HTTP {resp.status}")
+            text = await resp.text()
+        return Scrape(t=now, sample=parse_metrics(text))
+    except (TimeoutError, aiohttp.ClientError, MetricsParseError, OSError) as exc:
+        return Scrape(t=now, sample=None, error=f"{replica}: {type(exc).__name__}: {exc}")
