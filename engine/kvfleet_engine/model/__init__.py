@@ -1,0 +1,1 @@
+"""Llama-family model, loaders, tokenizers and sampler for the torch runner."""

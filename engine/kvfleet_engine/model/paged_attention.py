@@ -1,0 +1,138 @@
+"""Paged KV cache and batched attention over block tables (CPU, SDPA).
+
+One step's flat batch is split into two groups that share a kernel call each per layer:
+single-token decodes and multi-token prefill chunks. Each group gathers its sequences'
+KV blocks through their block tables into a padded tensor and runs one SDPA with a
+causal + length mask. GQA is folded into the query axis, so K/V are never repeated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from kvfleet_engine.model.config import ModelConfig
+
+
+class PagedKVCache:
+    """K and V of all layers in one tensor [layers, 2, blocks, block_size, kv_heads, head_dim]."""
+
+    def __init__(self, cfg: ModelConfig, num_blocks: int, block_size: int,
+                 dtype: torch.dtype) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be positive")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.data = torch.zeros(cfg.num_layers, 2, num_blocks, block_size, cfg.num_kv_heads,
+                                cfg.head_dim, dtype=dtype)
+
+    def key(self, layer: int) -> torch.Tensor:
+        return self.data[layer, 0]
+
+    def value(self, layer: int) -> torch.Tensor:
+        return self.data[layer, 1]
+
+    @property
+    def num_bytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+
+@dataclass(slots=True)
+class GroupMeta:
+    """Sequences that share one attention call: padded queries against gathered blocks."""
+
+    token_index: torch.Tensor  # [B, max_q] rows of the flat batch (padding repeats a real row)
+    is_real: torch.Tensor  # [B, max_q] False for padding queries
+    block_tables: torch.Tensor  # [B, max_blocks]
+    mask: torch.Tensor  # [B, 1, max_q * group, max_blocks * block_size], True = attend
+
+
+@dataclass(slots=True)
+class StepMeta:
+    positions: torch.Tensor  # [T] absolute position of every token in the flat batch
+    slot_mapping: torch.Tensor  # [T] flat cache slot each new token's K/V is written to
+    last_token_index: torch.Tensor  # [B] flat row of each sequence's last token
+    groups: list[GroupMeta]
+
+
+def pad_tables(tables: list[list[int]]) -> torch.Tensor:
+    """[B, max_blocks], padded with block 0 (reserved; reads of it are masked off)."""
+    padded = torch.zeros(len(tables), max(len(t) for t in tables), dtype=torch.long)
+    for i, t in enumerate(tables):
+        padded[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+    return padded
+
+
+def build_group(q_len: torch.Tensor, start: torch.Tensor, offset: torch.Tensor,
+                tables: torch.Tensor, block_size: int, queries_per_kv: int) -> GroupMeta:
+    """offset: where each sequence's tokens begin in the flat batch."""
+    step = torch.arange(int(q_len.max()))
+    is_real = step[None, :] < q_len[:, None]
+    last = torch.minimum(step[None, :], (q_len - 1)[:, None])  # padding repeats the last query
+    num_blocks = int(((start + q_len + block_size - 1) // block_size).max())
+    tables = tables[:, :num_blocks]
+    kv_pos = torch.arange(num_blocks * block_size)
+    q_pos = start[:, None] + last  # absolute position of each query
+    mask = kv_pos[None, None, :] <= q_pos[:, :, None]  # causal; also hides unwritten slots
+    mask = mask.repeat_interleave(queries_per_kv, dim=1).unsqueeze(1)
+    return GroupMeta(offset[:, None] + last, is_real, tables, mask)
+
+
+def build_step_meta(q_lens: list[int], starts: list[int], tables: list[list[int]],
+                    block_size: int, queries_per_kv: int) -> StepMeta:
+    for q, s, t in zip(q_lens, starts, tables, strict=True):
+        if q < 1 or s < 0:
+            raise ValueError("each scheduled sequence needs at least one token and start >= 0")
+        if (s + q + block_size - 1) // block_size > len(t):
+            raise ValueError(f"block table of {len(t)} blocks cannot hold {s + q} tokens")
+    q_len = torch.tensor(q_lens, dtype=torch.long)
+    start = torch.tensor(starts, dtype=torch.long)
+    padded = pad_tables(tables)
+    ends = q_len.cumsum(0)
+    offset = ends - q_len
+    seq_of_token = torch.repeat_interleave(torch.arange(len(q_lens)), q_len)
+    positions = torch.arange(int(ends[-1])) - offset[seq_of_token] + start[seq_of_token]
+    slots = padded[seq_of_token, positions // block_size] * block_size + positions % block_size
+    is_decode = q_len == 1
+    groups = []
+    for chosen in (is_decode, ~is_decode):  # decodes and prefill chunks pad separately
+        idx = chosen.nonzero().flatten()
+        if idx.numel():
+            groups.append(build_group(q_len[idx], start[idx], offset[idx], padded[idx],
+                                      block_size, queries_per_kv))
+    return StepMeta(positions, slots, ends - 1, groups)
+
+
+class PagedAttention:
+    """AttentionFn for LlamaModel: write this step's K/V into the cache, attend through it."""
+
+    def __init__(self, cache: PagedKVCache, meta: StepMeta) -> None:
+        self.cache, self.meta = cache, meta
+
+    def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> torch.Tensor:
+        k_cache, v_cache = self.cache.key(layer_idx), self.cache.value(layer_idx)
+        num_kv_heads, head_dim = k.shape[1], k.shape[2]
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self.meta.slot_mapping, k)
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self.meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        for g in self.meta.groups:
+            out[g.token_index[g.is_real]] = _group_attention(q, k_cache, v_cache, g)
+        return out
+
+
+def _group_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     g: GroupMeta) -> torch.Tensor:
+    batch, max_q = g.token_index.shape
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    # [B, max_q, kv, group, d] -> [B, kv, max_q * group, d]: GQA as extra query rows.
+    qg = q[g.token_index].view(batch, max_q, num_kv_heads, group, head_dim)
+    qg = qg.permute(0, 2, 1, 3, 4).reshape(batch, num_kv_heads, max_q * group, head_dim)
+    kg = k_cache[g.block_tables].flatten(1, 2).transpose(1, 2)  # [B, kv, L, d]
+    vg = v_cache[g.block_tables].flatten(1, 2).transpose(1, 2)
+    o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask)
+    o = o.view(batch, num_kv_heads, max_q, group, head_dim).permute(0, 2, 1, 3, 4)
+    return o.reshape(batch, max_q, num_heads, head_dim)[g.is_real]
