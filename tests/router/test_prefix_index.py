@@ -1,0 +1,75 @@
+from kvfleet_engine.contract import KVEvent
+from kvfleet_router.prefix_index import ApproxPrefixIndex, ChainIndex, PreciseKVIndex, hash_tokens
+
+
+def test_text_chain_only_full_blocks_and_prefix_property():
+    idx = ApproxPrefixIndex(block_bytes=4, max_blocks_per_endpoint=100)
+    a = idx.hash_text("abcdefghij")  # 2 full blocks, tail "ij" ignored
+    b = idx.hash_text("abcdefgh")
+    c = idx.hash_text("abcdXXgh")
+    assert len(a) == 2 and a == b
+    assert c[0] == a[0] and c[1] != a[1]  # chained: same first block, different second
+
+
+def test_match_counts_leading_blocks_per_endpoint():
+    idx = ApproxPrefixIndex(block_bytes=2, max_blocks_per_endpoint=100)
+    idx.record("e0", idx.hash_text("aabbcc"))
+    idx.record("e1", idx.hash_text("aabbdd"))
+    assert idx.match(idx.hash_text("aabbccee")) == {"e0": 3, "e1": 2}
+    assert idx.match(idx.hash_text("zz")) == {}
+    assert idx.match([]) == {}
+
+
+def test_lru_bound_evicts_oldest_and_refreshes_on_record():
+    idx = ChainIndex(max_blocks_per_endpoint=3)
+    idx.record("e", [b"1", b"2", b"3"])
+    idx.record("e", [b"1"])  # refresh 1: now 2 is the oldest
+    idx.record("e", [b"4"])
+    assert idx.num_blocks("e") == 3
+    assert idx.match([b"2"]) == {}
+    assert idx.match([b"1"]) == {"e": 1}
+    idx.forget_endpoint("e")
+    assert idx.match([b"1"]) == {} and idx.num_blocks("e") == 0
+
+
+def test_eviction_in_the_middle_cuts_the_prefix():
+    idx = ChainIndex(max_blocks_per_endpoint=10)
+    idx.record("e", [b"1", b"2", b"3"])
+    idx.remove("e", [b"2"])
+    assert idx.match([b"1", b"2", b"3"]) == {"e": 1}
+
+
+def stored(seq, hashes, tokens, parent=None, size=2):
+    return KVEvent(seq=seq, type="BlockStored", block_hashes=hashes, parent_block_hash=parent,
+                   token_ids=tokens, block_size=size)
+
+
+def test_precise_index_rehashes_token_blocks_and_follows_removals():
+    idx = PreciseKVIndex()
+    assert idx.apply("e0", stored(0, [111, 222], [1, 2, 3, 4]))
+    assert idx.apply("e0", stored(1, [333], [5, 6], parent=222))
+    assert idx.block_sizes["e0"] == 2
+    query = hash_tokens([1, 2, 3, 4, 5, 6, 7], 2)
+    assert len(query) == 3
+    assert idx.match(query) == {"e0": 3}
+    assert idx.apply("e0", KVEvent(seq=2, type="BlockRemoved", block_hashes=[222]))
+    assert idx.match(query) == {"e0": 1}
+    assert idx.apply("e0", KVEvent(seq=3, type="AllBlocksCleared", block_hashes=[]))
+    assert idx.match(query) == {}
+
+
+def test_precise_index_resets_on_a_sequence_gap_and_skips_orphans():
+    idx = PreciseKVIndex()
+    idx.apply("e0", stored(0, [1], [1, 2]))
+    assert not idx.apply("e0", stored(5, [9], [7, 8], parent=42))  # gap -> reset; orphan skipped
+    assert idx.match(hash_tokens([1, 2], 2)) == {}
+    assert idx.match(hash_tokens([7, 8], 2)) == {}
+    idx.apply("e0", stored(6, [1], [1, 2], size=0))  # no block size: ignored, not a crash
+    assert idx.match(hash_tokens([1, 2], 2)) == {}
+
+
+def test_two_engines_same_tokens_match_both():
+    idx = PreciseKVIndex()
+    idx.apply("a", stored(0, [10], [1, 2]))
+    idx.apply("b", stored(0, [99], [1, 2]))  # different engine hashes, same tokens
+    assert idx.match(hash_tokens([1, 2], 2)) == {"a": 1, "b": 1}

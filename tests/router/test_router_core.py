@@ -1,0 +1,109 @@
+import random
+
+import pytest
+from kvfleet_engine.contract import KVEvent
+from kvfleet_router.config import RouterConfig
+from kvfleet_router.policies import POLICIES, build_policy
+from kvfleet_router.request_info import RequestInfo
+from kvfleet_router.router_core import RouterCore
+
+PROMPT = "You are a helpful assistant. " * 20  # 580 bytes: 9 blocks of 64
+
+
+def core(policy="cache-aware", n=3, **extra):
+    cfg = RouterConfig.from_dict({
+        "endpoints": [{"name": f"e{i}", "url": f"http://127.0.0.1:{9000 + i}", "capacity": 10}
+                      for i in range(n)],
+        "policy": {"name": policy, **extra}})
+    return RouterCore(cfg, rng=random.Random(0))
+
+
+def route(c, text, **kw):
+    routed = c.route(RequestInfo(prompt_text=text, **kw), "unified", now=1.0)
+    c.record(routed)
+    return routed
+
+
+def test_every_named_policy_builds_and_picks():
+    c = core()
+    assert set(POLICIES) == {"round-robin", "random", "least-request", "least-kv",
+                             "prefix-cache", "session", "latency", "ucb", "slo", "cache-aware"}
+    for name in POLICIES:
+        d = build_policy(name, c.cfg).choose(c.registry.endpoints, route(c, "x").ctx)
+        assert d.endpoint is not None and d.reason == "picked", name
+    with pytest.raises(KeyError):
+        build_policy("nope", c.cfg)
+
+
+def test_cache_aware_follows_the_prefix():
+    c = core()
+    first = route(c, PROMPT + "question one").decision.endpoint
+    assert first is not None
+    again = route(c, PROMPT + "question two")
+    assert again.decision.endpoint is first
+    assert again.matched_fraction == pytest.approx(9 / 9)
+    assert c.prefix_hit_ratio > 0
+
+
+def test_imbalance_guard_balances_but_still_records_the_prefix():
+    c = core(imbalance={"abs_threshold": 2, "rel_threshold": 1.5})
+    first = route(c, PROMPT).decision.endpoint
+    first.num_in_flight = 5  # others at 0: 5 - 0 > 2 and 5 > 1.5 * 0
+    routed = route(c, PROMPT)
+    assert routed.decision.is_balanced_by_load and routed.decision.endpoint is not first
+    other = routed.decision.endpoint
+    assert c.approx.match(c.approx.hash_text(PROMPT)).get(other.name) == 9
+    first.num_in_flight = 1  # balanced again: affinity resumes (both now hold the prefix)
+    assert not route(c, PROMPT).decision.is_balanced_by_load
+
+
+def test_round_robin_and_saturation_and_empty():
+    c = core("round-robin")
+    assert [route(c, "p").decision.endpoint.name for _ in range(4)] == ["e0", "e1", "e2", "e0"]
+    for e in c.registry.endpoints:
+        e.num_in_flight = e.capacity
+    assert route(c, "p").decision.reason == "saturated"
+    for e in c.registry.endpoints:
+        e.is_probe_healthy = False
+    assert route(c, "p").decision.reason == "no-endpoint"
+    assert core(n=0).route(RequestInfo(prompt_text="p"), "unified", 1.0).decision.endpoint is None
+
+
+def test_exclude_and_override():
+    c = core()
+    routed = c.route(RequestInfo(prompt_text="p"), "unified", 1.0, policy_name="round-robin",
+                     exclude=frozenset({"e0", "e1"}))
+    assert routed.decision.endpoint.name == "e2" and routed.policy_name == "round-robin"
+
+
+def test_precise_mode_uses_token_ids_from_kv_events():
+    cfg = RouterConfig.from_dict({"endpoints": [
+        {"name": "a", "url": "http://127.0.0.1:1", "prefix_mode": "precise"},
+        {"name": "b", "url": "http://127.0.0.1:2", "prefix_mode": "precise"}],
+        "policy": {"name": "prefix-cache"}})
+    c = RouterCore(cfg, rng=random.Random(0))
+    c.precise.apply("b", KVEvent(seq=0, type="BlockStored", block_hashes=[7, 8],
+                                 token_ids=[1, 2, 3, 4, 5, 6, 7, 8], block_size=4))
+    for _ in range(5):
+        routed = c.route(RequestInfo(prompt_token_ids=[1, 2, 3, 4, 5, 6, 7, 8, 9]), "unified", 1.0)
+        assert routed.decision.endpoint.name == "b"
+        assert routed.matched_fraction == pytest.approx(1.0)
+
+
+def test_reload_keeps_in_flight_and_retires_removed():
+    c = core()
+    e1 = c.registry.by_name["e1"]
+    e1.num_in_flight = 2
+    cfg = c.cfg.to_dict()
+    cfg["version"] = 1
+    cfg["endpoints"][1]["state"] = "draining"
+    c.apply(RouterConfig.from_dict(cfg))
+    assert c.registry.by_name["e1"] is e1 and e1.is_draining and e1.num_in_flight == 2
+    assert all(route(c, f"p{i}").decision.endpoint is not e1 for i in range(10))
+    cfg["version"] = 2
+    del cfg["endpoints"][1]
+    c.apply(RouterConfig.from_dict(cfg))
+    assert [e.name for e in c.registry.all_endpoints()] == ["e0", "e2", "e1"]
+    assert e1.state_name() == "removed"
+    e1.num_in_flight = 0
+    assert [e.name for e in c.registry.all_endpoints()] == ["e0", "e2"]

@@ -1,0 +1,109 @@
+import math
+
+import pytest
+from kvfleet_router.policies.scorers import (
+    SCORERS,
+    lower_is_better,
+    session_choice,
+    ucb_reward,
+    ucb_values,
+)
+from kvfleet_router.request_info import RequestInfo
+from policy_fixtures import cfg, ctx, ep
+
+
+def with_ttft(name, ttft=None):
+    e = ep(name)
+    if ttft is not None:
+        e.ttft.add(ttft)
+    return e
+
+
+def with_slo(name, alpha=None, beta=None):
+    e = ep(name)
+    if alpha is not None:
+        e.prefill_s_per_token.add(alpha)
+    if beta is not None:
+        e.decode_s_per_token.add(beta)
+    return e
+
+
+@pytest.mark.parametrize("scorer, endpoints, context, expected", [
+    # queue: (max - q) / (max - min), q = max(router in-flight, engine running+waiting)
+    ("queue", [ep("a", in_flight=0), ep("b", in_flight=5), ep("c", in_flight=10)], {},
+     [1.0, 0.5, 0.0]),
+    ("queue", [ep("a", in_flight=3), ep("b", in_flight=3)], {}, [1.0, 1.0]),
+    ("queue", [ep("a", in_flight=1, kv=0.0, running=4, waiting=5), ep("b", in_flight=3, kv=0.0)],
+     {}, [0.0, 1.0]),
+    # kv: 1 - usage; unknown (no fresh scrape) scores 0, never "idle"
+    ("kv", [ep("a", kv=0.25), ep("b", kv=1.0), ep("c")], {}, [0.75, 0.0, 0.0]),
+    # prefix: matched / prompt blocks
+    ("prefix", [ep("a"), ep("b"), ep("c")], {"prefix_fraction": {"a": 0.5, "c": 1.0}},
+     [0.5, 0.0, 1.0]),
+    # latency: min-max of the TTFT EWMA, unknown explores (1.0)
+    ("latency", [with_ttft("a", 0.1), with_ttft("b", 0.3), with_ttft("c")], {},
+     [1.0, 0.0, 1.0]),
+    ("latency", [with_ttft("a", 0.1), with_ttft("b", 0.2), with_ttft("c", 0.5)], {},
+     [1.0, 0.75, 0.0]),
+    # slo: T = alpha * uncached + beta * max_tokens; priors 0.0005 / 0.02
+    # a: 0.001*100 + 0.01*10 = 0.2; b: 0.0005*50 + 0.02*10 = 0.225 (half cached); c: 0.3
+    ("slo", [with_slo("a", 0.001, 0.01), with_slo("b"), with_slo("c", 0.002, 0.01)],
+     {"num_prompt_tokens": 100, "prefix_fraction": {"b": 0.5},
+      "request": RequestInfo(max_tokens=10)},
+     [1.0, 0.75, 0.0]),
+])
+def test_scorer_table(scorer, endpoints, context, expected):
+    got = SCORERS[scorer](cfg())(endpoints, ctx(**context))
+    assert got == pytest.approx(expected, abs=1e-9)
+    assert all(0.0 <= s <= 1.0 for s in got)
+
+
+def test_lower_is_better_edges():
+    assert lower_is_better([]) == []
+    assert lower_is_better([2.0]) == [1.0]
+
+
+def test_ucb_arithmetic():
+    # t = 3 + 1 = 4; Q_a = 2.4/3 = 0.8; Q_b = 0.5
+    values = ucb_values([3, 1, 0], [2.4, 0.5, 0.0], c=1.0)
+    assert values[0] == pytest.approx(0.8 + math.sqrt(math.log(4) / 3))
+    assert values[1] == pytest.approx(0.5 + math.sqrt(math.log(4) / 1))
+    assert values[2] == math.inf
+    assert ucb_values([2, 2], [1.0, 1.5], c=0.0) == pytest.approx([0.5, 0.75])
+    assert ucb_reward(0.5, 0.5) == pytest.approx(0.5)
+    assert ucb_reward(0.0, 0.5) == 1.0
+    assert ucb_reward(1.5, 0.5) == pytest.approx(0.25)
+
+
+def test_ucb_scorer_normalises_and_explores_unpulled_arms():
+    eps = [ep("a"), ep("b"), ep("c")]
+    eps[0].num_ucb_pulls, eps[0].ucb_reward_sum = 3, 2.4
+    eps[1].num_ucb_pulls, eps[1].ucb_reward_sum = 1, 0.5
+    got = SCORERS["ucb"](cfg())(eps, ctx())
+    u_a, u_b = 0.8 + math.sqrt(math.log(4) / 3), 0.5 + math.sqrt(math.log(4))
+    assert u_b > u_a  # the less-tried arm has the larger bonus here
+    assert got == pytest.approx([0.0, 1.0, 1.0])
+    c0 = cfg(ucb_c=0.0)
+    assert SCORERS["ucb"](c0)(eps[:2], ctx()) == pytest.approx([1.0, 0.0])
+
+
+def test_session_is_sticky_and_bounded():
+    eps = [ep("a"), ep("b"), ep("c")]
+    first = session_choice(eps, "user-42", 1.25)
+    assert all(session_choice(eps, "user-42", 1.25) == first for _ in range(5))
+    # remove another endpoint: the key stays on its endpoint (consistent hashing)
+    others = [e for i, e in enumerate(eps) if i != first]
+    kept = [eps[first], others[0]]
+    assert kept[session_choice(kept, "user-42", 1.25)] is eps[first]
+    # overload the sticky one: cap = ceil(1.25 * (10 + 1) / 3) = 5 < 10 + 1
+    eps[first].num_in_flight = 10
+    assert session_choice(eps, "user-42", 1.25) != first
+    scores = SCORERS["session"](cfg())(eps, ctx(request=RequestInfo(session_key="user-42")))
+    assert sorted(scores) == [0.0, 0.0, 1.0]
+    assert SCORERS["session"](cfg())(eps, ctx()) == [0.0, 0.0, 0.0]
+
+
+def test_keys_spread_over_endpoints():
+    eps = [ep("a"), ep("b"), ep("c")]
+    picks = {session_choice(eps, f"user-{i}", 1.25) for i in range(60)}
+    assert picks == {0, 1, 2}
