@@ -19,7 +19,10 @@ from typing import Any
 from .errors import SpecError, join_path
 
 # Kubernetes resource.Quantity, e.g. 500m, 4Gi, 1.5, 2e3.
-QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTPi]*[-+]?[0-9]*)$"
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +122,7 @@ def convert(hint: Any, value: Any, rule: Rule, path: str) -> Any:
 
 def convert_scalar(hint: Any, value: Any, rule: Rule, path: str) -> Any:
     if rule.is_quantity:
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
+        if isinstance(value, bool) or not isinstance(value, int | str):
             raise SpecError(
                 path, f"must be a quantity (e.g. 4, 500m, 16Gi), got {type_name(value)}"
             )
@@ -164,7 +167,8 @@ def check_string(value: str, rule: Rule, path: str) -> None:
     if rule.enum is not None and value not in rule.enum:
         raise SpecError(path, f"must be one of {', '.join(rule.enum)}; got {value!r}")
     if rule.min_length is not None and len(value) < rule.min_length:
-        raise SpecError(path, f"must be at least {rule.min_length} characters")
+        need = "must not be empty" if rule.min_length == 1 else f"needs {rule.min_length}+ chars"
+        raise SpecError(path, need)
     if rule.max_length is not None and len(value) > rule.max_length:
         raise SpecError(path, f"must be at most {rule.max_length} characters, got {len(value)}")
     if rule.pattern is not None and not re.search(rule.pattern, value):
