@@ -3,8 +3,8 @@
 API (the server, the simulator and `LLM` drive exactly this; not thread-safe, so call
 it from one thread, e.g. the server's engine thread):
 
-    engine = LLMEngine(EngineConfig(...), runner, tokenizer=None, eos_token_ids=(),
-                       clock=time.monotonic)
+    engine = LLMEngine(EngineConfig(...), runner, tokenizer=None, eos_token_ids=None,
+                       clock=time.monotonic)   # eos None: the tokenizer's; (): none
     engine.add_request(request_id, prompt_token_ids, SamplingParams(...), priority=0,
                        arrival_time=None, hold_kv=False, preloaded_kv=None)
         ValueError with a one-line reason for bad input: empty prompt, bad token ids,
@@ -64,7 +64,7 @@ class LLMEngine:
         config: EngineConfig,
         runner: Runner,
         tokenizer: Any = None,
-        eos_token_ids: Collection[int] = (),
+        eos_token_ids: Collection[int] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if runner.block_size != config.block_size:
@@ -78,7 +78,7 @@ class LLMEngine:
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer
-        if not eos_token_ids and tokenizer is not None:
+        if eos_token_ids is None:  # None: the tokenizer's; () means no EOS at all
             eos_token_ids = tuple(getattr(tokenizer, "eos_token_ids", ()) or ())
         self.eos_token_ids = frozenset(eos_token_ids)
         self._clock = clock

@@ -4,7 +4,9 @@ It keeps a pseudo KV cache so the scheduler's block bookkeeping is really exerci
 each slot holds a rolling 64-bit hash of the tokens up to that position, computed from
 the previous position's slot through the block table (the way attention reads the
 cache). A sampled token is a function of the last slot, so outputs depend on what the
-blocks hold: a wrong prefix hit or a block shared by mistake changes the tokens.
+blocks hold: a wrong prefix hit or a block shared by mistake changes the tokens. Only
+the previous slot is read (O(1) per token); since it chains over all earlier tokens, a
+wrong block anywhere before the point where computing resumes still shows.
 
 Time, per `time_mode`:
 - "report":  only report the step's duration (`last_step_s`), for callers that keep time;
@@ -57,6 +59,7 @@ class SimulatedRunner:
         time_mode: str = "report",
         clock: VirtualClock | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        seed: int | None = None,
     ) -> None:
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
         if time_mode not in _TIME_MODES:
@@ -69,6 +72,7 @@ class SimulatedRunner:
         self.time_mode = time_mode
         self.clock = clock
         self._sleep = sleep
+        self.seed = seed  # for sampled (non-greedy) requests that bring no seed of their own
         self._kv = [0] * (self.num_blocks * self.block_size)
         self.last_step_s = 0.0
         self.total_step_s = 0.0
@@ -93,8 +97,10 @@ class SimulatedRunner:
                 pos += 1
             if seq.do_sample:
                 params = seq.params
-                if not params.is_greedy and params.seed is not None:
-                    h = _mix(h, params.seed, seq.num_output_tokens)
+                if not params.is_greedy:
+                    seed = params.seed if params.seed is not None else self.seed
+                    if seed is not None:
+                        h = _mix(h, seed, seq.num_output_tokens)
                 sampled[seq.request_id] = (h >> 11) % self.vocab_size
         duration = step_time(self.profile, batch)
         self.last_step_s = duration
@@ -138,3 +144,23 @@ class SimulatedRunner:
     def _check_block(self, block_id: int) -> None:
         if not 0 < block_id < self.num_blocks:
             raise ValueError(f"block id {block_id} is out of range [1, {self.num_blocks})")
+
+
+def build_simulated_runner(
+    profile: str,
+    num_blocks: int,
+    block_size: int,
+    *,
+    seed: int | None = None,
+    vocab_size: int | None = None,
+    time_mode: str = "sleep",
+) -> SimulatedRunner:
+    """The server's simulated runner: sleeps each step for the profile's time."""
+    return SimulatedRunner(
+        profile,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        vocab_size=vocab_size,
+        time_mode=time_mode,
+        seed=seed,
+    )
