@@ -37,8 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="name clients use (repeatable); defaults to --model")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
-    p.add_argument("--num-blocks", type=int, default=512, help="KV blocks, incl. reserved block 0")
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-blocks", type=int, default=None,
+                   help="KV blocks, incl. reserved block 0 (default 512, or the profile's)")
+    p.add_argument("--block-size", type=int, default=None, help="default 16, or the profile's")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="default: the smaller of the model's context, 2048 and the KV capacity")
     p.add_argument("--max-queue", type=int, default=256,

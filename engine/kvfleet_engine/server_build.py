@@ -12,10 +12,21 @@ from kvfleet_engine.config import EngineConfig
 from kvfleet_engine.server_state import ServerSettings
 
 DEFAULT_MAX_MODEL_LEN = 2048
+DEFAULT_NUM_BLOCKS = 512  # torch runner; a simulated profile brings its own
+DEFAULT_BLOCK_SIZE = 16
 
 
 def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettings]:
     _check_flags(args)
+    if args.runner == "simulated":
+        from kvfleet_engine.cost_model import load_profile
+
+        profile = load_profile(args.profile or args.model)
+        args.num_blocks = args.num_blocks or profile.num_gpu_blocks
+        args.block_size = args.block_size or profile.block_size
+    args.num_blocks = args.num_blocks or DEFAULT_NUM_BLOCKS
+    args.block_size = args.block_size or DEFAULT_BLOCK_SIZE
+    _check_sizes(args)
     if args.runner == "torch":
         runner, tokenizer, model_len, default_name = _torch_parts(args)
     else:
@@ -53,11 +64,9 @@ def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettin
 def _check_flags(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    for flag in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_body_bytes"):
+    for flag in ("max_num_seqs", "max_num_batched_tokens", "max_body_bytes"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
-    if args.num_blocks < 2:
-        raise ValueError("--num-blocks must be at least 2 (block 0 is reserved)")
     if args.max_model_len is not None and args.max_model_len < 2:
         raise ValueError("--max-model-len must be at least 2")
     if args.max_queue < 0:
@@ -75,6 +84,13 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError("--runner simulated needs --profile (or --model naming a profile)")
 
 
+def _check_sizes(args: argparse.Namespace) -> None:
+    if args.block_size < 1:
+        raise ValueError("--block-size must be at least 1")
+    if args.num_blocks < 2:
+        raise ValueError("--num-blocks must be at least 2 (block 0 is reserved)")
+
+
 def _torch_parts(args: argparse.Namespace) -> tuple[Any, Any, int, str]:
     from kvfleet_engine.model import registry
     from kvfleet_engine.runner_torch import TorchRunner
@@ -89,6 +105,7 @@ def _simulated_parts(args: argparse.Namespace) -> tuple[Any, Any, int, str]:
     from kvfleet_engine.model.tokenizer import ByteTokenizer
 
     name = args.profile or args.model
+    # Byte-level ids keep simulated output printable text; the profile sets only timing.
     runner = runner_sim.build_simulated_runner(name, args.num_blocks, args.block_size,
-                                               seed=args.seed)
+                                               seed=args.seed, vocab_size=ByteTokenizer.VOCAB_SIZE)
     return runner, ByteTokenizer(), DEFAULT_MAX_MODEL_LEN * 64, args.model or name
