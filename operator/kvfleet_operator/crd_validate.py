@@ -129,6 +129,21 @@ def _dotted(parts: list[Any]) -> str:
 # -- CEL ------------------------------------------------------------------------------------
 
 
+def compile_rules(schema: dict[str, Any]) -> int:
+    """Compile every CEL rule up front (a typo fails here, not on the first bad pool)."""
+    count = 0
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        for rule in node.get("x-kubernetes-validations") or []:
+            _program(rule["rule"])
+            count += 1
+        stack += list((node.get("properties") or {}).values())
+        inner = (node.get("additionalProperties"), node.get("items"))
+        stack += [n for n in inner if isinstance(n, dict)]
+    return count
+
+
 def cel_violations(schema: dict[str, Any], manifest: Any) -> list[Violation]:
     out: list[Violation] = []
     _walk_cel(schema, manifest, "", out)
@@ -158,14 +173,20 @@ def _walk_cel(schema: dict[str, Any], value: Any, path: str, out: list[Violation
 _PROGRAMS: dict[str, Any] = {}
 
 
-def _eval_rule(rule: str, self_value: Any) -> tuple[bool, str]:
+def _program(rule: str) -> Any:
     import celpy
 
     if rule not in _PROGRAMS:
         env = celpy.Environment()
         _PROGRAMS[rule] = env.program(env.compile(rule))
+    return _PROGRAMS[rule]
+
+
+def _eval_rule(rule: str, self_value: Any) -> tuple[bool, str]:
+    import celpy
+
     try:
-        result = _PROGRAMS[rule].evaluate({"self": self_value})
+        result = _program(rule).evaluate({"self": self_value})
     except celpy.CELEvalError as exc:  # the apiserver treats an evaluation error as invalid
         return False, f"evaluation error: {exc.args[0] if exc.args else exc}"
     return bool(result), ""
@@ -184,12 +205,14 @@ def to_cel(schema: dict[str, Any], value: Any) -> Any:
             return celpy.json_to_cel(value)
         items = {}
         for key, item in value.items():
-            sub = (props or {}).get(key, extra if isinstance(extra, dict) else {})
+            fallback: dict[str, Any] = extra if isinstance(extra, dict) else {}
+            sub = (props or {}).get(key, fallback)
             items[t.StringType(key)] = to_cel(sub, item)
         return t.MapType(items)
     if isinstance(value, list):
-        sub = schema.get("items") if isinstance(schema.get("items"), dict) else {}
-        return t.ListType([to_cel(sub, item) for item in value])
+        item_schema = schema.get("items")
+        each: dict[str, Any] = item_schema if isinstance(item_schema, dict) else {}
+        return t.ListType([to_cel(each, item) for item in value])
     if isinstance(value, bool):
         return t.BoolType(value)
     if schema.get("type") == "number" and isinstance(value, int | float):
