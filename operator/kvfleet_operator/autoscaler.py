@@ -196,11 +196,13 @@ def demand(
     # Totals from known replicas, extrapolated to all of them (unknown ones look alike).
     scale = rs.num_replicas / rs.num_known if rs.num_known else 0.0
     candidates: list[tuple[float, str]] = [(0.0, "no demand")]
+    # Requests the router holds (no replica, or all saturated) are queued demand too.
+    held = rs.num_held_requests
     if targets.num_waiting is not None:
-        w = rs.num_waiting * scale
+        w = rs.num_waiting * scale + held
         candidates.append((w / targets.num_waiting, f"waiting {w:.1f} / {targets.num_waiting:g}"))
     if targets.num_running is not None:
-        r = (rs.num_running + rs.num_waiting) * scale
+        r = (rs.num_running + rs.num_waiting) * scale + held
         candidates.append((r / targets.num_running, f"running {r:.1f} / {targets.num_running:g}"))
     if targets.kv_usage is not None:
         kv = rs.kv_usage_mean * rs.num_known * scale

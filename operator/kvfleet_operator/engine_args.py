@@ -96,6 +96,7 @@ def _builtin_args(spec: PoolSpec, role: str, host: str, port: int) -> list[str]:
         "--max-num-batched-tokens", str(e.max_num_batched_tokens),
         "--block-size", str(e.block_size),
         "--drain-timeout", str(spec.autoscaling.drain_timeout_seconds),
+        "--max-queue", str(e.max_num_seqs),  # = router capacity - batch (router_desired)
     ]  # fmt: skip
     if e.profile:
         args += ["--profile", e.profile]

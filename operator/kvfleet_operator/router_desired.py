@@ -32,6 +32,12 @@ class RouterEndpoint:
     is_draining: bool = False
 
 
+def capacity(spec: PoolSpec) -> int:
+    """In-flight requests the router lets one endpoint hold: its batch plus as many queued,
+    so the engine's own queue (vllm:num_requests_waiting) stays visible to autoscalers."""
+    return 2 * spec.engine.max_num_seqs
+
+
 def weights(spec: PoolSpec) -> dict[str, float] | None:
     """The spec's weights over the router's defaults (the router replaces the whole map)."""
     w = spec.routing.weights
@@ -66,7 +72,7 @@ def build_router_config(
                 "url": ep.url,
                 "role": ep.role,
                 "state": "draining" if ep.is_draining else "active",
-                "capacity": spec.engine.max_num_seqs,
+                "capacity": capacity(spec),
                 "models": [spec.model.api_name],
                 "prefix_mode": PREFIX_MODE,
             }

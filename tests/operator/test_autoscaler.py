@@ -207,9 +207,13 @@ def test_scale_to_zero_after_idle_and_back_on_held_requests():
     empty = sig(unified=RoleSignals())
     d = decide(empty, empty, {"unified": 0}, config, d.history, now=150.0)
     assert d.desired["unified"] == 0 and d.reasons["unified"] == "idle at zero"
-    held = sig(unified=RoleSignals(num_held_requests=3))
-    d = decide(held, held, {"unified": 0}, config, d.history, now=151.0)
-    assert d.desired["unified"] == 1 and "held" in d.reasons["unified"]
+    one = sig(unified=RoleSignals(num_held_requests=1))
+    d1 = decide(one, one, {"unified": 0}, config, d.history, now=151.0)
+    assert d1.desired["unified"] == 1 and "1 held" in d1.reasons["unified"]
+    # Held requests are queued demand: 3 held at 2 waiting per replica wake two.
+    three = sig(unified=RoleSignals(num_held_requests=3))
+    d3 = decide(three, three, {"unified": 0}, config, d.history, now=151.0)
+    assert d3.desired["unified"] == 2 and "3 held" in d3.reasons["unified"]
 
 
 def test_any_work_or_unknown_resets_the_idle_timer():
@@ -300,3 +304,9 @@ def test_limits_checks():
         RoleLimits(3, 2)
     with pytest.raises(ValueError):
         RoleLimits(0, 0)
+
+
+def test_router_held_requests_count_as_queued_demand():
+    held = sig(unified=rs(2, num_held_requests=12))
+    d = decide(held, held, {"unified": 2}, cfg(panic_threshold=100.0), History(), now=0.0)
+    assert d.desired["unified"] == 6  # 12 held / 2 per replica

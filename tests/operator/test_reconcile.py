@@ -311,7 +311,7 @@ def test_router_config_round_trips_through_the_router_parser():
         ("d1", "decode", "http://127.0.0.1:9001"),
         ("d2", "decode", "http://127.0.0.1:9002"),
     }
-    assert all(e.models == ["meta-llama/Llama-3.1-8B"] and e.capacity == 256 for e in cfg.endpoints)
+    assert all(e.models == ["meta-llama/Llama-3.1-8B"] and e.capacity == 512 for e in cfg.endpoints)
     assert RouterConfig.from_dict(cfg.to_dict()) == cfg
 
 
