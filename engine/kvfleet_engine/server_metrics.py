@@ -137,5 +137,6 @@ class RequestTimer:
             self._metrics.e2e.observe(now - self.arrival)
             timing = getattr(output, "timing", None)
             scheduled = getattr(timing, "first_scheduled_time", None)
-            if scheduled is not None and math.isfinite(scheduled):
+            if timing is not None and scheduled is not None and math.isfinite(scheduled):
+                # engine clock on both ends: arrival to first scheduling
                 self._metrics.queue_time.observe(max(0.0, scheduled - timing.arrival_time))
