@@ -121,3 +121,13 @@ def test_status_schema_matches_the_status_types():
         format_checker=jsonschema.Draft4Validator.FORMAT_CHECKER,
     ).validate(status.to_dict())
     assert status.to_dict()["roles"]["unified"]["readyOfDesired"] == "1/2"
+
+
+def test_cel_field_paths_point_at_real_fields():
+    # The apiserver rejects a rule whose fieldPath names no field of the node's schema.
+    for path, node in walk(SCHEMA):
+        for rule in node.get("x-kubernetes-validations", []):
+            target = node
+            for part in rule.get("fieldPath", "").split(".")[1:]:
+                assert part in target.get("properties", {}), (path, rule["fieldPath"])
+                target = target["properties"][part]
