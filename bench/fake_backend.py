@@ -1,0 +1,396 @@
+"""A fast fake OpenAI server, for measuring routers rather than engines.
+
+It answers /v1/completions and /v1/chat/completions (SSE streaming or not), /v1/models,
+/health and /metrics (vLLM metric names from the engine contract), plus the
+/server_info and /model_info stubs that sglang-router probes when a worker registers.
+
+Benchmark knobs travel only through standard OpenAI fields (`max_tokens`), because
+sglang-router drops unknown fields and headers; everything else is a backend flag.
+With `--cache-blocks N` each backend keeps an LRU-bounded prefix cache and reports, per
+request, its hits in `usage.prompt_tokens_details.cached_tokens` (in characters, the
+fake's "tokens") and its own name in `system_fingerprint`. GET /bench/stats returns its
+counters and in-flight timeline; POST /bench/reset clears them between runs.
+
+    python bench/fake_backend.py --port 8001 --port 8002 --num-tokens 8 --token-delay-ms 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
+from kvfleet_engine import contract  # noqa: E402
+from prefix_cache import LRUPrefixCache  # noqa: E402
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_TIMELINE = 500_000
+
+
+@dataclass(slots=True)
+class FakeBackendConfig:
+    name: str = "b0"
+    model: str = "fake-model"
+    num_tokens: int = 8  # output tokens when a request gives no max_tokens
+    max_num_tokens: int = 4096
+    ttft_s: float = 0.0
+    prefill_s_per_block: float = 0.0  # extra time to first token per uncached block
+    token_delay_s: float = 0.0
+    num_cache_blocks: int = 0  # 0: no prefix cache
+    block_chars: int = 512
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.model:
+            raise ValueError("name and model must be non-empty")
+        if self.num_tokens < 1 or self.max_num_tokens < self.num_tokens:
+            raise ValueError("need 1 <= num_tokens <= max_num_tokens")
+        if min(self.ttft_s, self.prefill_s_per_block, self.token_delay_s) < 0:
+            raise ValueError("delays must be >= 0")
+        if self.num_cache_blocks < 0 or self.block_chars < 1:
+            raise ValueError("num_cache_blocks must be >= 0 and block_chars >= 1")
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+
+
+def error_response(message: str, status: int, param: str | None = None) -> web.Response:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return web.json_response(body, status=status)
+
+
+def prompt_text(body: dict[str, Any], is_chat: bool) -> str:
+    """The text the prefix cache sees: the prompt, or the chat messages' contents joined."""
+    if is_chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list", "messages")
+        parts = []
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list):  # content parts
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            if not isinstance(content, str):
+                raise BadRequest("each message needs string 'content'", "messages")
+            parts.append(content)
+        return "".join(parts)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        return "".join(p if isinstance(p, str) else json.dumps(p) for p in prompt)
+    raise BadRequest("'prompt' must be a string or a non-empty list", "prompt")
+
+
+def requested_tokens(body: dict[str, Any], cfg: FakeBackendConfig) -> int:
+    key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    value = body.get(key)
+    if value is None:
+        return cfg.num_tokens
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise BadRequest(f"'{key}' must be a positive integer", key)
+    return min(value, cfg.max_num_tokens)
+
+
+class FakeBackend:
+    """One fake engine replica: its config, counters, prefix cache and in-flight timeline."""
+
+    def __init__(self, cfg: FakeBackendConfig) -> None:
+        self.cfg = cfg
+        self.cache = (
+            LRUPrefixCache(cfg.num_cache_blocks, cfg.block_chars) if cfg.num_cache_blocks else None
+        )
+        self.reset()
+
+    def reset(self) -> None:
+        self.num_requests = 0
+        self.num_errors = 0
+        self.num_prompt_blocks = 0
+        self.num_hit_blocks = 0
+        self.num_generation_tokens = 0
+        self.num_in_flight = 0
+        self.num_blocks_in_use = 0  # held by in-flight requests, as vLLM's KV usage counts
+        self.timeline: deque[tuple[float, int]] = deque(maxlen=MAX_TIMELINE)
+        self.request_seq = 0
+        if self.cache is not None:
+            self.cache.clear()
+
+    def _track(self, delta: int) -> None:
+        self.num_in_flight += delta
+        self.timeline.append((time.time(), self.num_in_flight))
+
+    # --- OpenAI endpoints ---
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, is_chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, is_chat=True)
+
+    async def _generate(self, request: web.Request, is_chat: bool) -> web.StreamResponse:
+        cfg = self.cfg
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            model = body.get("model", cfg.model)
+            if model != cfg.model:
+                raise BadRequest(f"The model `{model}` does not exist.", "model", 404)
+            text = prompt_text(body, is_chat)
+            num_tokens = requested_tokens(body, cfg)
+            is_stream = bool(body.get("stream", False))
+        except json.JSONDecodeError:
+            self.num_errors += 1
+            return error_response("the body is not valid JSON", 400)
+        except BadRequest as exc:
+            self.num_errors += 1
+            return error_response(str(exc), exc.status, exc.param)
+
+        self.num_requests += 1
+        self.request_seq += 1
+        num_prompt_blocks = num_hit_blocks = 0
+        if self.cache is not None:
+            lookup = self.cache.lookup_and_store(text)
+            num_prompt_blocks, num_hit_blocks = lookup.num_prompt_blocks, lookup.num_hit_blocks
+            self.num_prompt_blocks += num_prompt_blocks
+            self.num_hit_blocks += num_hit_blocks
+        usage = {
+            "prompt_tokens": len(text),
+            "completion_tokens": num_tokens,
+            "total_tokens": len(text) + num_tokens,
+            "prompt_tokens_details": {"cached_tokens": num_hit_blocks * cfg.block_chars},
+        }
+        prefill_s = cfg.ttft_s + cfg.prefill_s_per_block * (num_prompt_blocks - num_hit_blocks)
+        rid = f"{'chatcmpl' if is_chat else 'cmpl'}-{cfg.name}-{self.request_seq}"
+        self._track(+1)
+        self.num_blocks_in_use += num_prompt_blocks
+        try:
+            if prefill_s > 0:
+                await asyncio.sleep(prefill_s)
+            if is_stream:
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return await self._stream(request, rid, is_chat, num_tokens, usage, include_usage)
+            if cfg.token_delay_s > 0:
+                await asyncio.sleep(cfg.token_delay_s * num_tokens)
+            self.num_generation_tokens += num_tokens
+            return web.json_response(self._full_body(rid, is_chat, num_tokens, usage))
+        finally:
+            self._track(-1)
+            self.num_blocks_in_use -= num_prompt_blocks
+
+    def _full_body(self, rid: str, is_chat: bool, num_tokens: int, usage: dict) -> dict:
+        text = " tok" * num_tokens
+        if is_chat:
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "length",
+            }
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+        return {
+            "id": rid,
+            "object": "chat.completion" if is_chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.cfg.model,
+            "system_fingerprint": self.cfg.name,
+            "choices": [choice],
+            "usage": usage,
+        }
+
+    def _chunk(self, rid: str, is_chat: bool, delta: str | None, finish: str | None) -> bytes:
+        if is_chat:
+            body_delta = {} if delta is None else {"role": "assistant", "content": delta}
+            choice: dict[str, Any] = {"index": 0, "delta": body_delta, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
+        chunk = {
+            "id": rid,
+            "object": "chat.completion.chunk" if is_chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.cfg.model,
+            "system_fingerprint": self.cfg.name,
+            "choices": [choice],
+        }
+        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+    async def _stream(
+        self,
+        request: web.Request,
+        rid: str,
+        is_chat: bool,
+        num_tokens: int,
+        usage: dict,
+        include_usage: bool,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        token = self._chunk(rid, is_chat, " tok", None)
+        tail = self._chunk(rid, is_chat, None, "length")
+        if include_usage:
+            usage_chunk = {"id": rid, "object": "chunk", "model": self.cfg.model,
+                           "choices": [], "usage": usage}
+            tail += b"data: " + json.dumps(usage_chunk).encode() + b"\n\n"
+        tail += b"data: [DONE]\n\n"
+        delay = self.cfg.token_delay_s
+        if delay > 0:  # one write per token, as an engine streams
+            for _ in range(num_tokens):
+                await response.write(token)
+                self.num_generation_tokens += 1
+                await asyncio.sleep(delay)
+            await response.write(tail)
+        else:  # as fast as possible: the whole stream in one write
+            self.num_generation_tokens += num_tokens
+            await response.write(token * num_tokens + tail)
+        await response.write_eof()
+        return response
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = {"id": self.cfg.model, "object": "model", "created": 0, "owned_by": "kvfleet-bench"}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        # No model path, so sglang-router has no tokenizer to fetch from a hub.
+        return web.json_response({"served_model_name": self.cfg.model, "max_total_num_tokens": 0})
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"model_path": None, "is_generation": True})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        label = f'{{{contract.MODEL_LABEL}="{self.cfg.model}"}}'
+        # vLLM counts blocks that running requests hold; cached free blocks are not "used"
+        capacity = self.cfg.num_cache_blocks
+        usage = min(1.0, self.num_blocks_in_use / capacity) if capacity else 0.0
+        queries = self.num_prompt_blocks * self.cfg.block_chars
+        hits = self.num_hit_blocks * self.cfg.block_chars
+        lines = [
+            f"{contract.NUM_REQUESTS_RUNNING}{label} {self.num_in_flight}",
+            f"{contract.NUM_REQUESTS_WAITING}{label} 0",
+            f"{contract.KV_CACHE_USAGE_PERC}{label} {usage:.6f}",
+            f"{contract.PREFIX_CACHE_QUERIES}_total{label} {queries}",
+            f"{contract.PREFIX_CACHE_HITS}_total{label} {hits}",
+            f"{contract.NUM_PREEMPTIONS}_total{label} 0",
+            f"{contract.GENERATION_TOKENS}_total{label} {self.num_generation_tokens}",
+            f'{contract.CACHE_CONFIG_INFO}{{block_size="{self.cfg.block_chars}",'
+            f'num_gpu_blocks="{self.cfg.num_cache_blocks}"}} 1',
+        ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    # --- benchmark bookkeeping ---
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "name": self.cfg.name,
+                "num_requests": self.num_requests,
+                "num_errors": self.num_errors,
+                "num_prompt_blocks": self.num_prompt_blocks,
+                "num_hit_blocks": self.num_hit_blocks,
+                "num_cached_blocks": len(self.cache) if self.cache is not None else 0,
+                "num_in_flight": self.num_in_flight,
+                "timeline": list(self.timeline) if request.query.get("timeline") else [],
+            }
+        )
+
+    async def reset_stats(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response({"reset": self.cfg.name})
+
+
+def build_app(backend: FakeBackend) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_post("/v1/completions", backend.completions)
+    app.router.add_post("/v1/chat/completions", backend.chat_completions)
+    app.router.add_get("/v1/models", backend.models)
+    app.router.add_get("/health", backend.health)
+    app.router.add_get("/metrics", backend.metrics)
+    for path in ("/server_info", "/get_server_info"):
+        app.router.add_get(path, backend.server_info)
+    for path in ("/model_info", "/get_model_info"):
+        app.router.add_get(path, backend.model_info)
+    app.router.add_get("/bench/stats", backend.stats)
+    app.router.add_post("/bench/reset", backend.reset_stats)
+    return app
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, action="append", required=True,
+                   help="one backend per --port, named b0, b1, ... in order")
+    p.add_argument("--model", default="fake-model")
+    p.add_argument("--num-tokens", type=int, default=8)
+    p.add_argument("--max-num-tokens", type=int, default=4096)
+    p.add_argument("--ttft-ms", type=float, default=0.0)
+    p.add_argument("--prefill-ms-per-block", type=float, default=0.0)
+    p.add_argument("--token-delay-ms", type=float, default=0.0)
+    p.add_argument("--cache-blocks", type=int, default=0, help="LRU bound per backend; 0 = off")
+    p.add_argument("--block-chars", type=int, default=512)
+    return p.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    runners = []
+    for i, port in enumerate(args.port):
+        cfg = FakeBackendConfig(
+            name=f"b{i}",
+            model=args.model,
+            num_tokens=args.num_tokens,
+            max_num_tokens=args.max_num_tokens,
+            ttft_s=args.ttft_ms / 1000,
+            prefill_s_per_block=args.prefill_ms_per_block / 1000,
+            token_delay_s=args.token_delay_ms / 1000,
+            num_cache_blocks=args.cache_blocks,
+            block_chars=args.block_chars,
+        )
+        runner = web.AppRunner(build_app(FakeBackend(cfg)), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, args.host, port, backlog=4096).start()
+        runners.append(runner)
+    print(f"fake backends ready on {args.host}:{','.join(map(str, args.port))}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        for runner in runners:
+            await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    try:
+        asyncio.run(serve(args))
+    except ValueError as exc:
+        print(f"fake_backend: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"fake_backend: cannot listen: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""An async load generator for OpenAI-style servers and routers.
+
+Two shapes of load:
+- closed loop: C workers each send one request after another for a fixed time; it reports
+  latency percentiles (full response, and first byte), req/s and errors by kind;
+- open streams: N long SSE streams opened together; it reports errors, the peak number
+  of streams open at once and the peak RSS of a process tree (the router) read from /proc.
+
+A streamed response counts as good only if it has status 200 and ends with `data: [DONE]`.
+
+    python bench/loadgen.py --url http://127.0.0.1:8000 --concurrency 64 --duration 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+import procs
+
+DONE_MARK = b"data: [DONE]"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+@dataclass(slots=True)
+class RequestResult:
+    is_ok: bool
+    start_s: float
+    latency_s: float
+    ttft_s: float
+    error: str = ""
+    body: bytes = b""  # the whole body when asked to keep it
+
+
+@dataclass(slots=True)
+class ClosedLoopStats:
+    concurrency: int
+    duration_s: float
+    num_ok: int
+    num_errors: int
+    errors: dict[str, int]
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+
+
+@dataclass(slots=True)
+class StreamStats:
+    num_streams: int
+    num_ok: int
+    num_errors: int
+    errors: dict[str, int]
+    peak_open: int
+    peak_rss_mb: float
+    router_cpu_s: float
+    wall_s: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def completion_body(model: str, max_tokens: int, is_stream: bool, prompt: str) -> bytes:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": is_stream}
+    return json.dumps(body).encode()
+
+
+def new_session(timeout_s: float) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, force_close=False)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+        headers={"Content-Type": "application/json"},
+    )
+
+
+async def send(
+    session: aiohttp.ClientSession, url: str, body: bytes, is_stream: bool, keep_body: bool = False
+) -> RequestResult:
+    start = time.perf_counter()
+    ttft = math.nan
+    try:
+        async with session.post(url, data=body) as resp:
+            first = await resp.content.readany()
+            ttft = time.perf_counter() - start
+            rest = await resp.content.read()
+            latency = time.perf_counter() - start
+            whole = first + rest
+            if resp.status != 200:
+                return RequestResult(False, start, latency, ttft, f"http {resp.status}", whole)
+            if is_stream and DONE_MARK not in whole[-64:]:
+                return RequestResult(False, start, latency, ttft, "incomplete stream", whole)
+            return RequestResult(True, start, latency, ttft, "", whole if keep_body else b"")
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        return RequestResult(False, start, time.perf_counter() - start, ttft, type(exc).__name__)
+
+
+async def closed_loop(
+    urls: list[str],
+    make_body: Callable[[int], bytes],
+    is_stream: bool,
+    concurrency: int,
+    duration_s: float,
+    warmup_s: float = 0.5,
+    timeout_s: float = 60.0,
+) -> ClosedLoopStats:
+    """C workers, each looping on one request at a time; worker i uses urls[i % len]."""
+    results: list[RequestResult] = []
+    t0 = time.perf_counter()
+    t_measure, t_end = t0 + warmup_s, t0 + warmup_s + duration_s
+
+    async def worker(i: int, session: aiohttp.ClientSession) -> None:
+        url = urls[i % len(urls)]
+        n = 0
+        while time.perf_counter() < t_end:
+            result = await send(session, url, make_body(i * 1_000_003 + n), is_stream)
+            n += 1
+            if result.start_s >= t_measure:
+                results.append(result)
+
+    async with new_session(timeout_s) as session:
+        await asyncio.gather(*(worker(i, session) for i in range(concurrency)))
+    ok = [r for r in results if r.is_ok]
+    bad = Counter(r.error for r in results if not r.is_ok)
+    return ClosedLoopStats(
+        concurrency=concurrency,
+        duration_s=duration_s,
+        num_ok=len(ok),
+        num_errors=sum(bad.values()),
+        errors=dict(bad),
+        rps=len(ok) / duration_s,
+        p50_ms=percentile([r.latency_s for r in ok], 50) * 1000,
+        p99_ms=percentile([r.latency_s for r in ok], 99) * 1000,
+        ttft_p50_ms=percentile([r.ttft_s for r in ok], 50) * 1000,
+        ttft_p99_ms=percentile([r.ttft_s for r in ok], 99) * 1000,
+    )
+
+
+async def open_streams(
+    url: str,
+    body: bytes,
+    num_streams: int,
+    ramp_s: float,
+    timeout_s: float,
+    router_pid: int | None,
+) -> StreamStats:
+    """Open `num_streams` streams over `ramp_s`, hold them, and watch the router's RSS."""
+    num_open = peak_open = 0
+    peak_rss = 0
+    cpu_before = procs.cpu_seconds(router_pid) if router_pid else 0.0
+
+    async def one(i: int, session: aiohttp.ClientSession) -> RequestResult:
+        nonlocal num_open, peak_open
+        await asyncio.sleep(ramp_s * i / num_streams)
+        num_open += 1
+        peak_open = max(peak_open, num_open)
+        try:
+            return await send(session, url, body, is_stream=True)
+        finally:
+            num_open -= 1
+
+    async def watch(stop: asyncio.Event) -> None:
+        nonlocal peak_rss
+        while not stop.is_set():
+            if router_pid:
+                peak_rss = max(peak_rss, procs.rss_bytes(router_pid))
+            try:
+                await asyncio.wait_for(stop.wait(), 0.2)
+            except TimeoutError:
+                pass
+
+    t0 = time.perf_counter()
+    stop = asyncio.Event()
+    async with new_session(timeout_s) as session:
+        watcher = asyncio.create_task(watch(stop))
+        results = await asyncio.gather(*(one(i, session) for i in range(num_streams)))
+        stop.set()
+        await watcher
+    ok = [r for r in results if r.is_ok]
+    bad = Counter(r.error for r in results if not r.is_ok)
+    return StreamStats(
+        num_streams=num_streams,
+        num_ok=len(ok),
+        num_errors=sum(bad.values()),
+        errors=dict(bad),
+        peak_open=peak_open,
+        peak_rss_mb=peak_rss / 2**20,
+        router_cpu_s=(procs.cpu_seconds(router_pid) - cpu_before) if router_pid else 0.0,
+        wall_s=time.perf_counter() - t0,
+        latency_p50_ms=percentile([r.latency_s for r in ok], 50) * 1000,
+        latency_p99_ms=percentile([r.latency_s for r in ok], 99) * 1000,
+    )
+
+
+def install_uvloop() -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--url", action="append", required=True, help="base URL; repeat to spread")
+    p.add_argument("--model", default="fake-model")
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--duration", type=float, default=5.0)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--no-stream", action="store_true")
+    p.add_argument("--streams", type=int, default=0, help="open-streams mode: N streams at once")
+    p.add_argument("--router-pid", type=int, default=0, help="whose RSS to watch (streams mode)")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.concurrency < 1 or args.duration <= 0 or args.max_tokens < 1 or args.streams < 0:
+        print("loadgen: concurrency, duration and max-tokens must be positive", file=sys.stderr)
+        return 2
+    install_uvloop()
+    is_stream = not args.no_stream
+    targets = [u.rstrip("/") + "/v1/completions" for u in args.url]
+    if args.streams:
+        body = completion_body(args.model, args.max_tokens, True, "hello")
+        result: Any = asyncio.run(
+            open_streams(targets[0], body, args.streams, 1.0, 600.0, args.router_pid or None)
+        )
+    else:
+        result = asyncio.run(
+            closed_loop(
+                targets,
+                lambda n: completion_body(args.model, args.max_tokens, is_stream, f"hello {n}"),
+                is_stream,
+                args.concurrency,
+                args.duration,
+            )
+        )
+    print(json.dumps(asdict(result), indent=1))
+    return 0 if result.num_errors == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""Does the router send a prompt where its prefix is cached? Mooncake replay through routers.
+
+N fake backends, each with an LRU-bounded prefix cache (in blocks), sit behind one router
+process at a time; the Mooncake conversation trace is replayed open-loop (time-compressed,
+each hash id expanded into text) through kvfleet's policies and sglang-router's. Backends
+charge time per uncached block and per output token (also compressed), so where a request
+lands shows up in latency as well as in the hit counters.
+
+Reported per target:
+- hit fraction: prompt blocks that hit the chosen backend's bounded cache (the backends
+  count; the per-response `cached_tokens` must agree);
+- backends per shared prefix (1 = perfect affinity);
+- load imbalance (max - min) / mean in-flight, at instants and over windows;
+- latency p50/p99 and errors.
+
+    .venv/bin/python bench/router_cache_hits.py            # full run, ~8 min
+    .venv/bin/python bench/router_cache_hits.py --quick    # seconds; the smoke test uses it
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import load_stats
+import loadgen
+import procs
+import routers
+import trace_mooncake
+from prefix_cache import LRUPrefixCache
+
+RESULTS_DIR = procs.BENCH_DIR / "results"
+DEFAULT_TARGETS = [
+    "kvfleet:cache-aware",
+    "kvfleet:prefix-cache",
+    "kvfleet:least-request",
+    "kvfleet:round-robin",
+    "sglang:cache_aware",
+    "sglang:round_robin",
+]
+MODEL = "fake-model"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--targets", default=",".join(DEFAULT_TARGETS))
+    p.add_argument("--trace", default=str(trace_mooncake.default_trace_path()))
+    p.add_argument("--num-requests", type=int, default=2000)
+    p.add_argument("--skip", type=int, default=0, help="trace lines to skip first")
+    p.add_argument("--speedup", type=float, default=11.0, help="time compression")
+    p.add_argument("--num-backends", type=int, default=4)
+    p.add_argument("--block-chars", type=int, default=512, help="characters per hash id")
+    p.add_argument("--cache-blocks", type=int, default=3000, help="LRU bound per backend")
+    p.add_argument("--prefill-ms-per-block", type=float, default=40.0, help="real time")
+    p.add_argument("--ms-per-output-token", type=float, default=20.0, help="real time")
+    p.add_argument("--max-output-tokens", type=int, default=1024)
+    p.add_argument("--window-s", type=float, default=1.0, help="imbalance window, compressed")
+    p.add_argument("--router-cpu", default="0")
+    p.add_argument("--client-cpu", default="1")
+    p.add_argument("--no-pin", action="store_true")
+    p.add_argument("--out", default=str(RESULTS_DIR / "router_cache_hits.json"))
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--quick", action="store_true", help="a few seconds per target")
+    args = p.parse_args(argv)
+    if args.quick:
+        # enough of the trace for multi-turn reuse, squeezed into ~3 s per target
+        args.num_requests, args.speedup, args.block_chars = 400, 60.0, 128
+        args.cache_blocks, args.window_s = 1500, 0.25
+    args.target_list = [t for t in args.targets.split(",") if t]
+    if "direct" in [t.split(":")[0] for t in args.target_list]:
+        p.error("direct has no routing policy; pick router targets")
+    if min(args.num_requests, args.num_backends, args.block_chars, args.cache_blocks) < 1:
+        p.error("counts must be positive")
+    for target in args.target_list:
+        try:
+            routers.parse_target(target)
+        except ValueError as exc:
+            p.error(str(exc))
+    return args
+
+
+def router_options(args: argparse.Namespace) -> dict[str, dict]:
+    """Size each router's prefix memory like the backends' caches, as an operator would."""
+    block_bytes = 64
+    return {
+        "kvfleet": {
+            "prefix": {
+                "block_bytes": block_bytes,
+                "max_blocks_per_endpoint": args.cache_blocks * args.block_chars // block_bytes,
+            }
+        },
+        "sglang": {"extra_args": []},  # its cache_aware defaults, as shipped
+    }
+
+
+def start_backends(args: argparse.Namespace, workdir: Path):
+    ports = [procs.free_port() for _ in range(args.num_backends)]
+    cmd = [
+        sys.executable, str(procs.BENCH_DIR / "fake_backend.py"), "--model", MODEL,
+        "--cache-blocks", str(args.cache_blocks), "--block-chars", str(args.block_chars),
+        "--prefill-ms-per-block", str(args.prefill_ms_per_block / args.speedup),
+        "--token-delay-ms", str(args.ms_per_output_token / args.speedup),
+        "--max-num-tokens", str(args.max_output_tokens),
+    ]
+    for port in ports:
+        cmd += ["--port", str(port)]
+    proc = procs.start(cmd, workdir / "backends.log", None if args.no_pin else args.client_cpu)
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    for url in urls:
+        procs.wait_until(partial(procs.http_get, f"{url}/health"), proc, "fake backend")
+    return proc, urls
+
+
+async def replay(
+    url: str, requests: list[trace_mooncake.TraceRequest], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """Send each request at its (compressed) arrival time; collect where it went."""
+    out: list[dict[str, Any]] = [{} for _ in requests]
+
+    async def one(i: int, req: trace_mooncake.TraceRequest, session: aiohttp.ClientSession):
+        body = json.dumps({
+            "model": MODEL,
+            "prompt": trace_mooncake.prompt_text(req.hash_ids, args.block_chars),
+            "max_tokens": max(1, min(req.output_length, args.max_output_tokens)),
+        }).encode()
+        result = await loadgen.send(session, url, body, is_stream=False, keep_body=True)
+        row: dict[str, Any] = {"is_ok": result.is_ok, "latency_s": result.latency_s,
+                               "error": result.error}
+        if result.is_ok:
+            try:
+                parsed = json.loads(result.body)
+                row["backend"] = parsed["system_fingerprint"]
+                cached = parsed["usage"]["prompt_tokens_details"]["cached_tokens"]
+                row["num_hit_blocks"] = cached // args.block_chars
+            except (ValueError, KeyError, TypeError):
+                row.update(is_ok=False, error="unparsable response")
+        out[i] = row
+
+    t0 = time.perf_counter()
+    tasks = []
+    async with loadgen.new_session(timeout_s=120.0) as session:
+        for i, req in enumerate(requests):
+            delay = t0 + req.arrival_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i, req, session)))
+        await asyncio.gather(*tasks)
+    return out
+
+
+def pooled_reference(requests: list[trace_mooncake.TraceRequest], args) -> float:
+    """Hit fraction of one cache as big as all backends' together: an upper bound on affinity."""
+    cache = LRUPrefixCache(args.cache_blocks * args.num_backends, args.block_chars)
+    num_hit = num_blocks = 0
+    for req in requests:
+        lookup = cache.lookup_and_store(trace_mooncake.prompt_text(req.hash_ids, args.block_chars))
+        num_hit += lookup.num_hit_blocks
+        num_blocks += lookup.num_prompt_blocks
+    return num_hit / num_blocks if num_blocks else 0.0
+
+
+def run_target(target, requests, args, backend_urls, workdir) -> dict[str, Any]:
+    for url in backend_urls:
+        procs.http_post_json(f"{url}/bench/reset", {})
+    router = routers.launch(target, backend_urls, workdir, args.router_cpu_pin,
+                            router_options(args))
+    try:
+        t_start = time.time()
+        rows = asyncio.run(replay(router.urls[0] + "/v1/completions", requests, args))
+        t_end = time.time()
+        peak_rss_mb = procs.rss_bytes(router.pid) / 2**20 if router.pid else 0.0
+    finally:
+        router.stop()
+    stats = [json.loads(procs.http_get(f"{u}/bench/stats?timeline=1", 10)) for u in backend_urls]
+    num_blocks = sum(s["num_prompt_blocks"] for s in stats)
+    num_hit = sum(s["num_hit_blocks"] for s in stats)
+    ok = [r for r in rows if r["is_ok"]]
+    served = [(req, r) for req, r in zip(requests, rows, strict=True) if r["is_ok"]]
+    client_blocks = sum(len(req.hash_ids) for req, _ in served)
+    routes = [(req.hash_ids, r["backend"]) for req, r in served]
+    latencies = [r["latency_s"] for r in ok]
+    return {
+        "num_requests": len(rows),
+        "num_errors": len(rows) - len(ok),
+        "errors": dict(Counter(r["error"] for r in rows if not r["is_ok"])),
+        "hit_fraction": num_hit / num_blocks if num_blocks else 0.0,
+        "hit_fraction_from_responses": (
+            sum(r["num_hit_blocks"] for r in ok) / client_blocks if client_blocks else 0.0
+        ),
+        "num_prompt_blocks": num_blocks,
+        "requests_per_backend": {s["name"]: s["num_requests"] for s in stats},
+        **load_stats.backends_per_prefix(routes),
+        "imbalance": load_stats.imbalance_summary(
+            [s["timeline"] for s in stats], t_start, t_end, args.window_s, 0.01
+        ),
+        "latency_p50_ms": loadgen.percentile(latencies, 50) * 1000,
+        "latency_p99_ms": loadgen.percentile(latencies, 99) * 1000,
+        "router_peak_rss_mb": peak_rss_mb,
+        "wall_s": t_end - t_start,
+    }
+
+
+def acceptance(results: dict[str, dict]) -> dict[str, Any]:
+    """kvfleet cache-aware hit fraction >= sglang cache_aware's, with lower max imbalance."""
+    ours, theirs = results.get("kvfleet:cache-aware"), results.get("sglang:cache_aware")
+    if not ours or not theirs:
+        return {"compared": False, "why": "needs both kvfleet:cache-aware and sglang:cache_aware"}
+    return {
+        "compared": True,
+        "hit_fraction": {"kvfleet": ours["hit_fraction"], "sglang": theirs["hit_fraction"]},
+        "window_max_imbalance": {"kvfleet": ours["imbalance"]["window_max"],
+                                 "sglang": theirs["imbalance"]["window_max"]},
+        "is_hit_fraction_ge": ours["hit_fraction"] >= theirs["hit_fraction"],
+        "is_max_imbalance_lower": (
+            ours["imbalance"]["window_max"] < theirs["imbalance"]["window_max"]
+        ),
+    }
+
+
+def plot(results: dict[str, dict], reference: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    axes[0].barh(names, [results[n]["hit_fraction"] for n in names])
+    axes[0].axvline(reference, color="k", linestyle="--", label="one pooled cache")
+    axes[0].set_title("prompt blocks hitting the chosen backend's LRU cache")
+    axes[0].legend(fontsize=7)
+    axes[1].barh(names, [results[n]["mean_backends_per_shared_prefix"] for n in names])
+    axes[1].set_title("backends per shared prefix (1 = affinity)")
+    y = range(len(names))
+    axes[2].barh([i + 0.2 for i in y], [results[n]["imbalance"]["window_max"] for n in names],
+                 0.4, label="max over windows")
+    axes[2].barh([i - 0.2 for i in y], [results[n]["imbalance"]["window_mean"] for n in names],
+                 0.4, label="mean over windows")
+    axes[2].set_yticks(list(y), names)
+    axes[2].set_title("load imbalance (max-min)/mean in-flight")
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    loadgen.install_uvloop()
+    can_pin = not args.no_pin and len(procs.usable_cpus()) >= 2
+    args.router_cpu_pin = args.router_cpu if can_pin else None
+    if can_pin:
+        os.sched_setaffinity(0, {int(args.client_cpu)})
+    else:
+        args.no_pin = True
+    try:
+        requests = trace_mooncake.load(args.trace, args.num_requests, args.speedup, args.skip)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"router_cache_hits: cannot read the trace: {exc}", file=sys.stderr)
+        return 2
+    targets, skipped = routers.available_targets(args.target_list)
+    for target, why in skipped.items():
+        print(f"skip {target}: {why}", flush=True)
+    started = time.time()
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="kvfleet-bench-") as tmp:
+        workdir = Path(tmp)
+        backends, urls = start_backends(args, workdir)
+        try:
+            for target in targets:
+                results[target] = run_target(target, requests, args, urls, workdir)
+                r = results[target]
+                print(f"{target:<24} hit {r['hit_fraction']:.3f} backends/prefix "
+                      f"{r['mean_backends_per_shared_prefix']:.2f} imbalance window max "
+                      f"{r['imbalance']['window_max']:.2f} mean {r['imbalance']['window_mean']:.2f}"
+                      f" p50 {r['latency_p50_ms']:.0f} ms errors {r['num_errors']}", flush=True)
+        finally:
+            procs.stop(backends)
+    reference = pooled_reference(requests, args)
+    result = {
+        "meta": {
+            "command": "python bench/router_cache_hits.py " + " ".join(argv or sys.argv[1:]),
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "wall_s": time.time() - started,
+            "is_pinned": not args.no_pin,
+            "trace": Path(args.trace).name,
+            "trace_shape": trace_mooncake.shape(requests),
+            "num_backends": args.num_backends,
+            "cache_blocks_per_backend": args.cache_blocks,
+            "block_chars": args.block_chars,
+            "speedup": args.speedup,
+            "prefill_ms_per_block": args.prefill_ms_per_block,
+            "ms_per_output_token": args.ms_per_output_token,
+            "router_options": router_options(args),
+            "skipped": skipped,
+        },
+        "pooled_cache_hit_fraction": reference,
+        "results": results,
+        "acceptance": acceptance(results),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    if not args.no_plot and results:
+        plot(results, reference, out.with_suffix(".png"))
+    print(json.dumps(result["acceptance"], indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

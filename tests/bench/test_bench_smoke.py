@@ -1,0 +1,230 @@
+"""Smoke tests for the router benchmarks in bench/: real processes, quick mode, real checks.
+
+The bench scripts run as subprocesses (their helper modules have names such as `procs`
+and `loadgen` that other test folders also use, so they are not imported here); the pure
+helpers are loaded from their files under private names. Peer routers take part only when
+bench/.venv-peers exists (bench/setup_peers.sh); kvfleet's router when it is in the build.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"
+HAS_PEERS = (BENCH / ".venv-peers" / "bin" / "vllm-router").exists()
+HAS_KVFLEET_ROUTER = (REPO / "router" / "kvfleet_router" / "cli.py").exists()
+TRACE = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+
+
+def load_bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"kvfleet_bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while building
+    spec.loader.exec_module(module)
+    return module
+
+
+prefix_cache = load_bench_module("prefix_cache")
+load_stats = load_bench_module("load_stats")
+trace_mooncake = load_bench_module("trace_mooncake")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --- pure helpers ---
+
+
+def test_lru_prefix_cache_hits_only_leading_blocks_and_evicts_oldest():
+    cache = prefix_cache.LRUPrefixCache(num_blocks=3, block_chars=2)
+    first = cache.lookup_and_store("aabbc")  # two full blocks; the trailing "c" is not cached
+    assert (first.num_prompt_blocks, first.num_hit_blocks) == (2, 0)
+    again = cache.lookup_and_store("aabbcc")
+    assert (again.num_prompt_blocks, again.num_hit_blocks) == (3, 2)
+    # same block text after a different parent is a different block: no hit
+    assert cache.lookup_and_store("xxbb").num_hit_blocks == 0
+    assert len(cache) == 3
+    # "aa" was the least recently used and went; its chain cannot hit any more
+    assert cache.lookup_and_store("aabbcc").num_hit_blocks == 0
+    with pytest.raises(ValueError):
+        prefix_cache.LRUPrefixCache(num_blocks=0, block_chars=2)
+
+
+def test_trace_expansion_is_deterministic_and_keeps_prefix_sharing():
+    a = trace_mooncake.prompt_text([0, 1, 2], 64)
+    b = trace_mooncake.prompt_text([0, 1, 3], 64)
+    assert len(a) == 3 * 64 and a == trace_mooncake.prompt_text([0, 1, 2], 64)
+    assert a[:128] == b[:128] and a[128:] != b[128:]
+    assert trace_mooncake.block_text(5, 64) != trace_mooncake.block_text(6, 64)
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="shared/traces not beside the repository")
+def test_trace_load_compresses_time_and_rejects_bad_arguments():
+    slow = trace_mooncake.load(TRACE, 50, 1.0)
+    fast = trace_mooncake.load(TRACE, 50, 10.0)
+    assert len(fast) == 50 and fast[0].arrival_s == 0.0
+    assert fast[-1].arrival_s == pytest.approx(slow[-1].arrival_s / 10)
+    shape = trace_mooncake.shape(slow)
+    assert 0.0 <= shape["unbounded_hit_fraction"] < 1.0
+    with pytest.raises(ValueError):
+        trace_mooncake.load(TRACE, 0, 1.0)
+
+
+def test_imbalance_and_window_means():
+    assert load_stats.imbalance([2, 2, 2, 2]) == 0.0
+    assert load_stats.imbalance([4, 0, 0, 0]) == pytest.approx(4.0)
+    assert load_stats.imbalance([0, 0]) == 0.0
+    timeline = [(1.0, 1), (2.0, 3), (3.0, 0)]  # in-flight 1 on [1,2), 3 on [2,3), then 0
+    assert load_stats.window_means(timeline, 0.0, 4.0, 1.0) == pytest.approx([0, 1, 3, 0])
+    assert load_stats.window_means(timeline, 1.5, 2.5, 1.0) == pytest.approx([2.0])
+    summary = load_stats.imbalance_summary([timeline, [(0.0, 1)]], 0.0, 4.0, 1.0, 0.5)
+    assert summary["num_windows"] == 2  # windows averaging >= 1 per backend: [1,2) and [2,3)
+    assert summary["window_max"] == pytest.approx((3 - 1) / 2)
+
+
+def test_backends_per_prefix():
+    routes = [((0, 1), "b0"), ((0, 1, 2), "b0"), ((0, 5), "b1")]
+    got = load_stats.backends_per_prefix(routes)
+    # shared prefixes: (0,) on b0 and b1; (0, 1) on b0 only
+    assert got["num_shared_prefixes"] == 2
+    assert got["mean_backends_per_shared_prefix"] == pytest.approx(1.5)
+    assert got["fraction_shared_on_one_backend"] == pytest.approx(0.5)
+
+
+# --- the fake backend, as a process, with the real openai client ---
+
+
+@pytest.fixture
+def fake_backend():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCH / "fake_backend.py"), "--port", str(port),
+         "--cache-blocks", "8", "--block-chars", "4", "--num-tokens", "3"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=1).read()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+                assert time.monotonic() < deadline, "fake backend did not start"
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_fake_backend_speaks_openai_and_counts_prefix_hits(fake_backend):
+    client = openai.OpenAI(base_url=f"{fake_backend}/v1", api_key="unused")
+    first = client.completions.create(model="fake-model", prompt="aaaabbbbcc", max_tokens=2)
+    assert first.choices[0].text == " tok tok" and first.system_fingerprint == "b0"
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    second = client.completions.create(model="fake-model", prompt="aaaabbbbdd", max_tokens=2)
+    assert second.usage.prompt_tokens_details.cached_tokens == 8  # two 4-char blocks hit
+    chunks = list(client.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "hi"}], stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == " tok" * 3 and chunks[-1].choices[0].finish_reason == "length"
+    assert [m.id for m in client.models.list()] == ["fake-model"]
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="other", prompt="x")
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="fake-model", prompt="x", max_tokens=-1)
+    stats = json.loads(urllib.request.urlopen(f"{fake_backend}/bench/stats").read())
+    assert (stats["num_prompt_blocks"], stats["num_hit_blocks"]) == (4, 2)
+    metrics = urllib.request.urlopen(f"{fake_backend}/metrics").read().decode()
+    assert 'vllm:prefix_cache_hits_total{model_name="fake-model"} 8' in metrics
+    assert "vllm:num_requests_running" in metrics and "vllm:kv_cache_usage_perc" in metrics
+
+
+def test_fake_backend_answers_bad_json_with_openai_error(fake_backend):
+    req = urllib.request.Request(f"{fake_backend}/v1/completions", data=b"{nope",
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req)
+    assert info.value.code == 400
+    error = json.loads(info.value.read())["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+# --- the two benchmarks, end to end in quick mode ---
+
+
+def run_bench(script: str, args: list[str], tmp_path: Path) -> dict:
+    out = tmp_path / f"{script}.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / f"{script}.py"), "--quick", "--no-pin", "--out", str(out),
+         *args],
+        capture_output=True, text=True, timeout=240, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr
+    assert out.with_suffix(".png").stat().st_size > 1000  # the plot was drawn
+    return json.loads(out.read_text())
+
+
+def test_router_overhead_quick(tmp_path):
+    targets = ["direct"]
+    if HAS_KVFLEET_ROUTER:
+        targets.append("kvfleet:round-robin")
+    if HAS_PEERS:
+        targets += ["sglang:round_robin", "vllm:round_robin"]
+    result = run_bench("router_overhead", ["--targets", ",".join(targets)], tmp_path)
+    assert result["meta"]["skipped"] == {}
+    assert set(result["latency"]) == set(targets)
+    for target in targets:
+        for level in ("1", "8"):
+            row = result["latency"][target][level]
+            assert row["num_errors"] == 0, (target, level, row)
+            assert row["rps"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
+        streams = result["streams"][target]
+        assert streams["num_errors"] == 0 and streams["num_ok"] == streams["num_streams"] == 50
+        if target != "direct":
+            assert streams["peak_rss_mb"] > 1  # read from the router's /proc entries
+    assert result["latency"]["direct"]["8"]["added_p99_ms"] == 0
+    assert result["acceptance"]["is_zero_errors_streams"] == {t: True for t in targets}
+    if HAS_KVFLEET_ROUTER and HAS_PEERS:
+        assert "ratio_to_best_rust" in result["acceptance"]
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="shared/traces not beside the repository")
+@pytest.mark.skipif(not (HAS_KVFLEET_ROUTER or HAS_PEERS), reason="no router to compare")
+def test_router_cache_hits_quick(tmp_path):
+    targets = []
+    if HAS_KVFLEET_ROUTER:
+        targets += ["kvfleet:cache-aware", "kvfleet:round-robin"]
+    if HAS_PEERS:
+        targets.append("sglang:cache_aware")
+    result = run_bench("router_cache_hits", ["--targets", ",".join(targets)], tmp_path)
+    assert set(result["results"]) == set(targets)
+    assert 0.0 < result["pooled_cache_hit_fraction"] < 1.0
+    for target, row in result["results"].items():
+        assert row["num_errors"] == 0, (target, row["errors"])
+        assert 0.0 <= row["hit_fraction"] <= 1.0
+        # the backends' counters and the responses' cached_tokens tell the same story
+        assert row["hit_fraction"] == pytest.approx(row["hit_fraction_from_responses"])
+        assert sum(row["requests_per_backend"].values()) == row["num_requests"] == 400
+        assert 1.0 <= row["mean_backends_per_shared_prefix"] <= 4.0
+        assert row["imbalance"]["window_max"] >= row["imbalance"]["window_mean"] >= 0.0
+    assert result["acceptance"]["compared"] == (HAS_KVFLEET_ROUTER and HAS_PEERS)
