@@ -9,6 +9,7 @@ Everything the runtime starts is stopped by `shutdown()`, and dies with us anywa
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+
 from kvfleet_operator.runtimes import procs
 from kvfleet_operator.runtimes.backoff import Backoff
 from kvfleet_operator.runtimes.state_dir import StateDir
@@ -26,7 +28,7 @@ HOST = "127.0.0.1"
 ROUTER_NAME = "router"
 
 # Replica lifecycle. Only `ready` and `draining` replicas are in the router's config.
-STARTING, READY, CRASHED = "starting", "ready", "crashed"
+STARTING, READY, CRASHED = "starting", "ready", "failed"  # reconcile's phase names
 DRAINING, STOPPING = "draining", "stopping"
 
 
@@ -42,7 +44,9 @@ class Child:
     name: str
     role: str
     port: int
-    args: list[str]  # the subcommand and its flags, without --host/--port
+    argv_for: Callable[[int], list[str]]  # the full command line for a given port
+    env: dict[str, str] | None = None  # extra environment on top of ours
+    is_port_fixed: bool = False  # the router keeps the endpoint it printed, come what may
     proc: subprocess.Popen | None = None
     state: str = STARTING
     num_restarts: int = 0
@@ -104,22 +108,26 @@ class LocalRuntime:
     # --- starting -------------------------------------------------------------------------
 
     def _spawn(self, child: Child) -> None:
-        argv = kvfleet_argv(*child.args, "--host", HOST, "--port", str(child.port))
-        child.proc = procs.spawn(argv, self.state_dir.log_file(child.name))
+        env = {**os.environ, **child.env} if child.env else None
+        log = self.state_dir.log_file(child.name)
+        child.proc = procs.spawn(child.argv_for(child.port), log, env)
         child.state = STARTING
         child.started_at = self.clock()
         child.restart_at = None
 
-    def start_router(self, args: list[str], port: int | None = None) -> Child:
-        child = Child(ROUTER_NAME, ROUTER_NAME, port or procs.free_port(), args)
+    def start_router(self, argv_for: Callable[[int], list[str]], port: int | None = None) -> Child:
+        child = Child(ROUTER_NAME, ROUTER_NAME, port or procs.free_port(), argv_for,
+                      is_port_fixed=True)
         self.children[child.name] = child
         self._spawn(child)
         return child
 
-    def add_replica(self, role: str, args: list[str]) -> Child:
+    def add_replica(
+        self, role: str, argv_for: Callable[[int], list[str]], env: dict[str, str] | None = None
+    ) -> Child:
         index = self._next_index.get(role, 0)
         self._next_index[role] = index + 1
-        child = Child(f"{role}-{index}", role, procs.free_port(), args)
+        child = Child(f"{role}-{index}", role, procs.free_port(), argv_for, env)
         self.children[child.name] = child
         self._spawn(child)
         self.on_event(f"start {child.name} on {child.address}")
@@ -161,7 +169,8 @@ class LocalRuntime:
     def _on_exit(self, child: Child, now: float) -> None:
         assert child.proc is not None
         child.last_exit_code = child.proc.returncode
-        if child.state == STOPPING:
+        if child.state in (STOPPING, DRAINING):
+            # Leaving anyway: a drained replica that dies is simply gone, never restarted.
             del self.children[child.name]
             self.on_event(f"stopped {child.name} (exit {child.last_exit_code})")
             return
@@ -185,7 +194,7 @@ class LocalRuntime:
                 continue
             if child.state == CRASHED and child.restart_at is not None and now >= child.restart_at:
                 child.num_restarts += 1
-                if not _can_bind(child.port):
+                if not child.is_port_fixed and not procs.can_bind(child.port):
                     child.port = procs.free_port()
                 self._spawn(child)
                 self.on_event(f"restart {child.name} (restart #{child.num_restarts})")
@@ -207,6 +216,10 @@ class LocalRuntime:
 
     def mark_draining(self, name: str) -> None:
         self.children[name].state = DRAINING
+
+    def mark_ready(self, name: str) -> None:
+        """A draining replica goes back to work (its cache is warm)."""
+        self.children[name].state = READY
 
     def stop_replica(self, name: str) -> None:
         """SIGTERM: the engine drains what it still holds and exits; supervise() reaps it."""
@@ -232,14 +245,3 @@ class LocalRuntime:
         now = self.clock()
         return [c.to_status(now) for c in self.children.values()]
 
-
-def _can_bind(port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-    return True

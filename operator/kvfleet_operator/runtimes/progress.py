@@ -47,7 +47,11 @@ def summary_line(state: dict[str, Any]) -> str:
         if alive != ready:
             text += f" ({alive - ready} not ready)"
         signals = state.get("signals", {}).get(role, {})
-        shown = [f"{label} {_fmt(signals[key])}" for key, label in _SIGNAL_LABELS if key in signals]
+        shown = [
+            f"{label} {_fmt(signals[key])}"
+            for key, label in _SIGNAL_LABELS
+            if signals.get(key) is not None
+        ]
         if signals.get("num_unknown"):
             shown.append(f"unknown {signals['num_unknown']}")
         if shown:

@@ -1,0 +1,191 @@
+"""`kvfleet up pool.yaml [--state-dir DIR] [--port N]`: run a whole InferencePool locally.
+
+The router and every engine replica run as child processes on 127.0.0.1; the control loop
+scales them. It prints the OpenAI endpoint, then live progress (replicas per role, signals,
+scale events). Ctrl-C or SIGTERM stops every child; a SIGKILLed `up` takes them with it.
+`kvfleet status` shows the same from another terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from kvfleet_operator.api.errors import SpecError
+from kvfleet_operator.api.pool import InferencePool, load_pool
+from kvfleet_operator.api.status import parse_status
+from kvfleet_operator.autoscaler import History
+from kvfleet_operator.controller import Controller
+from kvfleet_operator.engine_args import engine_command
+from kvfleet_operator.runtimes import procs
+from kvfleet_operator.runtimes.local import HOST, LocalRuntime, kvfleet_argv
+from kvfleet_operator.runtimes.progress import summary_line
+from kvfleet_operator.runtimes.state_dir import StateDir, default_state_dir
+
+ROUTER_START_TIMEOUT_S = 60.0
+NUM_EVENTS_KEPT = 50
+SUMMARY_EVERY_S = 5.0  # signals move every tick; repeat the summary line at most this often
+
+
+class UpError(Exception):
+    """A one-line reason why the fleet cannot start."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UpError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="kvfleet up", description=__doc__.splitlines()[0])
+    p.add_argument("pool", type=Path, help="an InferencePool YAML file")
+    p.add_argument("--state-dir", type=Path, help="default: ./.kvfleet/<pool name>/")
+    p.add_argument("--port", type=int, default=0, help="router port (default: a free one)")
+    p.add_argument("--quiet", action="store_true", help="print only the endpoint and errors")
+    return p
+
+
+class Progress:
+    """Prints events as they happen and the fleet summary when it changes."""
+
+    def __init__(self, out: TextIO, is_quiet: bool = False) -> None:
+        self.out = out
+        self.is_quiet = is_quiet
+        self.events: list[dict[str, str]] = []
+        self._last_summary = ""
+        self._last_counts = ""
+        self._last_print = 0.0
+
+    def say(self, message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=self.out, flush=True)
+
+    def event(self, message: str) -> None:
+        self.events.append({"time": time.strftime("%H:%M:%S"), "message": message})
+        del self.events[:-NUM_EVENTS_KEPT]
+        if not self.is_quiet:
+            self.say(message)
+
+    def summary(self, state: dict[str, Any]) -> None:
+        line = summary_line(state)
+        counts = line.split("[")[0] if "[" in line else line
+        now = time.monotonic()
+        is_due = line != self._last_summary and now - self._last_print >= SUMMARY_EVERY_S
+        if not self.is_quiet and (counts != self._last_counts or is_due):
+            self.say(line)
+            self._last_print = now
+            self._last_summary = line
+        self._last_counts = counts
+
+
+def _restore(pool: InferencePool, previous: dict[str, Any] | None) -> History:
+    """A restarted `up` continues from the last desired counts and autoscaler history."""
+    if not previous or previous.get("pool") != pool.name:
+        return History()
+    pool.status = parse_status(previous.get("status"))
+    try:
+        return History.from_dict(previous.get("autoscaler_history") or {})
+    except ValueError:
+        return History()
+
+
+def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir, dict[str, Any] | None]:
+    try:
+        pool = load_pool(args.pool)
+    except SpecError as exc:
+        text = str(exc)
+        raise UpError(text if str(args.pool) in text else f"{args.pool}: {text}") from None
+    command = engine_command(pool.spec)[0]
+    if shutil.which(command) is None:
+        raise UpError(f"engine.kind {pool.spec.engine.kind} needs `{command}` on PATH "
+                      "(local fleets without it use engine.kind: builtin)")
+    if not 0 <= args.port < 65536:
+        raise UpError(f"--port {args.port} is out of range")
+    if args.port and not procs.can_bind(args.port, HOST):
+        raise UpError(f"port {args.port} on {HOST} is in use")
+    state_dir = StateDir(args.state_dir or default_state_dir(pool.name))
+    previous = state_dir.read_state()
+    pid = previous.get("pid") if previous else None
+    if previous and not previous.get("is_stopped") and isinstance(pid, int) \
+            and pid != os.getpid() and procs.is_pid_alive(pid):
+        raise UpError(f"a fleet is already running from {state_dir.path} (pid {pid})")
+    try:
+        state_dir.create()
+    except OSError as exc:
+        raise UpError(f"cannot create state dir {state_dir.path}: {exc.strerror}") from None
+    return pool, state_dir, previous
+
+
+async def run_fleet(
+    pool: InferencePool,
+    state_dir: StateDir,
+    history: History,
+    port: int,
+    progress: Progress,
+    stop: asyncio.Event,
+) -> int:
+    token = state_dir.new_admin_token()
+    del token  # the router reads it from the file; it is never printed or logged
+    base: dict[str, Any] = {"pool": pool.name, "pid": os.getpid(), "state_dir": str(state_dir.path),
+                            "model": pool.spec.model.api_name, "is_stopped": False}
+    grace_s = float(pool.spec.autoscaling.drain_timeout_seconds) + 5.0
+    async with LocalRuntime(state_dir, on_event=progress.event) as runtime:
+        router = runtime.start_router(
+            lambda p: kvfleet_argv("router", "--host", HOST, "--port", str(p),
+                                   "--admin-token-file", str(state_dir.token_file)),
+            port=port or None,
+        )
+        base["endpoint"] = f"{router.address}/v1"
+        if not await runtime.wait_ready(router.name, ROUTER_START_TIMEOUT_S):
+            progress.say(f"router did not start; see {state_dir.log_file(router.name)}")
+            await runtime.shutdown(grace_s=2.0)
+            return 1
+        progress.say(f"pool {pool.name}: OpenAI endpoint {base['endpoint']} "
+                     f"(model {pool.spec.model.api_name})")
+        progress.say(f"state in {state_dir.path}; `kvfleet status` shows it; Ctrl-C stops")
+        controller = Controller(pool, runtime, router.address, state_dir.read_admin_token(),
+                                history=history, on_event=progress.event)
+
+        def write_state() -> None:
+            state = {**base, "updated_at": time.time(), "replicas": runtime.status(),
+                     **controller.snapshot(), "events": progress.events}
+            try:
+                state_dir.write_state(state)
+            except OSError as exc:  # e.g. the dir was removed under us; keep serving
+                progress.event(f"cannot write state to {state_dir.path}: {exc.strerror}")
+            progress.summary(state)
+
+        await controller.run(stop, after_tick=write_state)
+        progress.say(f"stopping {len(runtime.children)} processes")
+        await runtime.shutdown(grace_s=grace_s)
+        state = {**base, "updated_at": time.time(), "replicas": [], **controller.snapshot(),
+                 "events": progress.events, "is_stopped": True}
+        state_dir.write_state(state)
+    progress.say("stopped; no process left")
+    return 0
+
+
+def main(argv: list[str], out: TextIO = sys.stdout) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        pool, state_dir, previous = _prepare(args)
+    except UpError as exc:
+        print(f"kvfleet up: {exc}", file=sys.stderr)
+        return 2
+    history = _restore(pool, previous)
+    progress = Progress(out, args.quiet)
+
+    async def _main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, stop.set)
+        return await run_fleet(pool, state_dir, history, args.port, progress, stop)
+
+    return asyncio.run(_main())

@@ -1,0 +1,79 @@
+"""A bounded load generator for fleet tests: N concurrent streaming chat clients for T seconds.
+
+It uses the real `openai` client. Each request is classified:
+- ok: HTTP 2xx and the stream ended with a finish_reason;
+- http_error: the server answered non-2xx (APIStatusError);
+- broken: the stream raised mid-way or ended without a finish_reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import openai
+
+
+@dataclass(slots=True)
+class LoadResult:
+    num_ok: int = 0
+    num_http_errors: int = 0
+    num_broken: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def num_failed(self) -> int:
+        return self.num_http_errors + self.num_broken
+
+    def note(self, kind: str, message: str) -> None:
+        if kind == "http":
+            self.num_http_errors += 1
+        else:
+            self.num_broken += 1
+        if len(self.errors) < 20:
+            self.errors.append(f"{kind}: {message}")
+
+
+async def _one_request(client: openai.AsyncOpenAI, model: str, max_tokens: int, i: int,
+                       result: LoadResult) -> None:
+    try:
+        stream = await client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": f"request {i}: tell me a short story"}],
+            max_tokens=max_tokens,
+            temperature=0.0,
+            stream=True,
+        )
+        finish = None
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+        if finish is None:
+            result.note("broken", f"request {i}: stream ended without finish_reason")
+        else:
+            result.num_ok += 1
+    except openai.APIStatusError as exc:
+        result.note("http", f"request {i}: HTTP {exc.status_code}: {exc.message}")
+    except (openai.APIError, OSError) as exc:
+        result.note("broken", f"request {i}: {type(exc).__name__}: {exc}")
+
+
+async def run_load(base_url: str, model: str, *, concurrency: int, duration_s: float,
+                   max_tokens: int = 16, timeout_s: float = 120.0) -> LoadResult:
+    """Keep `concurrency` requests in flight for `duration_s`, then wait for the last ones."""
+    result = LoadResult()
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0,
+                                timeout=timeout_s)
+    deadline = time.monotonic() + duration_s
+    counter = iter(range(10**9))
+
+    async def worker() -> None:
+        while time.monotonic() < deadline:
+            await _one_request(client, model, max_tokens, next(counter), result)
+
+    try:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    finally:
+        await client.close()
+    return result
