@@ -67,7 +67,6 @@ class RouterApp:
         self.metrics = RouterMetrics(lambda: self.core, lambda: len(self.queue))
         self.dispatcher = Dispatcher(self)
         self.config_lock = asyncio.Lock()
-        self.num_pd_prefills = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._subscribers: dict[str, tuple[str, asyncio.Task[None]]] = {}
         self.session: aiohttp.ClientSession | None = None

@@ -8,6 +8,7 @@ kvfleet_router_rejected_total{reason}              429 (saturated/queue full) an
 kvfleet_router_retries_total                       retries on another endpoint
 kvfleet_router_ejections_total{endpoint}           circuit-breaker ejections
 kvfleet_router_backend_errors_total{endpoint,kind} connect/status/timeout/midstream
+kvfleet_router_pd_prefills_total{outcome}        P/D prefill legs: ok | failed (decode ran alone)
 kvfleet_router_in_flight{endpoint}                 router-side in-flight requests
 kvfleet_router_imbalance                           (max load - min load) / mean load,
                                                    load = in-flight / capacity, active endpoints
@@ -68,6 +69,8 @@ class RouterMetrics:
                                  ["endpoint"], registry=r)
         self.backend_errors = Counter("kvfleet_router_backend_errors", "backend failures",
                                       ["endpoint", "kind"], registry=r)
+        self.pd_prefills = Counter("kvfleet_router_pd_prefills", "P/D prefill legs",
+                                   ["outcome"], registry=r)
         r.register(_LiveCollector(core, queue_len))
 
     def render(self) -> bytes:

@@ -95,9 +95,9 @@ async def serve_disaggregated(app: RouterApp, request: web.Request, raw: bytes,
     try:
         if needs_prefill(decode, threshold) and app.has_role("prefill"):
             params = await run_prefill(app, request, info, policy)
+            app.metrics.pd_prefills.labels("failed" if params is None else "ok").inc()
             if params is not None:
                 raw = json.dumps(decode_body(info.body, params)).encode()
-                app.num_pd_prefills += 1
     except BaseException:
         app.dispatcher.release(decode.decision.endpoint)  # type: ignore[arg-type]
         raise

@@ -9,8 +9,8 @@ import urllib.request
 
 import openai
 import pytest
-from conftest import endpoints_cfg, http_json, start_fake, start_router
 from helpers.procs import free_port
+from router_fixtures import endpoints_cfg, http_json, start_fake, start_router
 
 
 def raw_post(url: str, body: dict, headers: dict | None = None, timeout_s: float = 30,

@@ -8,8 +8,15 @@ import threading
 import time
 import urllib.request
 
-from conftest import ADMIN_TOKEN, admin_headers, endpoints_cfg, http_json, start_fake, start_router
 from helpers.procs import kvfleet_argv
+from router_fixtures import (
+    ADMIN_TOKEN,
+    admin_headers,
+    endpoints_cfg,
+    http_json,
+    start_fake,
+    start_router,
+)
 
 
 def test_admin_requires_the_bearer_token(procs, tmp_path):

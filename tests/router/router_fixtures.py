@@ -1,0 +1,64 @@
+"""Fixtures for router tests: fake backends and routers as real processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers
+
+from helpers.procs import ProcessGroup, ServerProcess, kvfleet_argv  # noqa: E402
+
+FAKE = str(Path(__file__).with_name("fake_backend.py"))
+ADMIN_TOKEN = "test-admin-token"
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[ProcessGroup]:
+    with ProcessGroup(tmp_path / "logs") as group:
+        yield group
+
+
+def start_fake(procs: ProcessGroup, name: str, *extra: str) -> ServerProcess:
+    return procs.start([sys.executable, FAKE, "--port", "{port}", "--name", name, *extra],
+                       timeout_s=30)
+
+
+def write_config(path: Path, cfg: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def start_router(procs: ProcessGroup, tmp_path: Path, cfg: dict[str, Any]) -> ServerProcess:
+    cfg_path = write_config(tmp_path / f"router-{len(procs.processes)}.json", cfg)
+    token = tmp_path / "admin-token"
+    token.write_text(ADMIN_TOKEN + "\n")
+    return procs.start(kvfleet_argv("router", "--config", str(cfg_path), "--host", "127.0.0.1",
+                                    "--port", "{port}", "--admin-token-file", str(token)),
+                       timeout_s=30)
+
+
+def endpoints_cfg(backends: list[ServerProcess], **extra: Any) -> list[dict[str, Any]]:
+    return [{"name": f"b{i}", "url": b.url, **extra} for i, b in enumerate(backends)]
+
+
+def http_json(url: str, body: Any = None, method: str | None = None,
+              headers: dict[str, str] | None = None, timeout_s: float = 10) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def admin_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
