@@ -199,7 +199,7 @@ class LLMEngine:
             self.runner.release(request_id)
         request.finish_reason = "abort"
         request.timing.finished_time = self._clock()
-        self._pending.append(self._output(request, [], "", is_finished=True))
+        self._pending.append(self._output(request, [], "", True))
         return True
 
     # --- the step ---
@@ -258,14 +258,18 @@ class LLMEngine:
         now = self._clock()
         kv = self.kv_cache
         is_caching = kv.enable_caching
+        bs = self.config.block_size
         eos = self.eos_token_ids
         max_model_len = self.config.max_model_len
         num_finished = 0
+        self._num_generation_tokens += len(sampled)
         for request, n in scheduled:
-            request.num_computed_tokens += n
-            if is_caching:
+            num_computed = request.num_computed_tokens + n
+            request.num_computed_tokens = num_computed
+            if is_caching and num_computed // bs > request.num_hashed_blocks:
                 kv.cache_computed_blocks(request)
-            if request.num_computed_tokens < len(request.all_token_ids):
+            all_ids = request.all_token_ids
+            if num_computed < len(all_ids):
                 continue  # a prompt chunk: nothing to report yet
             token = sampled.get(request.request_id)
             if token is None:
@@ -275,16 +279,21 @@ class LLMEngine:
                 timing.first_token_time = now
                 self._num_prompt_tokens += len(request.prompt_token_ids)
             timing.last_token_time = now
-            request.append_output(token)
-            self._num_generation_tokens += 1
-            reason = check_stop_token(
-                token,
-                len(request.output_token_ids),
-                len(request.all_token_ids),
-                request.params,
-                eos,
-                max_model_len,
-            )
+            output_ids = request.output_token_ids
+            output_ids.append(token)
+            all_ids.append(token)
+            params = request.params
+            if (
+                len(output_ids) < params.max_tokens
+                and token not in eos
+                and not params.stop_token_ids
+                and len(all_ids) < max_model_len
+            ):
+                reason = None  # the common case, decided without a call
+            else:
+                reason = check_stop_token(
+                    token, len(output_ids), len(all_ids), params, eos, max_model_len
+                )
             new_text = ""
             detok = request.detokenizer
             if detok is not None:
@@ -296,7 +305,15 @@ class LLMEngine:
             if reason is not None:
                 self._finish(request, reason, now)
                 num_finished += 1
-            outputs.append(self._output(request, [token], new_text, is_finished=reason is not None))
+            if detok is None:
+                outputs.append(
+                    RequestOutput(
+                        request.request_id, [token], output_ids, "", "", 0, reason is not None,
+                        reason, len(request.prompt_token_ids), request.num_cached_tokens, timing,
+                    )
+                )
+            else:
+                outputs.append(self._output(request, [token], new_text, reason is not None))
         if num_finished:
             self.scheduler.remove_finished_running()
 
@@ -311,24 +328,24 @@ class LLMEngine:
             self.kv_cache.free(request)
         self.runner.release(request.request_id)
 
+    @staticmethod
     def _output(
-        self, request: Request, new_token_ids: list[int], new_text: str, *, is_finished: bool
+        request: Request, new_token_ids: list[int], new_text: str, is_finished: bool
     ) -> RequestOutput:
         detok = request.detokenizer
-        out = RequestOutput(
+        return RequestOutput(
             request.request_id,
             new_token_ids,
             request.output_token_ids,
-            new_text=new_text,
-            is_finished=is_finished,
-            finish_reason=request.finish_reason if is_finished else None,
-            num_prompt_tokens=len(request.prompt_token_ids),
-            num_cached_tokens=request.num_cached_tokens,
-            timing=request.timing,
+            new_text,
+            "" if detok is None else detok.text,
+            0 if detok is None else detok.num_sent,
+            is_finished,
+            request.finish_reason if is_finished else None,
+            len(request.prompt_token_ids),
+            request.num_cached_tokens,
+            request.timing,
         )
-        if detok is not None:
-            out.set_text_source(detok.text, detok.num_sent)
-        return out
 
     # --- state out ---
 

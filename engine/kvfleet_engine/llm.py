@@ -130,7 +130,7 @@ class LLM:
     def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
         if isinstance(prompts, str):
             return [prompts]
-        items = list(prompts)
+        items: list[Any] = list(prompts)
         if items and all(isinstance(t, int) for t in items):
             return [items]  # one prompt given as token ids
         return items

@@ -35,26 +35,28 @@ class RequestOutput:
         request_id: str,
         new_token_ids: list[int],
         all_output: list[int],
-        *,
-        new_text: str = "",
-        is_finished: bool = False,
-        finish_reason: str | None = None,
-        num_prompt_tokens: int = 0,
-        num_cached_tokens: int = 0,
-        timing: RequestTiming | None = None,
+        new_text: str,
+        text_src: str,
+        text_len: int,
+        is_finished: bool,
+        finish_reason: str | None,
+        num_prompt_tokens: int,
+        num_cached_tokens: int,
+        timing: RequestTiming,
     ) -> None:
+        # positional and logic-free: the engine builds one per running request per step
         self.request_id = request_id
         self.new_token_ids = new_token_ids
         self._all_output = all_output
         self._num_output = len(all_output)
         self.new_text = new_text
-        self._text_src = ""
-        self._text_len = 0
+        self._text_src = text_src  # str is immutable: its first text_len chars never change
+        self._text_len = text_len
         self.is_finished = is_finished
         self.finish_reason = finish_reason  # "stop" | "length" | "abort" | None
         self.num_prompt_tokens = num_prompt_tokens
         self.num_cached_tokens = num_cached_tokens
-        self.timing = timing if timing is not None else RequestTiming(0.0)
+        self.timing = timing
 
     @property
     def token_ids(self) -> list[int]:
@@ -68,10 +70,6 @@ class RequestOutput:
     def text(self) -> str:
         """All text handed out so far (empty without a tokenizer)."""
         return self._text_src[: self._text_len]
-
-    def set_text_source(self, text: str, num_chars: int) -> None:
-        self._text_src = text  # str is immutable: the first num_chars never change
-        self._text_len = num_chars
 
     def __repr__(self) -> str:
         return (

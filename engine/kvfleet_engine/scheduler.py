@@ -117,15 +117,22 @@ class Scheduler:
         kv = self.kv_cache
         running = self.running
         scheduled = out.scheduled
+        bs = self.config.block_size
 
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            num_new = request.num_tokens - request.num_computed_tokens
+            num_computed = request.num_computed_tokens
+            num_new = len(request.all_token_ids) - num_computed
             if cap and num_new > cap:
                 num_new = cap
             if num_new > budget:
                 num_new = budget
+            if num_computed + num_new <= len(request.block_ids) * bs:
+                scheduled.append((request, num_new))  # fast path: its blocks have room
+                budget -= num_new
+                i += 1
+                continue
             is_self_preempted = False
             while kv.allocate_slots(request, num_new) is None:
                 victim = running.pop()
