@@ -41,6 +41,9 @@ DEFAULT_TARGETS = [
     "vllm:round_robin",
 ]
 RUST_ROUTERS = ("sglang", "vllm")
+# The peers run without admission limits (see routers.py); kvfleet's endpoints get a
+# capacity no run here reaches, so all three proxy every request instead of queueing it.
+ROUTER_OPTIONS = {"kvfleet": {"endpoint": {"capacity": 100_000}}}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -99,7 +102,8 @@ def phase_latency(args, targets, backend_urls, workdir) -> dict[str, Any]:
     launched = {}
     try:
         for target in targets:
-            launched[target] = routers.launch(target, backend_urls, workdir, args.router_cpu_pin)
+            launched[target] = routers.launch(target, backend_urls, workdir, args.router_cpu_pin,
+                                              ROUTER_OPTIONS)
         for rep in range(args.reps):
             for level in args.level_list:
                 for target in targets:
@@ -137,7 +141,8 @@ def phase_streams(args, targets, backend_urls, workdir) -> dict[str, Any]:
     out = {}
     body = loadgen.completion_body("fake-model", args.stream_tokens, True, "hello")
     for target in targets:
-        router = routers.launch(target, backend_urls, workdir, args.router_cpu_pin)
+        router = routers.launch(target, backend_urls, workdir, args.router_cpu_pin,
+                                ROUTER_OPTIONS)
         try:
             stats = asyncio.run(
                 loadgen.open_streams(

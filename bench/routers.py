@@ -99,28 +99,34 @@ def launch_vllm(policy: str, backends: list[str], workdir: Path, cpus: str | Non
     return RouterProcess(target=f"vllm:{policy}", urls=[url], proc=proc)
 
 
-def kvfleet_config(backends: list[str], policy: str, **overrides: dict) -> dict:
-    """A static pool in the schema of router/kvfleet_router/config.py (kvfleet.io/router/v1)."""
+def kvfleet_config(
+    backends: list[str], policy: str, endpoint: dict | None = None, **sections: dict
+) -> dict:
+    """A static pool in the schema of router/kvfleet_router/config.py (kvfleet.io/router/v1).
+
+    `endpoint` adds fields to every endpoint (e.g. capacity); `sections` merge into the
+    top-level sections (e.g. prefix={"block_bytes": 64}).
+    """
     config: dict = {
         "version": 1,
         "endpoints": [
-            {"name": f"b{i}", "url": url, "role": "unified", "state": "active"}
+            {"name": f"b{i}", "url": url, "role": "unified", "state": "active", **(endpoint or {})}
             for i, url in enumerate(backends)
         ],
         "policy": {"name": policy},
     }
-    for section, values in overrides.items():
+    for section, values in sections.items():
         config.setdefault(section, {}).update(values)
     return config
 
 
 def launch_kvfleet(
-    policy: str, backends: list[str], workdir: Path, cpus: str | None, **overrides: dict
+    policy: str, backends: list[str], workdir: Path, cpus: str | None, **options: dict
 ) -> RouterProcess:
     port = procs.free_port()
     url = f"http://127.0.0.1:{port}"
     config_path = workdir / f"kvfleet-{policy}.json"  # JSON is YAML, so load_file reads it
-    config_path.write_text(json.dumps(kvfleet_config(backends, policy, **overrides)))
+    config_path.write_text(json.dumps(kvfleet_config(backends, policy, **options)))
     token_path = workdir / "admin-token"
     if not token_path.exists():
         token_path.write_text(secrets.token_hex(16))
