@@ -50,6 +50,18 @@ def read_token(path: str | None) -> str | None:
     return os.environ.get(TOKEN_ENV) or None
 
 
+def raise_fd_limit() -> None:
+    """Thousands of streams need two sockets each; lift the soft limit to the hard one."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def new_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
@@ -78,6 +90,7 @@ def main(argv: list[str]) -> int:
 
     from kvfleet_router.app import RouterApp
 
+    raise_fd_limit()
     loop = new_loop()
     asyncio.set_event_loop(loop)
     try:

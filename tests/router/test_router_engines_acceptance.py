@@ -60,11 +60,14 @@ def torch_fleet(module_procs, tmp_path_factory):
         "endpoints": [{"name": "pre", "url": prefill.url, "role": "prefill"},
                       {"name": "dec", "url": decode.url, "role": "decode"}],
         "pd": {"prefill_threshold_tokens": 2}})
-    return unified, router, pd_router
+    precise_router = start_router(module_procs, tmp, {
+        "endpoints": endpoints_cfg(unified, prefix_mode="precise"),
+        "policy": {"name": "prefix-cache"}})
+    return unified, router, pd_router, precise_router
 
 
 def test_non_streaming_and_streaming_pass_through_byte_identical(torch_fleet):
-    engines, router, _ = torch_fleet
+    engines, router, *_ = torch_fleet
     for i, stream in enumerate([False, True, False, True]):
         body = {"model": "tiny-random", "prompt": f"passthrough {i}", "max_tokens": 8,
                 "stream": stream, **GREEDY}
@@ -78,7 +81,7 @@ def test_non_streaming_and_streaming_pass_through_byte_identical(torch_fleet):
 
 
 def test_openai_client_through_router_matches_direct(torch_fleet):
-    engines, router, _ = torch_fleet
+    engines, router, *_ = torch_fleet
     via = openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
     direct = openai.OpenAI(base_url=engines[0].url + "/v1", api_key="x", max_retries=0)
     kwargs = {"model": "tiny-random", "max_tokens": 6, "temperature": 0}
@@ -96,7 +99,7 @@ def test_openai_client_through_router_matches_direct(torch_fleet):
 
 
 def test_prefill_decode_through_router_equals_unified(torch_fleet):
-    engines, _, pd_router = torch_fleet
+    engines, _, pd_router, _ = torch_fleet
     prompts = ["The capital of France is", "def fibonacci(n):\n    return", "x" * 40]
     for prompt in prompts:
         body = {"model": "tiny-random", "prompt": prompt, "max_tokens": 6, **GREEDY}
@@ -108,6 +111,20 @@ def test_prefill_decode_through_router_equals_unified(torch_fleet):
         assert streamed.endswith(b"data: [DONE]\n\n") and b'"error"' not in streamed
     assert metric_sum(pd_router.url, "kvfleet_router_pd_prefills_total") == 2 * len(prompts)
     assert metric_sum(pd_router.url, "kvfleet_router_pd_prefills_total", outcome="failed") == 0
+
+
+def test_precise_mode_routes_token_prompts_by_engine_kv_events(torch_fleet):
+    engines, _, _, precise_router = torch_fleet
+    tokens = [(7 * i + 3) % 250 for i in range(64)]  # 4 full blocks of 16
+    body = {"model": "tiny-random", "prompt": tokens, "max_tokens": 2, **GREEDY}
+    time.sleep(1.0)  # let the router's /v1/kv_events subscriptions connect
+    assert post_raw(engines[2].url, body)[0] == 200  # behind the router's back
+    hits_before = metric_sum(engines[2].url, "vllm:prefix_cache_hits_total")
+    time.sleep(0.5)  # the BlockStored events reach the router
+    for i in range(3):
+        assert post_raw(precise_router.url, {**body, "prompt": tokens + [i]})[0] == 200
+    assert metric_sum(precise_router.url, "kvfleet_router_requests_total", endpoint="b2") == 3
+    assert metric_sum(engines[2].url, "vllm:prefix_cache_hits_total") >= hits_before + 3 * 64
 
 
 async def _stream(client: openai.AsyncOpenAI, prompt: str, max_tokens: int) -> dict:
