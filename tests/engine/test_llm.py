@@ -51,3 +51,22 @@ def test_core_imports_without_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_torch_runner_generates_the_reference_greedy_tokens():
+    pytest.importorskip("torch")
+    from kvfleet_engine.reference import reference_greedy
+
+    llm = LLM("tiny-random", num_blocks=32, block_size=4, max_num_batched_tokens=8)
+    prompts = ["Hello there", "A longer prompt that needs several chunks"]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    model = llm.engine.runner.model
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == reference_greedy(model, llm.tokenizer.encode(prompt), 4)
+    assert llm.engine.stats().kv_usage == 0.0
+
+
+def test_unknown_model_is_a_clear_error():
+    pytest.importorskip("torch")
+    with pytest.raises(ValueError, match="unknown model"):
+        LLM("no-such-model")
