@@ -31,7 +31,9 @@ def _load_prctl() -> Callable[..., int] | None:
 _PRCTL = _load_prctl()
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
+def die_with_parent(parent_pid: int) -> Callable[[], None]:
+    """A Popen preexec_fn: the child gets SIGKILL when `parent_pid` (the caller) dies."""
+
     def preexec() -> None:
         if _PRCTL is not None:
             _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -69,7 +71,7 @@ def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) ->
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent(os.getpid()),  # noqa: PLW1509 - called from main thread
+            preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 - called from main thread
             close_fds=True,
         )
 
