@@ -215,8 +215,10 @@ class LLMEngine:
             timings.schedule_s += timings.last_schedule_s
             return outputs
         runner = self.runner
-        for _request, block_ids, data in sched.preloads:
-            runner.write_blocks(block_ids, data)
+        if sched.preloads:
+            scheduled = self._write_preloads(sched.preloads, scheduled, outputs)
+            if not scheduled:
+                return outputs
         seqs = []
         for request, n in scheduled:
             start = request.num_computed_tokens
@@ -248,6 +250,27 @@ class LLMEngine:
         timings.last_num_seqs = len(seqs)
         timings.last_num_tokens = sched.num_batched_tokens
         return outputs
+
+    def _write_preloads(
+        self,
+        preloads: list[tuple[Request, list[int], bytes]],
+        scheduled: list[tuple[Request, int]],
+        outputs: list[RequestOutput],
+    ) -> list[tuple[Request, int]]:
+        """Install transferred KV; a payload the runner rejects aborts only its request."""
+        failed: set[str] = set()
+        for request, block_ids, data in preloads:
+            try:
+                self.runner.write_blocks(block_ids, data)
+            except (ValueError, RuntimeError):
+                failed.add(request.request_id)
+        if not failed:
+            return scheduled
+        for request_id in failed:
+            self.abort_request(request_id)
+        outputs += self._pending
+        self._pending = []
+        return [(r, n) for r, n in scheduled if r.request_id not in failed]
 
     def _process(
         self,

@@ -280,3 +280,21 @@ def test_kv_events_and_stats_follow_the_cache():
     more.add_request("c", prompt, SamplingParams(max_tokens=1))
     run_all(more)
     assert more.drain_kv_events()[0].seq == 0  # per-engine sequence
+
+
+def test_a_rejected_preload_aborts_only_its_request():
+    class RejectingRunner(SimulatedRunner):
+        def write_blocks(self, block_ids, data):
+            raise ValueError("corrupt payload")
+
+    clock = VirtualClock()
+    config = EngineConfig(num_blocks=64, block_size=4, max_model_len=64)
+    engine = LLMEngine(config, RejectingRunner("cpu-tiny", num_blocks=64, block_size=4,
+                                               time_mode="virtual", clock=clock), clock=clock)
+    engine.add_request("ok", [1, 2, 3], SamplingParams(max_tokens=2, **GREEDY))
+    engine.add_request("bad", [1, 2, 3, 4, 5], SamplingParams(max_tokens=2, **GREEDY),
+                       preloaded_kv=PreloadedKV(4, bytes(8 * 4)))
+    finals = run_all(engine)
+    assert finals["bad"].finish_reason == "abort"
+    assert finals["ok"].finish_reason == "length" and len(finals["ok"].token_ids) == 2
+    assert engine.stats().kv_usage == 0.0
