@@ -13,6 +13,8 @@ class RequestOutput:
     `token_ids` is all output so far. It is a snapshot taken lazily: the engine only
     ever appends to a request's output list, so slicing it to this step's length later
     (even from another thread) gives exactly the tokens known at this step.
+    `timing` is the request's live RequestTiming: each field is set once, when it
+    happens, except last_token_time.
     """
 
     __slots__ = (
