@@ -43,10 +43,14 @@ def processes_with_marker(marker: str) -> list[int]:
 
 
 class Fleet:
-    def __init__(self, pool: str, tmp_path: Path) -> None:
+    def __init__(self, pool: str, tmp_path: Path, num_start: int = 0) -> None:
+        self.pool = pool
+        self.tmp_path = tmp_path
+        self.num_start = num_start
         self.marker = uuid.uuid4().hex
+        self.successor: Fleet | None = None  # cleaned up with this one
         self.state_dir = tmp_path / "state"
-        self.out_path = tmp_path / "up.out"
+        self.out_path = tmp_path / f"up{num_start}.out"
         env = {**os.environ, MARKER_ENV: self.marker}
         tmp_path.mkdir(parents=True, exist_ok=True)
         with open(self.out_path, "wb") as out:
@@ -55,6 +59,12 @@ class Fleet:
                  "--state-dir", str(self.state_dir)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             )
+
+    def restart(self) -> Fleet:
+        """Another `kvfleet up` of the same pool on the same state dir."""
+        self.cleanup()
+        self.successor = Fleet(self.pool, self.tmp_path, self.num_start + 1)
+        return self.successor
 
     # --- reading ----------------------------------------------------------------------------
 
@@ -132,3 +142,5 @@ class Fleet:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        if self.successor is not None:
+            self.successor.cleanup()

@@ -5,9 +5,12 @@ A SIGKILLed `kvfleet up` takes every child with it."""
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
+from e2e_fleet import POOLS
 from e2e_loadgen import run_load
 
 pytestmark = pytest.mark.slow
@@ -70,11 +73,37 @@ def test_sigkilled_replica_restarts_and_is_readmitted_under_load(start_fleet):
     assert fleet.leftovers() == []
 
 
-def test_sigkilled_up_leaves_no_child(start_fleet):
+def test_sigkilled_up_leaves_no_child_and_a_restart_resumes(start_fleet):
     fleet = start_fleet("sim-crash.yaml")
     state = fleet.wait_ready("unified", 2)
     pids = [r["pid"] for r in state["replicas"]]
     assert len(pids) == 3 and all(pids)  # the router and two engines
+    # `kvfleet status` from another terminal sees the same fleet.
+    status = subprocess.run(
+        [sys.executable, "-m", "kvfleet_operator.cli", "status", "--state-dir",
+         str(fleet.state_dir)], capture_output=True, text=True, timeout=30)
+    assert status.returncode == 0 and "running, pid" in status.stdout
+    assert "unified 2/2" in status.stdout and "unified-1" in status.stdout
+    # A second `up` on the same state dir is refused with one line.
+    second = subprocess.run(
+        [sys.executable, "-m", "kvfleet_operator.cli", "up", str(POOLS / "sim-crash.yaml"),
+         "--state-dir", str(fleet.state_dir)], capture_output=True, text=True, timeout=30)
+    assert second.returncode == 2 and "already running" in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1
+
     fleet.proc.kill()
     fleet.proc.wait()
     assert fleet.leftovers() == []
+
+    # A new `up` on the same state dir carries the autoscaler history on.
+    before = fleet.state()["autoscaler_history"]["decisions"]
+    assert before
+    restarted = fleet.restart()
+    restarted.wait_ready("unified", 2)
+    after = restarted.wait_for(
+        "a decision after the restart",
+        lambda s: len(s["autoscaler_history"]["decisions"]) > len(before), 30)
+    decisions = after["autoscaler_history"]["decisions"]
+    assert decisions[0]["t"] <= before[-1]["t"] < decisions[-1]["t"]
+    assert restarted.stop() == 0
+    assert restarted.leftovers() == []

