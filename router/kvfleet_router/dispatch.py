@@ -72,18 +72,22 @@ class Dispatcher:
     async def acquire(self, info: RequestInfo, role: str, policy: str | None,
                       exclude: frozenset[str]) -> Routed:
         """Route now, or wait in the bounded priority queue; raises Rejected."""
-        routed = self.try_route(info, role, policy, exclude)
-        if routed.decision.endpoint is not None:
-            return routed
-        if exclude and routed.decision.reason == "no-endpoint":
-            raise self._reject("no-endpoint")  # a retry with nowhere else to go
         queue, qcfg = self.app.queue, self.app.core.cfg.queue
+        reason = "saturated"
+        if len(queue) == 0 or exclude:  # never overtake requests already waiting
+            routed = self.try_route(info, role, policy, exclude)
+            if routed.decision.endpoint is not None:
+                return routed
+            reason = routed.decision.reason
+            if exclude and reason == "no-endpoint":
+                raise self._reject("no-endpoint")  # a retry with nowhere else to go
         try:
             fut = queue.enter(info.priority)
         except QueueFull:
             raise self._reject("queue-full") from None
         deadline = time.monotonic() + qcfg.timeout_s
-        reason = routed.decision.reason
+        if queue.is_head(fut):
+            queue.wake()  # nobody ahead: try at once
         try:
             while True:
                 remaining = deadline - time.monotonic()

@@ -246,3 +246,24 @@ def test_precise_prefix_index_from_kv_events(procs, tmp_path):
         assert raw_post(router.url + "/v1/completions",
                         {"prompt": tokens + [i], "max_tokens": 1})[0] == 200
     assert [len(fake_log(b)) for b in backends] == [0, 0, 4]
+
+
+def test_client_disconnect_releases_the_backend_stream(procs, tmp_path):
+    import socket
+
+    backend = start_fake(procs, "b0", "--token-delay-ms", "100")
+    router = start_router(procs, tmp_path, {"endpoints": endpoints_cfg([backend])})
+    body = json.dumps({"prompt": "x", "max_tokens": 200, "stream": True}).encode()
+    with socket.create_connection(("127.0.0.1", router.port)) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: " + str(len(body)).encode() +
+                     b"\r\n\r\n" + body)
+        assert b"data:" in sock.recv(65536)
+    deadline = time.monotonic() + 5
+    while http_json(backend.url + "/_fake/log")[1]["num_in_flight"] != 0:
+        assert time.monotonic() < deadline, "the backend stream was never released"
+        time.sleep(0.1)
+    status, got = http_json(router.url + "/admin/config",
+                            headers={"Authorization": "Bearer test-admin-token"})
+    assert got["endpoints"][0]["num_in_flight"] == 0
+    assert raw_post(router.url + "/v1/completions", {"prompt": "after"})[0] == 200
