@@ -99,7 +99,7 @@ class AutoscalerConfig:
     max_step_up: int = 4
     max_step_down: int = 1
     scale_to_zero_after_s: float = 300.0
-    prefill_tokens_per_s_initial: float = 8000.0  # per replica, before anything is learned
+    prefill_tokens_per_s_initial: float = 20000.0  # per replica, before anything is learned
     prefill_capacity_alpha: float = 0.2  # EWMA weight of a new observation
     backlog_clear_s: float = 10.0  # queued prompt tokens should clear within this
     num_history_decisions: int = 20

@@ -1,10 +1,9 @@
 """InferencePool `spec.autoscaling` + topology -> `AutoscalerConfig`, pure.
 
 The pool's targets are pool-wide; each role tracks the ones that describe its work:
-- unified: waiting, running (concurrency), KV usage, TTFT and ITL, prefill tokens/s
-  when `prefillTokensPerSecondPerReplica` is set;
-- prefill: waiting, TTFT, uncached prompt tokens/s against the learned capacity
-  (always on; the spec value seeds the capacity, else PREFILL_TOKENS_PER_S_DEFAULT);
+- unified: waiting, running (concurrency), KV usage, TTFT and ITL, and uncached prompt
+  tokens/s against the learned prefill capacity;
+- prefill: waiting, TTFT, uncached prompt tokens/s against the learned capacity;
 - decode: waiting, running, KV usage, ITL.
 """
 
@@ -13,17 +12,17 @@ from __future__ import annotations
 from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.autoscaler import AutoscalerConfig, RoleLimits, RoleTargets
 
-# Per-replica uncached prefill tokens/s before anything is learned: an 8B model on one
-# H100 prefills well above this; the EWMA corrects it within a few saturated windows.
-PREFILL_TOKENS_PER_S_DEFAULT = 8000.0
+# Per-replica uncached prefill tokens/s before anything is learned (the spec's
+# prefillTokensPerSecondPerReplica overrides it). Deliberately optimistic (an 8B model on
+# one H100 class GPU): capacity is learned only from saturated replicas, so a high guess
+# corrects itself at the first queue, while a low one would over-provision for ever.
+PREFILL_TOKENS_PER_S_DEFAULT = 20000.0
 PREFILL_UTILIZATION = 0.8  # headroom so TTFT does not queue at the learned capacity
 
 
 def role_targets(spec: PoolSpec, role: str) -> RoleTargets:
     t = spec.autoscaling.targets
-    prefill_util = PREFILL_UTILIZATION if role == "prefill" else None
-    if role == "unified" and t.prefill_tokens_per_second_per_replica is not None:
-        prefill_util = PREFILL_UTILIZATION
+    prefill_util = PREFILL_UTILIZATION if role != "decode" else None
     return RoleTargets(
         num_waiting=t.waiting_per_replica,
         num_running=t.running_per_replica if role != "prefill" else None,

@@ -267,8 +267,9 @@ def aggregate(
             continue
         rs.num_known += 1
         baseline, inside = _window(scrapes, now - window_s, now)
-        samples = [s.sample for s in inside if s.sample is not None] or [scrapes[-1].sample]
-        gauges = [s for s in samples if s is not None]
+        newest = scrapes[-1].sample
+        assert newest is not None  # _is_known checked it
+        gauges = [s.sample for s in inside if s.sample is not None] or [newest]
         n = len(gauges)
         rs.num_waiting += sum(g.num_waiting for g in gauges) / n
         rs.num_running += sum(g.num_running for g in gauges) / n

@@ -15,7 +15,7 @@ def test_local_sim_example():
     assert (c.roles["unified"].min_replicas, c.roles["unified"].max_replicas) == (1, 6)
     t = c.targets["unified"]
     assert (t.num_waiting, t.kv_usage, t.ttft_p90_s) == (4, 0.75, 1.0)
-    assert t.prefill_utilization is None
+    assert t.prefill_utilization is not None  # unified replicas prefill too
     assert (c.stable_window_s, c.panic_window_s, c.panic_threshold) == (10, 3, 2.0)
     assert (c.max_step_up, c.scale_up_cooldown_s) == (2, 2)
     assert (c.scale_down_window_s, c.scale_down_cooldown_s) == (20, 5)

@@ -1,0 +1,144 @@
+"""One simulated replica: the real `LLMEngine` over a `SimulatedRunner` on its own virtual
+clock, plus the TTFT/ITL histograms a real server would export at /metrics.
+
+The fleet loop calls `add(...)` when the router sends a request, `step(now)` when the
+replica is free, and `sample()` when it scrapes. Each replica keeps its own clock: a step
+that starts at `now` ends at `now + step_time` (the cost model's), and every token of
+that step is stamped with the end time, as a GPU would deliver it.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+from kvfleet_engine.config import EngineConfig
+from kvfleet_engine.engine import LLMEngine
+from kvfleet_engine.runner_sim import SimulatedRunner, VirtualClock
+from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.server_metrics import ITL_BUCKETS, TTFT_BUCKETS
+from kvfleet_operator.signals import ReplicaSample
+
+MIN_STEP_S = 1e-4  # a step that schedules nothing still moves time, so the loop advances
+
+
+@dataclass(slots=True)
+class Histogram:
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+
+    def cumulative(self) -> tuple[tuple[float, float], ...]:
+        out, total = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += n
+            out.append((bound, float(total)))
+        return tuple(out)
+
+
+@dataclass(slots=True)
+class Finished:
+    request_id: str
+    replica: str
+    arrival: float
+    first_token: float
+    finished: float
+    num_output_tokens: int
+    is_aborted: bool = False
+
+
+class SimReplica:
+    def __init__(self, name: str, config: EngineConfig, profile: str, started_at: float,
+                 ready_at: float, measure_from: float = 0.0) -> None:  # fmt: skip
+        self.name = name
+        self.clock = VirtualClock(started_at)
+        runner = SimulatedRunner(
+            profile, num_blocks=config.num_blocks, block_size=config.block_size,
+            time_mode="virtual", clock=self.clock,
+        )  # fmt: skip
+        self.engine = LLMEngine(config, runner, tokenizer=None, eos_token_ids=(), clock=self.clock)
+        self.started_at = started_at
+        self.ready_at = ready_at
+        self.drain_started_at: float | None = None
+        self.stopped_at: float | None = None
+        self.is_stepping = False
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self.itl_gaps = array("d")  # inter-token gaps of measured requests, exact
+        self.measure_from = measure_from  # requests arriving earlier are warm-up
+        self._arrival: dict[str, float] = {}
+        self._first: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._arrival)
+
+    def add(self, request_id: str, prompt: list[int], num_output: int, arrival: float) -> None:
+        params = SamplingParams(max_tokens=num_output, temperature=0.0, ignore_eos=True)
+        self.engine.add_request(request_id, prompt, params, arrival_time=arrival)
+        self._arrival[request_id] = arrival
+
+    def step(self, now: float) -> tuple[float, list[Finished]]:
+        """Run one engine step starting at `now`; returns (end time, finished requests)."""
+        self.clock.now_s = max(self.clock.now_s, now)
+        outputs = self.engine.step()
+        if self.clock.now_s <= now:
+            self.clock.advance(MIN_STEP_S)
+        end = self.clock.now_s
+        done: list[Finished] = []
+        for out in outputs:
+            rid = out.request_id
+            if rid not in self._arrival:
+                continue
+            if out.new_token_ids:
+                if rid not in self._first:
+                    self._first[rid] = end
+                    self.ttft.observe(end - self._arrival[rid])
+                else:
+                    gap = end - self._last[rid]
+                    self.itl.observe(gap)
+                    if self._arrival[rid] >= self.measure_from:
+                        self.itl_gaps.append(gap)
+                self._last[rid] = end
+            if out.is_finished:
+                done.append(self._finish(rid, end, len(out.token_ids), out.finish_reason))
+        return end, done
+
+    def _finish(self, rid: str, end: float, num_tokens: int, reason: str | None) -> Finished:
+        arrival = self._arrival.pop(rid)
+        first = self._first.pop(rid, end)
+        self._last.pop(rid, None)
+        return Finished(rid, self.name, arrival, first, end, num_tokens, reason == "abort")
+
+    def abort_all(self, now: float) -> list[Finished]:
+        """Drain timeout: what is still in flight is cut off (counted as failed)."""
+        out = []
+        for rid in list(self._arrival):
+            self.engine.abort_request(rid)
+            out.append(self._finish(rid, now, 0, "abort"))
+        return out
+
+    def sample(self) -> ReplicaSample:
+        s = self.engine.stats()
+        return ReplicaSample(
+            num_running=float(s.num_running),
+            num_waiting=float(s.num_waiting),
+            kv_usage=s.kv_usage,
+            num_waiting_prompt_tokens=float(s.num_waiting_prompt_tokens),
+            num_preemptions=float(s.num_preemptions),
+            num_prompt_tokens=float(s.num_prompt_tokens),
+            num_generation_tokens=float(s.num_generation_tokens),
+            num_prefix_queries=float(s.prefix_cache_queries),
+            num_prefix_hits=float(s.prefix_cache_hits),
+            ttft=self.ttft.cumulative(),
+            itl=self.itl.cumulative(),
+            role="unified",
+            is_draining=self.drain_started_at is not None,
+        )

@@ -1,0 +1,89 @@
+"""kvfleet_sim: the virtual-time fleet with the real engine core, router policy and autoscaler."""
+
+from pathlib import Path
+
+import pytest
+from kvfleet_operator.api import load_pool
+from kvfleet_sim.fleet import FleetSim, SimError, SimSettings
+from kvfleet_sim.replica import SimReplica
+from kvfleet_sim.report import percentile, replica_seconds, summarize
+from kvfleet_sim.scalers import SCALERS
+from kvfleet_sim.trace import TraceRequest
+
+POOL = Path(__file__).resolve().parents[2] / "examples" / "local-sim.yaml"
+
+
+def burst_trace(rate_low=2.0, rate_high=40.0, t_high=(10.0, 25.0), end=45.0):
+    out, t = [], 0.0
+    while t < end:
+        out.append(TraceRequest(t, 600, 40))
+        t += 1.0 / (rate_high if t_high[0] <= t < t_high[1] else rate_low)
+    return out
+
+
+def test_replica_runs_the_real_engine_in_virtual_time():
+    pool = load_pool(POOL)
+    from kvfleet_sim.fleet import engine_config
+
+    r = SimReplica("r0", engine_config(pool), "h100-llama3-8b", 0.0, 0.0)
+    r.add("a", list(range(1, 301)), 5, arrival=0.0)
+    t, done = 0.0, []
+    while r.engine.has_unfinished_requests():
+        t, finished = r.step(t)
+        done += finished
+    assert [f.num_output_tokens for f in done] == [5]
+    f = done[0]
+    # 300 prompt tokens at 32.5 us each plus the step floor: a few ms per step, not zero.
+    assert 0.005 < f.first_token - f.arrival < 0.1
+    assert f.finished > f.first_token
+    s = r.sample()
+    assert s.num_requests == 1 and s.num_generation_tokens == 5 and s.num_running == 0
+    assert len(r.itl_gaps) == 4
+
+
+@pytest.mark.parametrize("scaler", ["kvfleet", "waiting-5", "fixed-max"])
+def test_every_request_finishes_with_every_scaler(scaler):
+    pool = load_pool(POOL)
+    trace = burst_trace()
+    result = FleetSim(pool, SCALERS[scaler](pool.spec), SimSettings(startup_s=2.0)).run(trace)
+    assert len(result.finished) == len(trace)
+    assert all(not f.is_aborted and f.num_output_tokens == 40 for f in result.finished)
+    assert all(1 <= p <= 6 for _, p, _ in result.timeline)
+    s = summarize(scaler, result, ttft_slo_s=1.0, itl_slo_s=0.05)
+    assert s.num_requests == len(trace) and 0 <= s.slo_attainment <= 1
+    if scaler == "fixed-max":
+        assert {p for _, p, _ in result.timeline} == {6}
+        assert s.replica_seconds == pytest.approx(6 * result.end_s)
+
+
+def test_kvfleet_scales_up_on_the_burst_and_back_down():
+    pool = load_pool(POOL)
+    result = FleetSim(pool, SCALERS["kvfleet"](pool.spec), SimSettings(startup_s=2.0)).run(
+        burst_trace(end=80.0)
+    )
+    during = [p for t, p, _ in result.timeline if 12 <= t < 25]
+    after = [p for t, p, _ in result.timeline if t >= 70]
+    assert max(during) >= 2, result.reasons
+    assert after and after[-1] < max(during), result.reasons
+    assert any("scale up" in r for _, r in result.reasons)
+    assert any("scale down" in r for _, r in result.reasons)
+
+
+def test_non_simulated_pools_are_refused():
+    pool = load_pool(POOL.parent / "local-cpu.yaml")
+    with pytest.raises(SimError, match="simulated"):
+        FleetSim(pool, SCALERS["kvfleet"](pool.spec), SimSettings())
+    with pytest.raises(SimError):
+        SimSettings(scrape_interval_s=0)
+
+
+@pytest.mark.parametrize(
+    "values,q,expected", [([], 50, None), ([3, 1, 2], 50, 2), ([1, 2, 3, 4], 90, 4)]
+)
+def test_percentile(values, q, expected):
+    got = percentile(values, q)
+    assert (got != got) if expected is None else got == expected  # NaN for no values
+
+
+def test_replica_seconds_clip_to_the_window():
+    assert replica_seconds([(0, 10), (5, 30), (40, 50)], start=5, end=20) == 5 + 15
