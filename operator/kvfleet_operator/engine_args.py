@@ -96,7 +96,9 @@ def _builtin_args(spec: PoolSpec, role: str, host: str, port: int) -> list[str]:
         "--max-num-batched-tokens", str(e.max_num_batched_tokens),
         "--block-size", str(e.block_size),
         "--drain-timeout", str(spec.autoscaling.drain_timeout_seconds),
-        "--max-queue", str(e.max_num_seqs),  # = router capacity - batch (router_desired)
+        # Engine admits batch + queue = 3x batch: above the router's per-endpoint capacity
+        # (2x batch, router_desired.capacity), so routed requests never meet a 503.
+        "--max-queue", str(2 * e.max_num_seqs),
     ]  # fmt: skip
     if e.profile:
         args += ["--profile", e.profile]

@@ -461,3 +461,12 @@ def test_builtin_flags_parse_with_the_engine_cli(path):
     assert ns.role == "unified" and ns.port == 0
     assert ns.served_model_name == [p.spec.model.api_name]
     assert ns.max_num_seqs == p.spec.engine.max_num_seqs
+
+
+def test_engine_queue_outlasts_the_router_capacity():
+    from kvfleet_operator.router_desired import capacity
+
+    p = load_pool(EXAMPLES / "local-cpu.yaml")
+    args = engine_args(p.spec, "unified")
+    admitted = p.spec.engine.max_num_seqs + int(flag(args, "--max-queue"))
+    assert admitted > capacity(p.spec) >= p.spec.engine.max_num_seqs
