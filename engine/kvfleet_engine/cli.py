@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cost-model profile for --runner simulated (e.g. cpu-tiny, h100-llama3-8b)")
     p.add_argument("--role", choices=ROLES, default="unified")
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--advertise-host", default=None,
+                   help="address decoders use to pull KV from this replica (default: --host, "
+                        "or this machine's address when --host is a wildcard)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
     p.add_argument("--served-model-name", action="append", default=None,
                    help="name clients use (repeatable); defaults to --model")

@@ -6,6 +6,7 @@ Loaders and configs raise ValueError with a one-line reason; the CLI prints it.
 from __future__ import annotations
 
 import argparse
+import socket
 from typing import Any
 
 from kvfleet_engine.config import EngineConfig
@@ -50,6 +51,7 @@ def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettin
         block_size=args.block_size,
         role=args.role,
         host=args.host,
+        advertise_host=args.advertise_host or _default_advertise_host(args.host),
         port=args.port,
         max_num_seqs=args.max_num_seqs,
         max_queue=args.max_queue,
@@ -59,6 +61,16 @@ def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettin
         kv_transfer_timeout_s=args.kv_transfer_timeout,
     )
     return engine, tokenizer, settings
+
+
+def _default_advertise_host(host: str) -> str:
+    """A wildcard bind address is no address to dial: use this machine's (e.g. a pod IP)."""
+    if host not in ("", "0.0.0.0", "::"):
+        return host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def _check_flags(args: argparse.Namespace) -> None:

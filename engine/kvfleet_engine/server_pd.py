@@ -62,7 +62,7 @@ async def publish_held_kv(state: ServerState, request_id: str, prompt_ids: list[
     return {
         contract.DO_REMOTE_DECODE: False,
         contract.DO_REMOTE_PREFILL: True,
-        contract.REMOTE_HOST: settings.host,
+        contract.REMOTE_HOST: settings.remote_host,
         contract.REMOTE_PORT: settings.port,
         contract.REMOTE_HANDLE: held.handle,
         contract.REMOTE_BLOCK_IDS: held.block_ids,

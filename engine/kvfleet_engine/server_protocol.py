@@ -61,6 +61,7 @@ class GenerationRequest:
 def parse_request(body: Any, *, is_chat: bool) -> GenerationRequest:
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
+    _reject_unsupported(body)
     req = GenerationRequest(is_chat=is_chat)
     req.model = _opt_str(body, "model")
     if is_chat:
@@ -147,6 +148,29 @@ def check_token_ids(token_ids: list[int], vocab_size: int, param: str = "prompt"
     bad = [t for t in token_ids if not 0 <= t < vocab_size]
     if bad:
         raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})", param)
+
+
+# Known OpenAI features this engine does not implement: refused rather than silently
+# answered without them. field -> is the value asking for the feature?
+_UNSUPPORTED: dict[str, Any] = {
+    "logprobs": lambda v: v not in (None, False, 0),
+    "top_logprobs": lambda v: v not in (None, 0),
+    "echo": lambda v: v not in (None, False),
+    "best_of": lambda v: v not in (None, 1),
+    "suffix": lambda v: v not in (None, ""),
+    "tools": lambda v: v not in (None, []),
+    "functions": lambda v: v not in (None, []),
+    "response_format": lambda v: not (v is None or (isinstance(v, dict)
+                                                     and v.get("type") == "text")),
+    "logit_bias": lambda v: v not in (None, {}),
+}
+
+
+def _reject_unsupported(body: dict[str, Any]) -> None:
+    for name, is_asked in _UNSUPPORTED.items():
+        if name in body and is_asked(body[name]):
+            raise bad_request(f"`{name}` is not supported by this server", param=name,
+                              code="unsupported_value")
 
 
 # --- field readers: each names the field in its error ---

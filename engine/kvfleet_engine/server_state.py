@@ -27,7 +27,8 @@ class ServerSettings:
     block_size: int = 16
     role: str = "unified"
     host: str = "127.0.0.1"
-    port: int = 8000  # advertised to decoders in kv_transfer_params
+    port: int = 8000
+    advertise_host: str = ""  # what decoders dial for KV (remote_host); "" means `host`
     max_num_seqs: int = 64
     max_queue: int = 256  # requests beyond the running batch before 503
     max_body_bytes: int = 1 << 20
@@ -52,6 +53,10 @@ class ServerSettings:
                 raise ValueError(f"{name} must be positive")
         if self.drain_timeout_s < 0:
             raise ValueError("drain_timeout_s must be >= 0")
+
+    @property
+    def remote_host(self) -> str:
+        return self.advertise_host or self.host
 
     @property
     def num_admissible(self) -> int:

@@ -126,5 +126,6 @@ def test_health_and_unknown_fields_are_ignored(tiny_engine, client):
     with urllib.request.urlopen(tiny_engine.url + "/health", timeout=5) as resp:
         assert resp.status == 200 and json.load(resp) == {"status": "ok"}
     out = client.completions.create(model="tiny-random", prompt="x", max_tokens=2,
-                                    extra_body={"frobnicate": {"a": 1}, "logit_bias": {}})
+                                    extra_body={"frobnicate": {"a": 1}, "logit_bias": {},
+                                                "logprobs": None, "echo": False})
     assert out.usage.completion_tokens >= 1

@@ -53,7 +53,7 @@ def test_chat_prefers_max_completion_tokens_and_joins_text_parts():
 
 
 def test_unknown_fields_are_ignored():
-    req = parse_request({"prompt": "x", "logit_bias": {"1": 2}, "whatever": [1]}, is_chat=False)
+    req = parse_request({"prompt": "x", "whatever": [1], "metadata": {"a": "b"}}, is_chat=False)
     assert req.prompt_text == "x"
 
 
@@ -232,3 +232,22 @@ async def test_engine_thread_delivers_outputs_and_aborts():
     assert len(got["a"]) == 5 and got["a"][-1].finish_reason == "length"
     assert errors and errors[0][0] == "a" and isinstance(errors[0][1], ValueError)
     assert 0 < len(got["b"]) < 250 and not any(o.finish_reason == "length" for o in got["b"])
+
+
+@pytest.mark.parametrize("field, value", [
+    ("logprobs", 1), ("top_logprobs", 2), ("echo", True), ("best_of", 2), ("suffix", "z"),
+    ("tools", [{"type": "function"}]), ("response_format", {"type": "json_object"}),
+    ("logit_bias", {"1": 2}),
+])
+def test_known_but_unsupported_features_are_refused(field, value):
+    with pytest.raises(APIError) as err:
+        parse_request({"prompt": "x", field: value}, is_chat=False)
+    assert (err.value.status, err.value.param, err.value.code) == (400, field, "unsupported_value")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("logprobs", None), ("logprobs", False), ("echo", False), ("best_of", 1),
+    ("response_format", {"type": "text"}), ("tools", []), ("logit_bias", {}),
+])
+def test_unsupported_features_at_their_defaults_are_fine(field, value):
+    assert parse_request({"prompt": "x", field: value}, is_chat=False).prompt_text == "x"
