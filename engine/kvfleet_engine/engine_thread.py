@@ -88,17 +88,28 @@ class EngineThread:
 
     # --- the thread ---
 
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
-        while not self._is_stopping:
-            self._run_commands(block=not self._live)
-            if self._is_stopping:
-                break
-            if self._live:
-                self._step()
-            self._stats = self._engine.stats()
-            events = self._engine.drain_kv_events()
-            if events and self._on_kv_events is not None:
-                self._loop.call_soon_threadsafe(self._on_kv_events, events)
+        try:
+            while not self._is_stopping:
+                self._run_commands(block=not self._live)
+                if self._is_stopping:
+                    break
+                if self._live:
+                    self._step()
+                self._stats = self._engine.stats()
+                events = self._engine.drain_kv_events()
+                if events and self._on_kv_events is not None:
+                    self._loop.call_soon_threadsafe(self._on_kv_events, events)
+        except Exception as exc:  # noqa: BLE001 - a broken engine: fail requests, show unhealthy
+            log.exception("engine thread crashed")
+            for request_id in list(self._live):
+                self._report_error(request_id, exc)
+            self._live.clear()
+            return  # the thread ends: is_alive turns False and the server's watchdog stops
         for request_id in list(self._live):  # shutting down: free what is left
             self._engine.abort_request(request_id)
         self._live.clear()

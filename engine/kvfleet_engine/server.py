@@ -71,17 +71,22 @@ async def serve_async(engine: Any, tokenizer: Any, settings: ServerSettings) -> 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
     sweeper = loop.create_task(server_pd.sweep_expired_handles(state))
+    watchdog = loop.create_task(_watch_engine(state, stop))
     print(f"kvfleet engine ({settings.role}) serving {settings.served_model_names[0]} on "
           f"http://{settings.host}:{settings.port}", flush=True)
     try:
         await stop.wait()
     finally:
         sweeper.cancel()
+        watchdog.cancel()
         state.kv_events.close()
         await runner.cleanup()  # cancels handlers still running (drain timed out)
         for held in state.handles.pop_all():
             log.info("dropping unclaimed KV handle of %s", held.request_id)
         state.engine.stop()
+    if state.is_engine_crashed:
+        print("kvfleet engine: the engine thread crashed; see the log above", file=sys.stderr)
+        return 1
     print("kvfleet engine stopped", file=sys.stderr, flush=True)
     return 0
 
@@ -89,6 +94,15 @@ async def serve_async(engine: Any, tokenizer: Any, settings: ServerSettings) -> 
 async def _wait_drained(state: ServerState, stop: asyncio.Event) -> None:
     while not state.drain.can_stop(time.monotonic(), state.num_in_flight):
         await asyncio.sleep(DRAIN_POLL_S)
+    stop.set()
+
+
+async def _watch_engine(state: ServerState, stop: asyncio.Event, period_s: float = 0.5) -> None:
+    """A crashed engine thread ends the process (non-zero), so a supervisor restarts it."""
+    while state.engine.is_alive:
+        await asyncio.sleep(period_s)
+    log.error("engine thread is gone; stopping the server")
+    state.is_engine_crashed = True
     stop.set()
 
 

@@ -43,6 +43,8 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
 
 async def handle_health(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
+    if not state.engine.is_alive:
+        return web.json_response({"status": "engine stopped"}, status=503)
     if state.drain.is_admitting:
         return web.json_response({"status": "ok"})
     return web.json_response({"status": "draining"}, status=503)

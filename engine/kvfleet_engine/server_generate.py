@@ -7,6 +7,7 @@ handler cancelled, error) aborts the request, so its KV blocks are freed at once
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -36,6 +37,8 @@ from kvfleet_engine.server_sse import SSE_DONE, open_sse, sse_event
 from kvfleet_engine.server_state import STATE_KEY, RequestStream, ServerState
 
 log = logging.getLogger(__name__)
+
+LARGE_PROMPT_CHARS = 8192  # tokenized off the event loop above this size
 
 
 async def handle_completions(request: web.Request) -> web.StreamResponse:
@@ -75,13 +78,22 @@ def tokenize_prompt(tokenizer: Any, req: GenerationRequest) -> list[int]:
     return list(tokenizer.encode(req.prompt_text or ""))
 
 
+def _prompt_size(req: GenerationRequest) -> int:
+    if req.messages is not None:
+        return sum(len(m["content"]) for m in req.messages)
+    return len(req.prompt_text or "")
+
+
 async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
     state: ServerState = request.app[STATE_KEY]
     settings = state.settings
     state.check_admission()  # cheap early 503 before reading the body
     req = parse_request(await read_json_body(request, settings.max_body_bytes), is_chat=is_chat)
     model = check_model(req.model, settings.served_model_names)
-    prompt_ids = tokenize_prompt(state.tokenizer, req)
+    if _prompt_size(req) > LARGE_PROMPT_CHARS:  # keep the loop free for other streams
+        prompt_ids = await asyncio.to_thread(tokenize_prompt, state.tokenizer, req)
+    else:
+        prompt_ids = tokenize_prompt(state.tokenizer, req)
     check_token_ids(prompt_ids, settings.vocab_size, "messages" if is_chat else "prompt")
     params = resolve_sampling(req, len(prompt_ids), settings.max_model_len)
     params, hold_kv = server_pd.plan_prefill(req, params)

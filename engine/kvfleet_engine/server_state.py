@@ -16,7 +16,7 @@ from aiohttp import web
 
 from kvfleet_engine.contract import ROLES
 from kvfleet_engine.server_drain import DrainState
-from kvfleet_engine.server_errors import OVERLOADED, APIError
+from kvfleet_engine.server_errors import OVERLOADED, SERVER_ERROR, APIError
 
 
 @dataclass(slots=True)
@@ -80,6 +80,7 @@ class ServerState:
         self.drain = DrainState(settings.drain_timeout_s)
         self.streams: dict[str, RequestStream] = {}
         self.num_busy_transfers = 0  # KV pulls being served to decoders
+        self.is_engine_crashed = False  # set by the watchdog; the process then exits 1
         # set at startup, once the loop exists
         self.engine: Any = None  # EngineThread
         self.metrics: Any = None  # ServerMetrics
@@ -93,6 +94,9 @@ class ServerState:
         return len(self.streams) + num_handles + self.num_busy_transfers
 
     def check_admission(self) -> None:
+        if self.engine is not None and not self.engine.is_alive:
+            raise APIError(503, "the engine has stopped; this replica is shutting down",
+                           type=SERVER_ERROR, code="engine_stopped")
         if not self.drain.is_admitting:
             raise APIError(503, "this replica is draining; retry on another one",
                            type=OVERLOADED, code="draining",

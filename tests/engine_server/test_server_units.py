@@ -251,3 +251,45 @@ def test_known_but_unsupported_features_are_refused(field, value):
 ])
 def test_unsupported_features_at_their_defaults_are_fine(field, value):
     assert parse_request({"prompt": "x", field: value}, is_chat=False).prompt_text == "x"
+
+
+async def test_a_crashing_engine_fails_its_requests_and_reports_dead():
+    config = EngineConfig(num_blocks=64, block_size=16, max_model_len=256)
+    runner = SimulatedRunner("cpu-tiny", num_blocks=64, block_size=16, time_mode="sleep")
+    engine = LLMEngine(config, runner)
+    real_step = engine.step
+    num_steps = [0]
+
+    def failing_step():  # fault injection: the runner blows up on the third step
+        num_steps[0] += 1
+        if num_steps[0] == 3:
+            raise RuntimeError("simulated device fault")
+        return real_step()
+
+    engine.step = failing_step
+    errors: list = []
+    thread = EngineThread(engine, asyncio.get_running_loop(), on_outputs=lambda outs: None,
+                          on_error=lambda rid, exc: errors.append((rid, str(exc))))
+    thread.start()
+    try:
+        thread.add_request("a", [1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True))
+        for _ in range(200):
+            if errors:
+                break
+            await asyncio.sleep(0.01)
+        assert errors == [("a", "simulated device fault")]
+        assert thread.is_alive  # a failed step fails its batch; the thread keeps serving
+        def broken_stats():
+            raise RuntimeError("stats broke")
+
+        engine.stats = broken_stats
+        thread.add_request("b", [4], SamplingParams(max_tokens=50, ignore_eos=True))
+        for _ in range(200):
+            if not thread.is_alive:
+                break
+            await asyncio.sleep(0.01)
+        assert not thread.is_alive
+        await asyncio.sleep(0.05)
+        assert errors[-1] == ("b", "stats broke")
+    finally:
+        thread.stop()
