@@ -45,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=None, help="default 16, or the profile's")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="default: the smaller of the model's context, 2048 and the KV capacity")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse KV of shared prompt prefixes (vLLM's flag)")
     p.add_argument("--max-queue", type=int, default=256,
                    help="requests admitted beyond --max-num-seqs before 503")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)

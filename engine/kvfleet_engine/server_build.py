@@ -40,6 +40,7 @@ def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettin
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=max_model_len,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     from kvfleet_engine.engine import LLMEngine
 

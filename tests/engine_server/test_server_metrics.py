@@ -139,3 +139,19 @@ async def test_kv_events_stream_ndjson_with_consecutive_seq(engine):
         line = await asyncio.wait_for(resumed.content.readline(), 10)
         resumed.close()
         assert json.loads(line)["seq"] == last
+
+
+@pytest.mark.parametrize("flag, is_hit_expected", [
+    ("--enable-prefix-caching", True), ("--no-enable-prefix-caching", False),
+])
+async def test_prefix_caching_flag(procs, flag, is_hit_expected):
+    engine = start_engine(procs, "--runner", "simulated", "--profile", "cpu-tiny", flag)
+    body = {"prompt": "the same prompt, twice over " * 3, "max_tokens": 2}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(2):
+            async with session.post(engine.url + "/v1/completions", json=body) as resp:
+                assert resp.status == 200
+        metrics = await scrape(session, engine.url)
+    hits = value(metrics, contract.PREFIX_CACHE_HITS, contract.PREFIX_CACHE_HITS + "_total",
+                 model_name="cpu-tiny")
+    assert (hits > 0) is is_hit_expected
