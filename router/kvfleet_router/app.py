@@ -105,7 +105,9 @@ class RouterApp:
     async def _startup(self, _: web.Application) -> None:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30,
                                          ttl_dns_cache=300)
-        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        # No cookies between unrelated clients' requests, and no per-request jar work.
+        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                             cookie_jar=aiohttp.DummyCookieJar())
         self.forwarder = Forwarder(self.session, self.core.cfg.timeouts)
         cfg = lambda: self.core.cfg  # noqa: E731 - always the config in force
         eps = lambda: self.core.registry.endpoints  # noqa: E731

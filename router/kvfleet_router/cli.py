@@ -95,7 +95,8 @@ def main(argv: list[str]) -> int:
     asyncio.set_event_loop(loop)
     try:
         web.run_app(RouterApp(cfg, token).build(), host=args.host, port=args.port,
-                    access_log=None, print=None, loop=loop, shutdown_timeout=30)
+                    access_log=None, print=None, loop=loop, shutdown_timeout=30,
+                    backlog=4096)  # bursts of thousands of clients connect at once
     except OSError as exc:
         print(f"kvfleet router: cannot listen on {args.host}:{args.port}: {exc.strerror}",
               file=sys.stderr)

@@ -31,7 +31,7 @@ queue: {max_size: 256, timeout_s: 5.0, retry_after_s: 1}
 health: {probe_interval_s: 2.0, probe_timeout_s: 1.0, eject_after_errors: 3,
          eject_base_s: 2.0, eject_max_s: 30.0}
 signals: {poll_interval_s: 1.0, stale_after_s: 5.0}
-timeouts: {connect_s: 2.0, first_byte_s: 60.0, idle_s: 60.0}
+timeouts: {connect_s: 10.0, first_byte_s: 60.0, idle_s: 60.0}   # connect: SYN retries
 retries: {max_attempts: 2}       # total tries per request, only before the client saw a byte
 pd: {prefill_threshold_tokens: 128}   # uncached prompt tokens above which a separate prefill runs
 limits: {max_body_bytes: 4194304}
@@ -224,7 +224,7 @@ class SignalsConfig:
 
 @dataclass(slots=True)
 class TimeoutsConfig:
-    connect_s: float = 2.0
+    connect_s: float = 10.0  # a refused connect fails at once; this covers SYN retransmits
     first_byte_s: float = 60.0
     idle_s: float = 60.0
 

@@ -93,15 +93,16 @@ class Forwarder:
             if resp is not None:
                 resp.release()
             raise
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
+                aiohttp.ConnectionTimeoutError) as exc:
+            if resp is not None:
+                resp.close()
+            raise BackendFailure("connect", f"{e.name} unreachable: {exc!r}") from None
         except TimeoutError:
             if resp is not None:
                 resp.close()
             raise BackendFailure("timeout", f"{e.name} sent no first byte in time",
                                  504) from None
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
-            if resp is not None:
-                resp.close()
-            raise BackendFailure("connect", f"{e.name} unreachable: {exc}") from None
         except (aiohttp.ClientError, OSError) as exc:
             if resp is not None:
                 resp.close()

@@ -146,7 +146,8 @@ def main() -> None:
     app.router.add_post("/_fake/control", fake.set_control)
     app.router.add_post("/_fake/kv_events", fake.push_events)
     app.router.add_get("/_fake/log", fake.get_log)
-    web.run_app(app, host="127.0.0.1", port=args.port, print=None, access_log=None)
+    web.run_app(app, host="127.0.0.1", port=args.port, print=None, access_log=None,
+                backlog=4096)
 
 
 if __name__ == "__main__":
