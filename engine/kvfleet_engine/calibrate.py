@@ -26,7 +26,7 @@ DECODE_BATCHES = (1, 8, 32, 64)
 DECODE_CONTEXT = 32
 KV_CONTEXTS = (32, 256, 1024)
 KV_BATCH = 16
-PREFILL_CHUNKS = (16, 128, 512)
+PREFILL_CHUNKS = (16, 128, 256, 512)
 GREEDY = SamplingParams(max_tokens=1, temperature=0.0)
 
 
@@ -42,6 +42,19 @@ def linear_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
+def fit_two(xs: Sequence[float], zs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares (b, c) of ys ~ b*x + c*z, no intercept (normal equations)."""
+    sxx = sum(x * x for x in xs)
+    szz = sum(z * z for z in zs)
+    sxz = sum(x * z for x, z in zip(xs, zs, strict=True))
+    sxy = sum(x * y for x, y in zip(xs, ys, strict=True))
+    szy = sum(z * y for z, y in zip(zs, ys, strict=True))
+    det = sxx * szz - sxz * sxz
+    if det == 0:
+        raise ValueError("fit_two needs points that separate the two terms")
+    return (sxy * szz - szy * sxz) / det, (szy * sxx - sxy * sxz) / det
+
+
 def fit_profile(
     decode: dict[int, float], kv: dict[int, float], prefill: dict[int, float]
 ) -> dict[str, float]:
@@ -54,14 +67,23 @@ def fit_profile(
     s_per_kv = max(kv_slope, 0.0)
     intercept, per_seq = linear_fit(list(decode), list(decode.values()))
     per_seq -= s_per_kv * (DECODE_CONTEXT + 1)  # the fit also paid each sequence's context
-    _, per_prefill = linear_fit(list(prefill), list(prefill.values()))
+    overhead = max(intercept, 0.0)
+    # prefill from position 0: t - overhead = (b + kv) * n + c * n(n+1)/2, fitted on
+    # relative error (rows scaled by 1/t) so the longest chunk does not decide alone
+    ns = list(prefill)
+    per_prefill, per_pair = fit_two(
+        [n / prefill[n] for n in ns],
+        [n * (n + 1) / 2 / prefill[n] for n in ns],
+        [(prefill[n] - overhead) / prefill[n] for n in ns],
+    )
     per_prefill -= s_per_kv
     return {
-        "overhead_s": max(intercept, 0.0),
+        "overhead_s": overhead,
         "floor_s": 0.0,
         "prefill_s_per_token": max(per_prefill, 0.0),
         "decode_s_per_seq": max(per_seq, 0.0),
         "s_per_kv_token": s_per_kv,
+        "prefill_s_per_pair": max(per_pair, 0.0),
     }
 
 

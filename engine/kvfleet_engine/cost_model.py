@@ -1,12 +1,15 @@
 """How long a step takes on some hardware, from a profile: a roofline in a few numbers.
 
     t = overhead_s
-      + max(floor_s, prefill_s_per_token * prefill_tokens + decode_s_per_seq * decodes)
+      + max(floor_s, prefill_s_per_token * prefill_tokens + decode_s_per_seq * decodes
+                     + prefill_s_per_pair * prefill_pairs)
       + s_per_kv_token * kv_tokens_read
 
 - prefill_tokens: tokens of prompt chunks this step (prefix-cache hits are never in a
   chunk, so these are the uncached tokens);
 - decodes: sequences computing one token after having generated output;
+- prefill_pairs: (query, key) pairs of prompt chunks, sum of n*start + n*(n+1)/2: the
+  compute-bound part of prefill attention, which grows with the square of a chunk;
 - kv_tokens_read: the context each sequence attends over (positions up to its last
   token), the memory-bound part of attention;
 - floor_s: streaming the weights once, the least any step costs (memory bound);
@@ -35,6 +38,7 @@ class CostProfile:
     prefill_s_per_token: float
     decode_s_per_seq: float
     s_per_kv_token: float
+    prefill_s_per_pair: float = 0.0
     num_gpu_blocks: int = 1024  # suggested KV capacity for this hardware and model
     block_size: int = 16
     vocab_size: int = 32000
@@ -43,7 +47,7 @@ class CostProfile:
 
     def __post_init__(self) -> None:
         for name in ("overhead_s", "floor_s", "prefill_s_per_token", "decode_s_per_seq",
-                     "s_per_kv_token"):
+                     "s_per_kv_token", "prefill_s_per_pair"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"profile {self.name!r}: {name} must be a number >= 0")
@@ -56,6 +60,7 @@ class CostProfile:
 def step_time(profile: CostProfile, batch: StepBatch) -> float:
     """Seconds one step of `batch` takes under `profile`."""
     num_prefill = 0
+    num_pairs = 0
     num_decode = 0
     num_kv = 0
     for seq in batch.seqs:
@@ -64,8 +69,13 @@ def step_time(profile: CostProfile, batch: StepBatch) -> float:
             num_decode += 1
         else:
             num_prefill += n
+            num_pairs += n * seq.start_pos + n * (n + 1) // 2
         num_kv += seq.start_pos + n
-    compute = profile.prefill_s_per_token * num_prefill + profile.decode_s_per_seq * num_decode
+    compute = (
+        profile.prefill_s_per_token * num_prefill
+        + profile.decode_s_per_seq * num_decode
+        + profile.prefill_s_per_pair * num_pairs
+    )
     return profile.overhead_s + max(profile.floor_s, compute) + profile.s_per_kv_token * num_kv
 
 

@@ -23,6 +23,14 @@ def test_prefill_costs_per_uncached_token_above_the_floor():
     assert t == pytest.approx(0.001 + 100 * 1e-4 + 100 * 1e-6)
 
 
+def test_prefill_attention_pairs_grow_with_the_square_of_a_chunk():
+    quad = CostProfile("q", overhead_s=0, floor_s=0, prefill_s_per_token=0, decode_s_per_seq=0,
+                       s_per_kv_token=0, prefill_s_per_pair=1e-6)
+    assert step_time(quad, StepBatch([seq(4, 0, 0)])) == pytest.approx(10e-6)  # 1+2+3+4
+    assert step_time(quad, StepBatch([seq(2, 10, 0)])) == pytest.approx((2 * 10 + 3) * 1e-6)
+    assert step_time(quad, StepBatch([seq(1, 10, 1)])) == 0.0  # decode: memory-bound term only
+
+
 def test_small_steps_cost_the_floor():
     assert step_time(P, StepBatch([seq(1, 10, 1)])) == pytest.approx(0.001 + 0.004 + 11e-6)
 
@@ -85,7 +93,7 @@ def test_bad_profile_files_are_rejected(tmp_path, data, message):
 
 def test_fit_recovers_the_parameters_that_made_the_timings():
     truth = dict(overhead_s=0.002, prefill_s_per_token=5e-5, decode_s_per_seq=3e-5,
-                 s_per_kv_token=2e-7)
+                 s_per_kv_token=2e-7, prefill_s_per_pair=3e-8)
 
     def decode_time(batch, ctx):
         return (truth["overhead_s"] + truth["decode_s_per_seq"] * batch
@@ -94,7 +102,8 @@ def test_fit_recovers_the_parameters_that_made_the_timings():
     decode = {b: decode_time(b, calibrate.DECODE_CONTEXT) for b in calibrate.DECODE_BATCHES}
     kv = {c: decode_time(calibrate.KV_BATCH, c) for c in calibrate.KV_CONTEXTS}
     prefill = {n: truth["overhead_s"] + (truth["prefill_s_per_token"] + truth["s_per_kv_token"])
-               * n for n in calibrate.PREFILL_CHUNKS}
+               * n + truth["prefill_s_per_pair"] * n * (n + 1) / 2
+               for n in calibrate.PREFILL_CHUNKS}
     fitted = calibrate.fit_profile(decode, kv, prefill)
     for key, value in truth.items():
         assert fitted[key] == pytest.approx(value, rel=1e-6), key
