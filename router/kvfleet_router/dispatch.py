@@ -123,7 +123,9 @@ class Dispatcher:
 
     def _failure(self, e: EndpointState, kind: str, now: float) -> None:
         self.app.metrics.backend_errors.labels(e.name, kind).inc()
-        if e.breaker.record_failure(now):
+        if kind == "busy":  # an overloaded endpoint is not an outlier
+            e.breaker.release_trial()
+        elif e.breaker.record_failure(now):
             self.app.metrics.ejections.labels(e.name).inc()
 
     async def serve(self, request: web.Request, raw: bytes, info: RequestInfo, role: str,

@@ -33,6 +33,7 @@ _DROP_REQUEST_HEADERS = frozenset({
     "upgrade", "proxy-authorization", "proxy-connection", "accept-encoding", "expect"})
 _KEEP_RESPONSE_HEADERS = ("Content-Type", "Content-Encoding", "X-Request-Id")
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+BUSY_STATUSES = frozenset({429, 503})  # overloaded, not broken: retry elsewhere, never eject
 
 
 class BackendFailure(Exception):
@@ -40,7 +41,7 @@ class BackendFailure(Exception):
 
     def __init__(self, kind: str, message: str, status: int = 502) -> None:
         super().__init__(message)
-        self.kind = kind  # connect | timeout | status | protocol
+        self.kind = kind  # connect | timeout | status | busy | protocol
         self.status = status
 
 
@@ -85,7 +86,8 @@ class Forwarder:
                 is_sse = resp.content_type == "text/event-stream"
                 if resp.status in RETRYABLE_STATUSES:
                     await resp.read()
-                    raise BackendFailure("status", f"{e.name} answered {resp.status}",
+                    kind = "busy" if resp.status in BUSY_STATUSES else "status"
+                    raise BackendFailure(kind, f"{e.name} answered {resp.status}",
                                          resp.status)
                 first = await (resp.content.readany() if is_sse else resp.read())
             return resp, first, is_sse

@@ -267,3 +267,17 @@ def test_client_disconnect_releases_the_backend_stream(procs, tmp_path):
                             headers={"Authorization": "Bearer test-admin-token"})
     assert got["endpoints"][0]["num_in_flight"] == 0
     assert raw_post(router.url + "/v1/completions", {"prompt": "after"})[0] == 200
+
+
+def test_busy_endpoint_is_retried_elsewhere_but_not_ejected(procs, tmp_path):
+    busy, good = start_fake(procs, "busy"), start_fake(procs, "good")
+    router = start_router(procs, tmp_path, {
+        "endpoints": endpoints_cfg([busy, good]), "policy": {"name": "round-robin"},
+        "health": {"eject_after_errors": 1}})
+    control(busy, num_bad=4, status=503)  # "queue full": overloaded, not broken
+    for i in range(8):
+        assert raw_post(router.url + "/v1/completions", {"prompt": f"{i}"})[0] == 200
+    assert len(fake_log(busy)) == 6  # 4 refusals, then it served its share again
+    metrics = urllib.request.urlopen(router.url + "/metrics").read().decode()
+    assert "kvfleet_router_ejections_total{" not in metrics
+    assert 'kvfleet_router_backend_errors_total{endpoint="b0",kind="busy"} 4.0' in metrics
