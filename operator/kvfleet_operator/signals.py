@@ -7,7 +7,8 @@ Public API (pure unless marked async):
   `contract.LEGACY_NAMES`. Raises `MetricsParseError` on text that is not Prometheus.
 - `ScrapeLog`: per-replica history of `Scrape`s (a sample or a failure, stamped with the
   caller's clock). `add`, `forget`, `prune`. It is plain data; no clock inside.
-- `aggregate(log, roles, now, window_s, stale_after_s, num_held_requests=0) -> Signals`:
+- `aggregate(log, roles, now, window_s, stale_after_s, num_held_requests=0,
+  expected_roles=()) -> Signals`:
   per-role `RoleSignals` over `[now - window_s, now]`: waiting/running (window mean,
   summed over replicas), KV usage mean and max, waiting prompt tokens, TTFT/ITL p90 from
   histogram deltas, preemptions/s, request rate, prompt tokens/s (all and uncached).
@@ -253,9 +254,12 @@ def aggregate(
     window_s: float,
     stale_after_s: float,
     num_held_requests: int = 0,
+    expected_roles: Iterable[str] = (),
 ) -> Signals:
-    """Aggregate `log` per role. `roles` maps replica name -> role for the current fleet."""
-    out: dict[str, RoleSignals] = {}
+    """Aggregate `log` per role. `roles` maps replica name -> role for the current fleet;
+    `expected_roles` get an entry even with no replica (a role at zero still sees the
+    router's held requests, its demand for scale from zero)."""
+    out: dict[str, RoleSignals] = {role: RoleSignals() for role in expected_roles}
     hists: dict[str, dict[str, dict[float, float]]] = {}
     kv_means: dict[str, list[float]] = {}
     for replica, role in roles.items():

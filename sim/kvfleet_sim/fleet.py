@@ -259,8 +259,9 @@ class FleetSim:
             a = self.spec.autoscaling
             held = len(self.held) if self.settings.sees_router_queue else 0
             stale = 3 * self.settings.scrape_interval_s
-            stable = aggregate(self.log, ready, t, float(a.window_seconds), stale, held)
-            panic = aggregate(self.log, ready, t, float(a.panic.window_seconds), stale, held)
+            roles = [self.ROLE]
+            stable = aggregate(self.log, ready, t, float(a.window_seconds), stale, held, roles)
+            panic = aggregate(self.log, ready, t, float(a.panic.window_seconds), stale, held, roles)
             current = {self.ROLE: sum(r.drain_started_at is None for r in self.replicas.values())}
             desired, reason = self.scaler.decide(stable, panic, current, t)
             if desired != current:

@@ -243,3 +243,18 @@ async def test_scrape_real_http_server():
             assert runner_port_closed.sample is None
     finally:
         await runner.cleanup()
+
+
+def test_a_role_at_zero_still_sees_held_requests():
+    sig = aggregate(
+        ScrapeLog(),
+        {},
+        now=1.0,
+        window_s=10.0,
+        stale_after_s=5.0,
+        num_held_requests=4,
+        expected_roles=["prefill", "decode"],
+    )
+    assert set(sig.roles) == {"prefill", "decode"}
+    assert sig.roles["decode"].num_held_requests == 4 and sig.roles["decode"].num_replicas == 0
+    assert not sig.roles["decode"].is_idle

@@ -87,3 +87,27 @@ def test_percentile(values, q, expected):
 
 def test_replica_seconds_clip_to_the_window():
     assert replica_seconds([(0, 10), (5, 30), (40, 50)], start=5, end=20) == 5 + 15
+
+
+def test_scale_to_zero_and_back_on_held_requests():
+    import yaml
+    from kvfleet_operator.api import parse_pool
+
+    manifest = yaml.safe_load(POOL.read_text())
+    manifest["spec"]["topology"]["unified"]["replicas"]["min"] = 0
+    manifest["spec"]["autoscaling"]["scaleToZero"] = {"enabled": True, "idleSeconds": 5}
+    pool = parse_pool(manifest)
+    trace = [TraceRequest(t / 4, 200, 10) for t in range(20)]  # 0-5 s
+    trace += [TraceRequest(60 + t / 4, 200, 10) for t in range(8)]  # 60-62 s, after idling
+    result = FleetSim(pool, SCALERS["kvfleet"](pool.spec), SimSettings(startup_s=3.0)).run(trace)
+    assert len(result.finished) == len(trace) and not any(f.is_aborted for f in result.finished)
+    at_zero = [t for t, p, _ in result.timeline if p == 0]
+    assert at_zero and min(at_zero) < 60, result.reasons
+    assert any("held" in r for _, r in result.reasons), result.reasons
+    late = [f for f in result.finished if f.arrival >= 60]
+    # The first late request waited for a replica to start: TTFT includes the 3 s start-up.
+    assert (
+        min(f.first_token - f.arrival for f in late)
+        < 3.0
+        < max(f.first_token - f.arrival for f in late)
+    )
