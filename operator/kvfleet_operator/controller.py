@@ -36,12 +36,13 @@ from kvfleet_operator.runtimes.router_admin import (
     get_view,
     put_config,
 )
-from kvfleet_operator.signals import ScrapeLog, Signals, aggregate, scrape
+from kvfleet_operator.signals import RoleSignals, ScrapeLog, Signals, aggregate, scrape
 
 IN_SERVICE = ("starting", "ready", "failed")
 # A draining replica whose in-flight count we cannot read is treated as busy, so only its
 # drain timeout can stop it.
 UNKNOWN_IN_FLIGHT = 1 << 30
+COLD_START_HOLD_S = 60.0  # how long the router holds a request for a pool scaled to zero
 
 
 class Replica(Protocol):
@@ -183,6 +184,11 @@ class Controller:
                            self._stale_after_s(), self.num_held)
         panic = aggregate(self.scrapes, roles, now, self.config.panic_window_s,
                           self._stale_after_s(), self.num_held)
+        for sig in (stable, panic):
+            for role in self.config.roles:
+                # A role at zero has no replica to aggregate, but the router's held requests
+                # are its demand (scale from zero).
+                sig.roles.setdefault(role, RoleSignals(num_held_requests=self.num_held))
         self.signals = stable
         current = self.in_service()
         decision = decide(stable, panic, current, self.config, self.history, now)
@@ -250,17 +256,24 @@ class Controller:
             and self.router_view.version < int(self.router_config["version"])
         )
 
+    def _with_cold_start_hold(self, config: dict[str, Any]) -> dict[str, Any]:
+        """With scale to zero, a held request must outlast a cold start, not the router's
+        default queue timeout. Only fills in what the reconcile core left unset."""
+        if not self.pool.spec.autoscaling.scale_to_zero.enabled or "queue" in config:
+            return config
+        return {**config, "queue": {"timeout_s": COLD_START_HOLD_S}}
+
     async def _push(self, config: dict[str, Any]) -> bool:
         assert self._http is not None
         try:
-            await put_config(self._http, self.router_url, self._token, config)
+            await put_config(self._http, self.router_url, self._token,
+                             self._with_cold_start_hold(config))
         except RouterAdminError as exc:
             if str(exc) != self._last_push_error:
                 self.on_event(f"router: {exc}")
             self._last_push_error = str(exc)
             return False
         self._last_push_error = ""
-        self.router_config = config
         return True
 
     async def _reconcile_and_apply(self, now: float) -> Desired:
@@ -278,6 +291,8 @@ class Controller:
         is_pushed = True
         if desired.is_router_config_changed or self._is_router_behind():
             is_pushed = await self._push(desired.router_config)
+            if is_pushed:
+                self.router_config = desired.router_config
         for role, plan in desired.roles.items():
             if is_pushed:
                 for name in plan.to_undrain:
