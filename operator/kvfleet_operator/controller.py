@@ -36,7 +36,7 @@ from kvfleet_operator.runtimes.router_admin import (
     get_view,
     put_config,
 )
-from kvfleet_operator.signals import RoleSignals, ScrapeLog, Signals, aggregate, scrape
+from kvfleet_operator.signals import ScrapeLog, Signals, aggregate, scrape
 
 IN_SERVICE = ("starting", "ready", "failed")
 # A draining replica whose in-flight count we cannot read is treated as busy, so only its
@@ -180,15 +180,11 @@ class Controller:
         roles = {
             r.name: r.role for r in self.runtime.replicas() if r.state in ("ready", "failed")
         }
+        # Every role gets signals, even at zero: the router's held requests are its demand.
         stable = aggregate(self.scrapes, roles, now, self.config.stable_window_s,
-                           self._stale_after_s(), self.num_held)
+                           self._stale_after_s(), self.num_held, expected_roles=self.config.roles)
         panic = aggregate(self.scrapes, roles, now, self.config.panic_window_s,
-                          self._stale_after_s(), self.num_held)
-        for sig in (stable, panic):
-            for role in self.config.roles:
-                # A role at zero has no replica to aggregate, but the router's held requests
-                # are its demand (scale from zero).
-                sig.roles.setdefault(role, RoleSignals(num_held_requests=self.num_held))
+                          self._stale_after_s(), self.num_held, expected_roles=self.config.roles)
         self.signals = stable
         current = self.in_service()
         decision = decide(stable, panic, current, self.config, self.history, now)
