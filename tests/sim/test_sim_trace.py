@@ -24,7 +24,8 @@ def test_slice_and_compress(tmp_path):
 def test_real_trace_slice_has_the_published_shape():
     from pathlib import Path
 
-    path = Path("/work/shared/traces/azure_llm_2023_conv.csv")
+    root = Path(__file__).resolve().parents[3]  # the folder holding the checkout and shared/
+    path = root / "shared" / "traces" / "azure_llm_2023_conv.csv"
     if not path.exists():
         pytest.skip("shared traces not present")
     reqs = load_azure_csv(path, start_s=1800, duration_s=60)
