@@ -46,8 +46,7 @@ class Dispatcher:
         routed = core.route(info, role, time.monotonic(), policy, exclude)
         e = routed.decision.endpoint
         if e is not None:
-            core.record(routed)
-            e.num_in_flight += 1
+            core.start(routed)
             e.breaker.on_attempt(routed.ctx.now)
         metrics.decision_seconds.observe(time.perf_counter() - t0)
         if e is not None:
@@ -108,7 +107,7 @@ class Dispatcher:
             queue.leave(fut)
 
     def release(self, e: EndpointState) -> None:
-        e.num_in_flight -= 1
+        self.app.core.finish(e)
         self.app.queue.wake()
 
     def _on_outcome(self, e: EndpointState, routed: Routed, outcome: Outcome) -> None:

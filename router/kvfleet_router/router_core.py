@@ -6,8 +6,11 @@ Benchmarks and the simulator drive this directly:
     info = RequestInfo(prompt_text="...", max_tokens=64)
     routed = core.route(info, role="unified", now=time.monotonic())
     routed.decision.endpoint        # an EndpointState, or None (reason: no-endpoint/saturated)
-    core.record(routed)             # remember the prompt's blocks on the chosen endpoint
+    e = core.start(routed)          # record the prompt's blocks there and count it in flight
     routed.matched_fraction         # estimated prefix hit fraction on the chosen endpoint
+    core.finish(e)                  # when the request ends (in-flight drives the load scorers)
+
+`core.record(routed)` alone remembers the prompt without touching in-flight counts.
 
 The app calls the same methods, so replays measure the code that serves traffic.
 """
@@ -113,6 +116,18 @@ class RouterCore:
         self.approx.record(e.name, routed.hashes)
         self.num_prompt_blocks += len(routed.hashes)
         self.num_matched_blocks += routed.matched_fraction * len(routed.hashes)
+
+    def start(self, routed: Routed) -> EndpointState | None:
+        """Record the prompt on the chosen endpoint and count the request in flight there."""
+        e = routed.decision.endpoint
+        if e is not None:
+            self.record(routed)
+            e.num_in_flight += 1
+        return e
+
+    @staticmethod
+    def finish(e: EndpointState) -> None:
+        e.num_in_flight -= 1
 
     @property
     def prefix_hit_ratio(self) -> float:

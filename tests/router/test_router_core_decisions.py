@@ -107,3 +107,16 @@ def test_reload_keeps_in_flight_and_retires_removed():
     assert e1.state_name() == "removed"
     e1.num_in_flight = 0
     assert [e.name for e in c.registry.all_endpoints()] == ["e0", "e2"]
+
+
+def test_start_and_finish_drive_least_request():
+    c = core("least-request")
+    picks = []
+    for i in range(6):
+        routed = c.route(RequestInfo(prompt_text=f"p{i}"), "unified", 1.0)
+        picks.append(c.start(routed).name)
+    assert sorted(picks) == ["e0", "e0", "e1", "e1", "e2", "e2"]
+    assert [e.num_in_flight for e in c.registry.endpoints] == [2, 2, 2]
+    c.finish(c.registry.by_name["e1"])
+    routed = c.route(RequestInfo(prompt_text="next"), "unified", 1.0)
+    assert routed.decision.endpoint.name == "e1"
