@@ -161,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     profile["source"] = (
         f"Measured on this machine ({platform.machine()}, {torch.get_num_threads()} torch "
         f"threads, torch {torch.__version__}) with `python -m kvfleet_engine.calibrate "
-        f"--model {args.model}` on {time.strftime('%Y-%m-%d')}: TorchRunner.execute timed on "
-        "synthetic batches, least-squares fit."
+        f"--model {args.model} --repeats {args.repeats}` on {time.strftime('%Y-%m-%d')}: "
+        "TorchRunner.execute timed on synthetic batches, least-squares fit."
     )
     profile["notes"] = {kind: {str(k): round(v, 6) for k, v in values.items()}
                         for kind, values in timings.items()}
