@@ -40,3 +40,20 @@ def test_rejects_non_positive_sizes(field):
         kv_cache_bytes(**args)
     with pytest.raises(ValueError, match="num_tokens"):
         kv_cache_bytes(num_tokens=-1, **LLAMA3_70B)
+
+
+@pytest.mark.parametrize("dtype_name, dtype_bytes", [("float32", 4), ("bfloat16", 2)])
+def test_agrees_with_the_torch_runners_allocated_tensors(dtype_name, dtype_bytes):
+    torch = pytest.importorskip("torch")
+    from kvfleet_engine.model.paged_attention import PagedKVCache
+    from kvfleet_engine.model.tiny import tiny_config
+
+    cfg = tiny_config()
+    cache = PagedKVCache(cfg, num_blocks=10, block_size=16, dtype=getattr(torch, dtype_name))
+    expected = kv_cache_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 10 * 16,
+                              dtype_bytes)
+    assert cache.num_bytes == expected
+    per_block = kv_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype_bytes)
+    assert num_blocks_for_bytes(cache.num_bytes, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
+                                dtype_bytes, block_size=16) == 10
+    assert per_block * 16 * 10 == cache.num_bytes
