@@ -131,3 +131,25 @@ def test_cli_port_in_use_is_one_line(procs, tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("kvfleet router:")]
     assert len(errors) == 1 and "cannot listen" in errors[0]
+
+
+def test_sigterm_lets_running_streams_finish_then_exits_zero(procs, tmp_path):
+    import signal
+
+    slow = start_fake(procs, "slow", "--token-delay-ms", "100")
+    router = start_router(procs, tmp_path, {"endpoints": endpoints_cfg([slow])})
+    results: list[bytes] = []
+
+    def stream() -> None:
+        req = urllib.request.Request(router.url + "/v1/completions", method="POST",
+                                     data=b'{"prompt": "x", "max_tokens": 15, "stream": true}')
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            results.append(resp.read())
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(0.5)
+    router.signal(signal.SIGTERM)
+    t.join(30)
+    assert results and results[0].count(b"slow:") == 15 and results[0].endswith(b"[DONE]\n\n")
+    assert router.wait(30) == 0
