@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -65,6 +66,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ms-per-output-token", type=float, default=20.0, help="real time")
     p.add_argument("--max-output-tokens", type=int, default=1024)
     p.add_argument("--window-s", type=float, default=1.0, help="imbalance window, compressed")
+    p.add_argument("--reps", type=int, default=1, help="repetitions; medians are reported")
     p.add_argument("--router-cpu", default="0")
     p.add_argument("--client-cpu", default="1")
     p.add_argument("--no-pin", action="store_true")
@@ -79,7 +81,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.target_list = [t for t in args.targets.split(",") if t]
     if "direct" in [t.split(":")[0] for t in args.target_list]:
         p.error("direct has no routing policy; pick router targets")
-    if min(args.num_requests, args.num_backends, args.block_chars, args.cache_blocks) < 1:
+    if args.quick:
+        args.reps = 1
+    if min(args.num_requests, args.num_backends, args.block_chars, args.cache_blocks,
+           args.reps) < 1:
         p.error("counts must be positive")
     for target in args.target_list:
         try:
@@ -94,9 +99,11 @@ def router_options(args: argparse.Namespace) -> dict[str, dict]:
     block_bytes = 64
     return {
         "kvfleet": {
-            "prefix": {
-                "block_bytes": block_bytes,
-                "max_blocks_per_endpoint": args.cache_blocks * args.block_chars // block_bytes,
+            "sections": {
+                "prefix": {
+                    "block_bytes": block_bytes,
+                    "max_blocks_per_endpoint": args.cache_blocks * args.block_chars // block_bytes,
+                }
             }
         },
         "sglang": {"extra_args": []},  # its cache_aware defaults, as shipped
@@ -210,6 +217,22 @@ def run_target(target, requests, args, backend_urls, workdir) -> dict[str, Any]:
     }
 
 
+MEDIAN_FIELDS = ("hit_fraction", "hit_fraction_from_responses", "mean_backends_per_shared_prefix",
+                 "fraction_shared_on_one_backend", "latency_p50_ms", "latency_p99_ms",
+                 "router_peak_rss_mb")
+
+
+def summarise_reps(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over repetitions (imbalance field by field); errors add up."""
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in reps) for k in MEDIAN_FIELDS}
+    out["imbalance"] = {k: statistics.median(r["imbalance"][k] for r in reps)
+                        for k in reps[0]["imbalance"]}
+    out["num_requests"] = reps[0]["num_requests"]
+    out["num_errors"] = sum(r["num_errors"] for r in reps)
+    out["reps"] = reps
+    return out
+
+
 def acceptance(results: dict[str, dict]) -> dict[str, Any]:
     """kvfleet cache-aware hit fraction >= sglang cache_aware's, with lower max imbalance."""
     ours, theirs = results.get("kvfleet:cache-aware"), results.get("sglang:cache_aware")
@@ -272,20 +295,24 @@ def main(argv: list[str] | None = None) -> int:
     for target, why in skipped.items():
         print(f"skip {target}: {why}", flush=True)
     started = time.time()
-    results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="kvfleet-bench-") as tmp:
         workdir = Path(tmp)
         backends, urls = start_backends(args, workdir)
+        per_rep: dict[str, list[dict]] = {t: [] for t in targets}
         try:
-            for target in targets:
-                results[target] = run_target(target, requests, args, urls, workdir)
-                r = results[target]
-                print(f"{target:<24} hit {r['hit_fraction']:.3f} backends/prefix "
-                      f"{r['mean_backends_per_shared_prefix']:.2f} imbalance window max "
-                      f"{r['imbalance']['window_max']:.2f} mean {r['imbalance']['window_mean']:.2f}"
-                      f" p50 {r['latency_p50_ms']:.0f} ms errors {r['num_errors']}", flush=True)
+            for rep in range(args.reps):
+                for target in targets:
+                    per_rep[target].append(run_target(target, requests, args, urls, workdir))
+                    r = per_rep[target][-1]
+                    imb = r["imbalance"]
+                    print(f"rep {rep} {target:<24} hit {r['hit_fraction']:.3f} backends/prefix "
+                          f"{r['mean_backends_per_shared_prefix']:.2f} imbalance window max "
+                          f"{imb['window_max']:.2f} mean {imb['window_mean']:.2f} "
+                          f"p50 {r['latency_p50_ms']:.0f} ms errors {r['num_errors']}",
+                          flush=True)
         finally:
             procs.stop(backends)
+    results = {t: summarise_reps(rows) for t, rows in per_rep.items() if rows}
     reference = pooled_reference(requests, args)
     result = {
         "meta": {
@@ -299,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             "cache_blocks_per_backend": args.cache_blocks,
             "block_chars": args.block_chars,
             "speedup": args.speedup,
+            "reps": args.reps,
             "prefill_ms_per_block": args.prefill_ms_per_block,
             "ms_per_output_token": args.ms_per_output_token,
             "router_options": router_options(args),

@@ -100,7 +100,8 @@ def launch_vllm(policy: str, backends: list[str], workdir: Path, cpus: str | Non
 
 
 def kvfleet_config(
-    backends: list[str], policy: str, endpoint: dict | None = None, **sections: dict
+    backends: list[str], policy: str, endpoint: dict | None = None,
+    sections: dict[str, dict] | None = None,
 ) -> dict:
     """A static pool in the schema of router/kvfleet_router/config.py (kvfleet.io/router/v1).
 
@@ -115,18 +116,19 @@ def kvfleet_config(
         ],
         "policy": {"name": policy},
     }
-    for section, values in sections.items():
+    for section, values in (sections or {}).items():
         config.setdefault(section, {}).update(values)
     return config
 
 
 def launch_kvfleet(
-    policy: str, backends: list[str], workdir: Path, cpus: str | None, **options: dict
+    policy: str, backends: list[str], workdir: Path, cpus: str | None,
+    endpoint: dict | None = None, sections: dict[str, dict] | None = None,
 ) -> RouterProcess:
     port = procs.free_port()
     url = f"http://127.0.0.1:{port}"
     config_path = workdir / f"kvfleet-{policy}.json"  # JSON is YAML, so load_file reads it
-    config_path.write_text(json.dumps(kvfleet_config(backends, policy, **options)))
+    config_path.write_text(json.dumps(kvfleet_config(backends, policy, endpoint, sections)))
     token_path = workdir / "admin-token"
     if not token_path.exists():
         token_path.write_text(secrets.token_hex(16))

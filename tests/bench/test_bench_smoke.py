@@ -224,7 +224,8 @@ def test_router_cache_hits_quick(tmp_path):
         assert 0.0 <= row["hit_fraction"] <= 1.0
         # the backends' counters and the responses' cached_tokens tell the same story
         assert row["hit_fraction"] == pytest.approx(row["hit_fraction_from_responses"])
-        assert sum(row["requests_per_backend"].values()) == row["num_requests"] == 400
+        assert len(row["reps"]) == 1
+        assert sum(row["reps"][0]["requests_per_backend"].values()) == row["num_requests"] == 400
         assert 1.0 <= row["mean_backends_per_shared_prefix"] <= 4.0
         assert row["imbalance"]["window_max"] >= row["imbalance"]["window_mean"] >= 0.0
     assert result["acceptance"]["compared"] == (HAS_KVFLEET_ROUTER and HAS_PEERS)
