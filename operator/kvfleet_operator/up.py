@@ -25,12 +25,14 @@ from kvfleet_operator.autoscaler import History
 from kvfleet_operator.controller import Controller
 from kvfleet_operator.engine_args import engine_command
 from kvfleet_operator.runtimes import procs
+from kvfleet_operator.runtimes.backoff import Backoff
 from kvfleet_operator.runtimes.local import HOST, LocalRuntime, kvfleet_argv
 from kvfleet_operator.runtimes.progress import summary_line
 from kvfleet_operator.runtimes.state_dir import StateDir, default_state_dir
 
 ROUTER_START_TIMEOUT_S = 60.0
 NUM_EVENTS_KEPT = 50
+MAX_RESTART_BACKOFF_S = 300.0
 SUMMARY_EVERY_S = 5.0  # signals move every tick; repeat the summary line at most this often
 
 
@@ -48,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("pool", type=Path, help="an InferencePool YAML file")
     p.add_argument("--state-dir", type=Path, help="default: ./.kvfleet/<pool name>/")
     p.add_argument("--port", type=int, default=0, help="router port (default: a free one)")
+    p.add_argument("--restart-backoff", type=float, default=0.5, metavar="SECONDS",
+                   help="first delay before restarting a crashed process; doubles per crash")
     p.add_argument("--quiet", action="store_true", help="print only the endpoint and errors")
     return p
 
@@ -105,6 +109,8 @@ def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir, dict[st
     if shutil.which(command) is None:
         raise UpError(f"engine.kind {pool.spec.engine.kind} needs `{command}` on PATH "
                       "(local fleets without it use engine.kind: builtin)")
+    if not 0 < args.restart_backoff <= MAX_RESTART_BACKOFF_S:
+        raise UpError(f"--restart-backoff must be in (0, {MAX_RESTART_BACKOFF_S:g}] seconds")
     if not 0 <= args.port < 65536:
         raise UpError(f"--port {args.port} is out of range")
     if args.port and not procs.can_bind(args.port, HOST):
@@ -129,13 +135,14 @@ async def run_fleet(
     port: int,
     progress: Progress,
     stop: asyncio.Event,
+    backoff: Backoff | None = None,
 ) -> int:
     token = state_dir.new_admin_token()
     del token  # the router reads it from the file; it is never printed or logged
     base: dict[str, Any] = {"pool": pool.name, "pid": os.getpid(), "state_dir": str(state_dir.path),
                             "model": pool.spec.model.api_name, "is_stopped": False}
     grace_s = float(pool.spec.autoscaling.drain_timeout_seconds) + 5.0
-    async with LocalRuntime(state_dir, on_event=progress.event) as runtime:
+    async with LocalRuntime(state_dir, backoff=backoff, on_event=progress.event) as runtime:
         router = runtime.start_router(
             lambda p: kvfleet_argv("router", "--host", HOST, "--port", str(p),
                                    "--admin-token-file", str(state_dir.token_file)),
@@ -186,6 +193,7 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, stop.set)
-        return await run_fleet(pool, state_dir, history, args.port, progress, stop)
+        backoff = Backoff(base_s=args.restart_backoff, max_s=max(30.0, args.restart_backoff))
+        return await run_fleet(pool, state_dir, history, args.port, progress, stop, backoff)
 
     return asyncio.run(_main())

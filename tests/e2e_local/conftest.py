@@ -12,8 +12,8 @@ def pytest_configure(config):
 def start_fleet(tmp_path):
     fleets = []
 
-    def start(pool: str) -> Fleet:
-        fleet = Fleet(pool, tmp_path / f"fleet{len(fleets)}")
+    def start(pool: str, *extra_args: str) -> Fleet:
+        fleet = Fleet(pool, tmp_path / f"fleet{len(fleets)}", extra_args=extra_args)
         fleets.append(fleet)
         return fleet
 

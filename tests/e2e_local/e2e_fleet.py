@@ -43,10 +43,12 @@ def processes_with_marker(marker: str) -> list[int]:
 
 
 class Fleet:
-    def __init__(self, pool: str, tmp_path: Path, num_start: int = 0) -> None:
+    def __init__(self, pool: str, tmp_path: Path, num_start: int = 0,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.pool = pool
         self.tmp_path = tmp_path
         self.num_start = num_start
+        self.extra_args = extra_args
         self.marker = uuid.uuid4().hex
         self.successor: Fleet | None = None  # cleaned up with this one
         self.state_dir = tmp_path / "state"
@@ -56,14 +58,14 @@ class Fleet:
         with open(self.out_path, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "kvfleet_operator.cli", "up", str(POOLS / pool),
-                 "--state-dir", str(self.state_dir)],
+                 "--state-dir", str(self.state_dir), *extra_args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             )
 
     def restart(self) -> Fleet:
         """Another `kvfleet up` of the same pool on the same state dir."""
         self.cleanup()
-        self.successor = Fleet(self.pool, self.tmp_path, self.num_start + 1)
+        self.successor = Fleet(self.pool, self.tmp_path, self.num_start + 1, self.extra_args)
         return self.successor
 
     # --- reading ----------------------------------------------------------------------------

@@ -41,7 +41,9 @@ async def _watch_router(fleet, name, timeout_s):
 
 
 def test_sigkilled_replica_restarts_and_is_readmitted_under_load(start_fleet):
-    fleet = start_fleet("sim-crash.yaml")
+    # A restart delay longer than the router's probe interval (2 s), so the router must
+    # notice the dead replica whichever way traffic happens to fall.
+    fleet = start_fleet("sim-crash.yaml", "--restart-backoff", "3")
     state = fleet.wait_ready("unified", 2)
     victim = next(r for r in state["replicas"] if r["name"] == VICTIM)
 
@@ -57,6 +59,9 @@ def test_sigkilled_replica_restarts_and_is_readmitted_under_load(start_fleet):
 
     num_in_flight, ejected, readmitted, result = asyncio.run(scenario())
 
+    print(f"\ncrash: {num_in_flight} in flight on {VICTIM} at SIGKILL; {result.num_ok} ok, "
+          f"{result.num_broken} broken ({', '.join(result.error_types) or 'none'}), "
+          f"{result.num_http_errors} non-2xx")
     assert ejected and readmitted, (ejected, readmitted)
     state = fleet.wait_ready("unified", 2)
     restarted = next(r for r in state["replicas"] if r["name"] == VICTIM)

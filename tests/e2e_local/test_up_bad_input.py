@@ -36,6 +36,7 @@ def _bad_pool(tmp_path, text):
         ([f"{EXAMPLES}/local-sim.yaml", "--port", "70000"], "out of range"),
         ([f"{EXAMPLES}/local-sim.yaml", "--port", "x"], "invalid int value"),
         ([f"{EXAMPLES}/vllm-unified.yaml"], "needs `vllm` on PATH"),
+        ([f"{EXAMPLES}/local-sim.yaml", "--restart-backoff", "0"], "--restart-backoff must be"),
     ],
 )
 def test_bad_arguments(args, expected, tmp_path):
