@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from kvfleet_engine.model.llama import LlamaModel
@@ -22,27 +24,28 @@ class TorchRunner:
         self.kv = PagedKVCache(model.config, num_blocks, block_size, model.dtype)
         self.sampler = Sampler(seed)
         self.vocab_size = model.config.vocab_size
+        self.last_prepare_s = 0.0  # host-side batch preparation in the last step, for benchmarks
 
     @torch.inference_mode()
     def execute(self, batch: StepBatch) -> dict[str, int]:
         seqs = batch.seqs
         if not seqs:
             return {}
+        t0 = time.perf_counter()
         vocab = self.model.config.vocab_size
-        flat_ids = [t for s in seqs for t in s.token_ids]
-        if any(not 0 <= t < vocab for t in flat_ids):
-            raise ValueError(f"token id out of range [0, {vocab})")
-        if any(b >= self.num_blocks or b < 0 for s in seqs for b in s.block_table):
-            raise ValueError(f"block id out of range [0, {self.num_blocks})")
         meta = build_step_meta([len(s.token_ids) for s in seqs], [s.start_pos for s in seqs],
                                [s.block_table for s in seqs], self.block_size,
-                               self.model.config.num_queries_per_kv)
-        hidden = self.model(torch.tensor(flat_ids, dtype=torch.long), meta.positions,
-                            PagedAttention(self.kv, meta))
+                               self.model.config.num_queries_per_kv, self.num_blocks)
+        input_ids = torch.tensor([t for s in seqs for t in s.token_ids], dtype=torch.long)
+        if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
+            raise ValueError(f"token id out of range [0, {vocab})")
+        self.last_prepare_s = time.perf_counter() - t0
+        hidden = self.model(input_ids, meta.positions, PagedAttention(self.kv, meta))
         sampled = [i for i, s in enumerate(seqs) if s.do_sample]
         if not sampled:
             return {}
-        logits = self.model.compute_logits(hidden[meta.last_token_index[sampled]])
+        rows = meta.last_token_index.index_select(0, torch.tensor(sampled, dtype=torch.long))
+        logits = self.model.compute_logits(hidden.index_select(0, rows))
         tokens = self.sampler.sample(logits, [seqs[i].params for i in sampled],
                                      [seqs[i].num_output_tokens for i in sampled])
         return {seqs[i].request_id: tok for i, tok in zip(sampled, tokens, strict=True)}

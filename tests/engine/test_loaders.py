@@ -59,6 +59,8 @@ def write_gguf(path, model, qtype):
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_heads)
     w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
     w.add_rope_freq_base(cfg.rope_theta)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_tokenizer_model("gpt2")
@@ -146,7 +148,7 @@ def test_gguf_unsupported_architecture(tmp_path):
 
 HF_CONFIG = {"model_type": "llama", "vocab_size": 260, "hidden_size": 64,
              "intermediate_size": 160, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+             "num_key_value_heads": 2, "head_dim": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
              "max_position_embeddings": 4096, "tie_word_embeddings": False, "eos_token_id": 257}
 
 

@@ -13,7 +13,7 @@ from kvfleet_engine.reference import naive_causal_attention, reference_next_logi
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(num_heads=3), "divisible"),
+    (dict(num_heads=3, head_dim=0), "divisible"),
     (dict(num_kv_heads=3), "multiple of num_kv_heads"),
     (dict(num_layers=0), "num_layers must be positive"),
     (dict(rms_norm_eps=0.0), "positive"),
@@ -24,9 +24,10 @@ def test_config_rejects_bad_shapes(kwargs, message):
 
 
 def test_config_derives_head_dim_and_kv_bytes():
-    cfg = tiny_config()
+    cfg = tiny_config(head_dim=0)
     assert cfg.head_dim == 16 and cfg.num_queries_per_kv == 2
     assert cfg.kv_bytes_per_token(4) == 2 * 2 * 2 * 16 * 4
+    assert tiny_config().head_dim == 32  # set apart from hidden_size / num_heads
 
 
 def test_rope_scaling_rejects_unknown_kind():
@@ -68,7 +69,7 @@ def _paged_logits(model: LlamaModel, tokens: list[int], block_size: int) -> torc
     cache = PagedKVCache(model.config, num_blocks, block_size, model.dtype)
     table = list(range(num_blocks - 1, 0, -1))  # reversed ids: paging must not assume order
     meta = build_step_meta([len(tokens)], [0], [table], block_size,
-                           model.config.num_queries_per_kv)
+                           model.config.num_queries_per_kv, num_blocks)
     with torch.inference_mode():
         hidden = model(torch.tensor(tokens), meta.positions, PagedAttention(cache, meta))
         return model.compute_logits(hidden[-1:])[0]

@@ -65,14 +65,20 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype = torch.float32,
+                 is_initialized: bool = True) -> None:
+        """is_initialized=False skips random init (memory is left empty) for loaders that
+        overwrite every weight: initialising 100M+ parameters takes seconds on CPU."""
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = (None if cfg.is_tied_embedding
-                        else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+        with torch.device("cpu" if is_initialized else "meta"):
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+            self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+            self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+            self.lm_head = (None if cfg.is_tied_embedding
+                            else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+        if not is_initialized:
+            self.to_empty(device="cpu")
         self.to(dtype)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
                              num_positions=min(cfg.max_position_embeddings, 4096))

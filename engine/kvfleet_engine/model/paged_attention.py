@@ -46,6 +46,8 @@ class GroupMeta:
     is_real: torch.Tensor  # [B, max_q] False for padding queries
     block_tables: torch.Tensor  # [B, max_blocks]
     mask: torch.Tensor  # [B, 1, max_q * group, max_blocks * block_size], True = attend
+    real_rows: torch.Tensor  # rows of the flattened [B * max_q] output that are real
+    out_index: torch.Tensor  # flat-batch row of each real output row
 
 
 @dataclass(slots=True)
@@ -58,10 +60,8 @@ class StepMeta:
 
 def pad_tables(tables: list[list[int]]) -> torch.Tensor:
     """[B, max_blocks], padded with block 0 (reserved; reads of it are masked off)."""
-    padded = torch.zeros(len(tables), max(len(t) for t in tables), dtype=torch.long)
-    for i, t in enumerate(tables):
-        padded[i, : len(t)] = torch.tensor(t, dtype=torch.long)
-    return padded
+    width = max(len(t) for t in tables)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
 
 
 def build_group(q_len: torch.Tensor, start: torch.Tensor, offset: torch.Tensor,
@@ -76,11 +76,14 @@ def build_group(q_len: torch.Tensor, start: torch.Tensor, offset: torch.Tensor,
     q_pos = start[:, None] + last  # absolute position of each query
     mask = kv_pos[None, None, :] <= q_pos[:, :, None]  # causal; also hides unwritten slots
     mask = mask.repeat_interleave(queries_per_kv, dim=1).unsqueeze(1)
-    return GroupMeta(offset[:, None] + last, is_real, tables, mask)
+    token_index = offset[:, None] + last
+    real_rows = is_real.flatten().nonzero().flatten()
+    return GroupMeta(token_index, is_real, tables, mask, real_rows,
+                     token_index.flatten().index_select(0, real_rows))
 
 
 def build_step_meta(q_lens: list[int], starts: list[int], tables: list[list[int]],
-                    block_size: int, queries_per_kv: int) -> StepMeta:
+                    block_size: int, queries_per_kv: int, num_blocks: int) -> StepMeta:
     for q, s, t in zip(q_lens, starts, tables, strict=True):
         if q < 1 or s < 0:
             raise ValueError("each scheduled sequence needs at least one token and start >= 0")
@@ -89,6 +92,8 @@ def build_step_meta(q_lens: list[int], starts: list[int], tables: list[list[int]
     q_len = torch.tensor(q_lens, dtype=torch.long)
     start = torch.tensor(starts, dtype=torch.long)
     padded = pad_tables(tables)
+    if int(padded.min()) < 0 or int(padded.max()) >= num_blocks:
+        raise ValueError(f"block id out of range [0, {num_blocks})")
     ends = q_len.cumsum(0)
     offset = ends - q_len
     seq_of_token = torch.repeat_interleave(torch.arange(len(q_lens)), q_len)
@@ -118,21 +123,27 @@ class PagedAttention:
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self.meta.slot_mapping, v)
         out = torch.empty_like(q)
         for g in self.meta.groups:
-            out[g.token_index[g.is_real]] = _group_attention(q, k_cache, v_cache, g)
+            rows = _group_attention(q, k_cache, v_cache, g)
+            out.index_copy_(0, g.out_index, rows.index_select(0, g.real_rows))
         return out
 
 
 def _group_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      g: GroupMeta) -> torch.Tensor:
+    # index_select, not tensor[idx]: advanced indexing is ~100x slower on CPU here.
     batch, max_q = g.token_index.shape
     num_heads, head_dim = q.shape[1], q.shape[2]
-    num_kv_heads = k_cache.shape[2]
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_heads // num_kv_heads
+    kv_len = g.block_tables.shape[1] * block_size
     # [B, max_q, kv, group, d] -> [B, kv, max_q * group, d]: GQA as extra query rows.
-    qg = q[g.token_index].view(batch, max_q, num_kv_heads, group, head_dim)
+    qg = q.index_select(0, g.token_index.flatten()).view(batch, max_q, num_kv_heads, group,
+                                                         head_dim)
     qg = qg.permute(0, 2, 1, 3, 4).reshape(batch, num_kv_heads, max_q * group, head_dim)
-    kg = k_cache[g.block_tables].flatten(1, 2).transpose(1, 2)  # [B, kv, L, d]
-    vg = v_cache[g.block_tables].flatten(1, 2).transpose(1, 2)
-    o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask)
+    tables = g.block_tables.flatten()
+    kg = k_cache.index_select(0, tables).view(batch, kv_len, num_kv_heads, head_dim)
+    vg = v_cache.index_select(0, tables).view(batch, kv_len, num_kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(qg, kg.transpose(1, 2), vg.transpose(1, 2),
+                                       attn_mask=g.mask)
     o = o.view(batch, num_kv_heads, max_q, group, head_dim).permute(0, 2, 1, 3, 4)
-    return o.reshape(batch, max_q, num_heads, head_dim)[g.is_real]
+    return o.reshape(batch * max_q, num_heads, head_dim)

@@ -99,7 +99,7 @@ def _load_folder(path: Path, dtype: torch.dtype, name: str) -> LoadedModel:
 
 
 def _build(cfg: ModelConfig, tensors: dict[str, Any], dtype: torch.dtype) -> LlamaModel:
-    model = LlamaModel(cfg, dtype=dtype)
+    model = LlamaModel(cfg, dtype=dtype, is_initialized=False)
     load_hf_weights(model, tensors)
     return model.eval()
 

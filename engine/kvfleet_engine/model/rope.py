@@ -59,7 +59,8 @@ class Rotary:
         needed = int(positions.max()) + 1 if positions.numel() else 0
         if needed > self.cos.shape[0]:
             self._grow(max(needed, 2 * self.cos.shape[0]))
-        cos, sin = self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        cos = self.cos.index_select(0, positions).unsqueeze(1)
+        sin = self.sin.index_select(0, positions).unsqueeze(1)
         return cos.to(dtype), sin.to(dtype)
 
 

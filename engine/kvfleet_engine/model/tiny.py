@@ -16,7 +16,9 @@ from kvfleet_engine.model.tokenizer import ByteTokenizer
 def tiny_config(**overrides: object) -> ModelConfig:
     base: dict[str, object] = dict(
         vocab_size=ByteTokenizer.VOCAB_SIZE, hidden_size=64, intermediate_size=160,
-        num_layers=2, num_heads=4, num_kv_heads=2, rope_theta=10000.0,
+        # head_dim 32 (not 64 / 4): vLLM's CPU attention needs >= 32, and it exercises
+        # checkpoints whose head_dim is set apart from hidden_size.
+        num_layers=2, num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10000.0,
         max_position_embeddings=4096, is_tied_embedding=False)
     base.update(overrides)
     return ModelConfig(**base)  # type: ignore[arg-type]
