@@ -27,8 +27,11 @@ async def subscribe_forever(session: aiohttp.ClientSession, name: str, url: str,
                 if resp.status == 200:
                     backoff = 0.2
                     index.reset(name)
-                    async for line in resp.content:
-                        apply_line(index, name, line)
+                    pending = b""  # own line splitting: long prompts make long lines
+                    async for chunk in resp.content.iter_any():
+                        *lines, pending = (pending + chunk).split(b"\n")
+                        for line in lines:
+                            apply_line(index, name, line)
         except (TimeoutError, aiohttp.ClientError, OSError):
             pass
         index.reset(name)

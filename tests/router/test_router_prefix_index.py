@@ -1,3 +1,5 @@
+import json
+
 from kvfleet_engine.contract import KVEvent
 from kvfleet_router.prefix_index import ApproxPrefixIndex, ChainIndex, PreciseKVIndex, hash_tokens
 
@@ -73,3 +75,17 @@ def test_two_engines_same_tokens_match_both():
     idx.apply("a", stored(0, [10], [1, 2]))
     idx.apply("b", stored(0, [99], [1, 2]))  # different engine hashes, same tokens
     assert idx.match(hash_tokens([1, 2], 2)) == {"a": 1, "b": 1}
+
+
+def test_apply_line_tolerates_garbage_and_long_events():
+    from kvfleet_router.kv_events import apply_line
+
+    idx = PreciseKVIndex()
+    apply_line(idx, "e", b"not json")
+    apply_line(idx, "e", b'{"type": "BlockStored"}')  # no seq
+    apply_line(idx, "e", b"")
+    tokens = list(range(40000))  # a ~250 KB line
+    line = json.dumps({"seq": 0, "type": "BlockStored", "block_hashes": list(range(2500)),
+                       "token_ids": tokens, "block_size": 16}).encode()
+    apply_line(idx, "e", line)
+    assert idx.match(hash_tokens(tokens, 16)) == {"e": 2500}
