@@ -57,6 +57,9 @@ async def json_errors(request: web.Request, handler):  # type: ignore[no-untyped
         if exc.status < 400:
             raise
         return error_response(exc.reason, exc.status)
+    except Exception:  # a bug must still answer in OpenAI's shape, and be logged
+        log.exception("unexpected error serving %s", request.path)
+        return error_response("internal router error", 500, code="internal_error")
 
 
 class RouterApp:
