@@ -15,6 +15,7 @@ the stop is a SIGTERM that the engine's own drain handles.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from kvfleet_operator.runtimes.router_admin import (
     put_config,
 )
 from kvfleet_operator.signals import ScrapeLog, Signals, aggregate, scrape
+
+log = logging.getLogger(__name__)
 
 IN_SERVICE = ("starting", "ready", "failed")
 # A draining replica whose in-flight count we cannot read is treated as busy, so only its
@@ -116,7 +119,16 @@ class Controller:
         self.drain_started: dict[str, float] = {}
         self._next_decision_at: float | None = None  # the first tick starts initial replicas
         self._last_push_error = ""
+        self._last_tick_error = ""
         self._http: aiohttp.ClientSession | None = None
+
+    def _on_tick_error(self, exc: Exception) -> None:
+        """Report a failed tick once per distinct error; the next tick starts afresh."""
+        message = f"control loop error: {type(exc).__name__}: {exc}"
+        if message != self._last_tick_error:
+            log.error("%s", message, exc_info=exc)
+            self.on_event(message)
+        self._last_tick_error = message
 
     @property
     def status(self) -> PoolStatus:
@@ -127,7 +139,10 @@ class Controller:
         async with aiohttp.ClientSession(timeout=timeout) as http:
             self._http = http
             while not stop.is_set():
-                await self.tick()
+                try:
+                    await self.tick()
+                except Exception as exc:  # noqa: BLE001 - one bad tick must not orphan a fleet
+                    self._on_tick_error(exc)
                 after_tick()
                 try:
                     await asyncio.wait_for(stop.wait(), self.timing.tick_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import shutil
 import signal
@@ -137,6 +138,9 @@ async def run_fleet(
     stop: asyncio.Event,
     backoff: Backoff | None = None,
 ) -> int:
+    # Details (tracebacks of a failed control-loop tick) go to a file, not the terminal.
+    logging.basicConfig(filename=state_dir.log_file("up"), level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token = state_dir.new_admin_token()
     del token  # the router reads it from the file; it is never printed or logged
     base: dict[str, Any] = {"pool": pool.name, "pid": os.getpid(), "state_dir": str(state_dir.path),

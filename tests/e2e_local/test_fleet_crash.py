@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import openai
 import pytest
 from e2e_fleet import POOLS
 from e2e_loadgen import run_load
@@ -112,3 +113,35 @@ def test_sigkilled_up_leaves_no_child_and_a_restart_resumes(start_fleet):
     assert decisions[0]["t"] <= before[-1]["t"] < decisions[-1]["t"]
     assert restarted.stop() == 0
     assert restarted.leftovers() == []
+
+
+def test_sigkilled_router_restarts_on_its_port_and_gets_its_config_back(start_fleet):
+    fleet = start_fleet("sim-crash.yaml")
+    state = fleet.wait_ready("unified", 2)
+    router = next(r for r in state["replicas"] if r["name"] == "router")
+    version = fleet.router_view()["version"]
+    os.kill(router["pid"], signal.SIGKILL)
+
+    def is_back(s):
+        r = next(r for r in s["replicas"] if r["name"] == "router")
+        return r["num_restarts"] == 1 and r["state"] == "ready" and r["pid"] != router["pid"]
+
+    fleet.wait_for("the router restarted", is_back, 30)
+    view = fleet.wait_for("the config re-pushed", lambda s: s["router"]["config_version"]
+                          and _router_version(fleet) == version, 30)
+    assert view["endpoint"] == state["endpoint"]  # the address users were given still works
+    assert {e["name"] for e in fleet.router_view()["endpoints"]} == {"unified-0", "unified-1"}
+    client = openai.OpenAI(base_url=fleet.endpoint, api_key="unused", max_retries=0, timeout=60)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "still there?"}], max_tokens=8)
+    client.close()
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert fleet.stop() == 0
+    assert fleet.leftovers() == []
+
+
+def _router_version(fleet):
+    try:
+        return fleet.router_view()["version"]
+    except OSError:
+        return None
