@@ -14,7 +14,11 @@ Public API (pure unless marked async):
   histogram deltas, preemptions/s, request rate, prompt tokens/s (all and uncached).
   A replica whose newest scrape failed or is older than `stale_after_s` is *unknown*:
   it is counted in `num_unknown` and contributes nothing, so it never looks idle.
-- `async scrape(session, replica, url, now, timeout_s) -> Scrape`: the only I/O here.
+- `async scrape(session, replica, url, now, timeout_s) -> Scrape`: one replica's /metrics.
+- `async query_prometheus(session, base_url, selector, now, replica_label="pod")
+  -> dict[replica, Scrape]`: the same samples from a Prometheus server instead (one
+  instant query; series grouped by `replica_label`), where scraping pods directly is not
+  possible. `samples_from_prometheus(result, replica_label)` is its pure half.
 """
 
 from __future__ import annotations
@@ -84,9 +88,10 @@ _HISTOGRAMS = {c.TIME_TO_FIRST_TOKEN: "ttft", c.INTER_TOKEN_LATENCY: "itl"}
 
 
 def _canonical(family: str) -> str:
-    """Current vLLM name for a family; untyped counters keep their `_total` suffix."""
-    if family.endswith("_total"):
-        family = family[: -len("_total")]
+    """Current vLLM name for a family. Untyped exposition (no TYPE lines, e.g. rendered
+    from a Prometheus query) keeps `_total` on counters and `_bucket` on histograms."""
+    for suffix in ("_total", "_bucket"):
+        family = family.removesuffix(suffix)
     return c.LEGACY_NAMES.get(family, family)
 
 
@@ -101,7 +106,7 @@ def parse_metrics(text: str) -> ReplicaSample:
     # canonical name -> (is_legacy -> samples); untyped lines arrive as separate families.
     grouped: dict[str, dict[bool, list[Any]]] = {}
     for fam in families:
-        is_legacy = fam.name.removesuffix("_total") in c.LEGACY_NAMES
+        is_legacy = fam.name.removesuffix("_total").removesuffix("_bucket") in c.LEGACY_NAMES
         grouped.setdefault(_canonical(fam.name), {}).setdefault(is_legacy, []).extend(fam.samples)
     sample = ReplicaSample()
     totals: dict[str, float] = {}
@@ -322,3 +327,68 @@ async def scrape(session, replica: str, url: str, now: float, timeout_s: float =
         return Scrape(t=now, sample=parse_metrics(text))
     except (TimeoutError, aiohttp.ClientError, MetricsParseError, OSError) as exc:
         return Scrape(t=now, sample=None, error=f"{replica}: {type(exc).__name__}: {exc}")
+
+
+METRIC_NAME_REGEX = "vllm:.+|kvfleet:.+"
+
+
+def _exposition_line(name: str, labels: dict[str, str], value: str) -> str:
+    def esc(v: str) -> str:
+        return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+    inner = ",".join(f'{k}="{esc(v)}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}} {value}"
+
+
+def samples_from_prometheus(result: Any, replica_label: str = "pod") -> dict[str, ReplicaSample]:
+    """A Prometheus instant-query `data.result` vector -> one sample per replica.
+
+    Series are rendered back to exposition text and read by `parse_metrics`, so names
+    (current and legacy) are handled in one place. Raises MetricsParseError on junk."""
+    if not isinstance(result, list):
+        raise MetricsParseError("Prometheus result must be a vector (a list of series)")
+    lines: dict[str, list[str]] = {}
+    for series in result:
+        try:
+            labels = dict(series["metric"])
+            name = labels.pop("__name__")
+            value = str(float(series["value"][1]))
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise MetricsParseError(
+                f"malformed series in Prometheus result: {series!r:.120}"
+            ) from None
+        replica = labels.pop(replica_label, None)
+        if replica is None:
+            continue  # not attributable to a replica
+        lines.setdefault(str(replica), []).append(_exposition_line(name, labels, value))
+    return {r: parse_metrics("\n".join(ls) + "\n") for r, ls in lines.items()}
+
+
+async def query_prometheus(
+    session: Any,
+    base_url: str,
+    selector: str,
+    now: float,
+    replica_label: str = "pod",
+    timeout_s: float = 5.0,
+) -> dict[str, Scrape]:
+    """One instant query for every vLLM/kvfleet series matching `selector` (PromQL label
+    matchers, e.g. 'namespace="llm",pod=~"pool-.*"'). A failed query returns {}: every
+    replica then ages into unknown, never idle."""
+    import aiohttp
+
+    matchers = f'__name__=~"{METRIC_NAME_REGEX}"' + (f",{selector}" if selector else "")
+    url = base_url.rstrip("/") + "/api/v1/query"
+    try:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with session.get(url, params={"query": f"{{{matchers}}}"}, timeout=timeout) as resp:
+            if resp.status != 200:
+                return {}
+            body = await resp.json(content_type=None)
+        if not isinstance(body, dict) or body.get("status") != "success":
+            return {}
+        data = body.get("data") or {}
+        samples = samples_from_prometheus(data.get("result"), replica_label)
+    except (TimeoutError, aiohttp.ClientError, MetricsParseError, ValueError, OSError):
+        return {}
+    return {r: Scrape(t=now, sample=s) for r, s in samples.items()}

@@ -258,3 +258,84 @@ def test_a_role_at_zero_still_sees_held_requests():
     assert set(sig.roles) == {"prefill", "decode"}
     assert sig.roles["decode"].num_held_requests == 4 and sig.roles["decode"].num_replicas == 0
     assert not sig.roles["decode"].is_idle
+
+
+def prom_series(name, value, pod="pool-a", **labels):
+    return {
+        "metric": {"__name__": name, "pod": pod, "namespace": "llm", **labels},
+        "value": [1700000000.0, str(value)],
+    }
+
+
+PROM_RESULT = [
+    prom_series("vllm:num_requests_waiting", 3, model_name="m"),
+    prom_series("vllm:gpu_cache_usage_perc", 0.5),  # legacy name
+    prom_series("vllm:num_preemptions_total", 9),
+    prom_series("vllm:time_to_first_token_seconds_bucket", 4, le="0.1"),
+    prom_series("vllm:time_to_first_token_seconds_bucket", 10, le="+Inf"),
+    prom_series("vllm:time_to_first_token_seconds_count", 10),
+    prom_series("kvfleet:role", 1, role="prefill"),
+    prom_series("vllm:num_requests_waiting", 7, pod="pool-b"),
+    {"metric": {"__name__": "vllm:num_requests_waiting"}, "value": [0, "1"]},  # no pod: skipped
+]
+
+
+def test_samples_from_prometheus_vector():
+    from kvfleet_operator.signals import samples_from_prometheus
+
+    got = samples_from_prometheus(PROM_RESULT)
+    assert set(got) == {"pool-a", "pool-b"}
+    a = got["pool-a"]
+    assert (a.num_waiting, a.kv_usage, a.num_preemptions) == (3, 0.5, 9)
+    assert a.ttft == ((0.1, 4), (math.inf, 10)) and a.role == "prefill"
+    assert got["pool-b"].num_waiting == 7
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [
+        {"not": "a list"},
+        [{"metric": {}}],
+        [{"value": [0, "1"]}],
+        [{"metric": {"__name__": "x", "pod": "p"}, "value": [0, "z"]}],
+    ],
+)
+def test_samples_from_prometheus_rejects_junk(junk):
+    from kvfleet_operator.signals import samples_from_prometheus
+
+    with pytest.raises(MetricsParseError):
+        samples_from_prometheus(junk)
+
+
+async def test_query_prometheus_against_a_real_http_server():
+    from aiohttp import ClientSession, web
+    from kvfleet_operator.signals import query_prometheus
+
+    seen = []
+
+    async def query(request):
+        seen.append(request.query["query"])
+        return web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": PROM_RESULT}}
+        )
+
+    async def error(_):
+        return web.json_response({"status": "error", "error": "bad query"}, status=400)
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    app.router.add_get("/broken/api/v1/query", error)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    base = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    try:
+        async with ClientSession() as session:
+            got = await query_prometheus(session, base, 'namespace="llm"', now=5.0)
+            assert seen == ['{__name__=~"vllm:.+|kvfleet:.+",namespace="llm"}']
+            assert got["pool-a"].t == 5.0 and got["pool-b"].sample.num_waiting == 7
+            assert await query_prometheus(session, base + "/broken", "", now=6.0) == {}
+            assert await query_prometheus(session, "http://127.0.0.1:1", "", now=7.0) == {}
+    finally:
+        await runner.cleanup()
