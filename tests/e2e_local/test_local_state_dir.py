@@ -48,6 +48,14 @@ def _state(pid):
              "address": "http://127.0.0.1:1236", "num_restarts": 0},
         ],
         "events": [{"time": "10:00:00", "message": "scale unified 1 -> 2: waiting"}],
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": "ReplicasNotReady"},
+                {"type": "Degraded", "status": "False", "reason": "AsExpected"},
+            ],
+            "roles": {"unified": {"lastScaleDecision": {
+                "time": "2026-01-01T10:00:00Z", "message": "scale up 1->2: waiting 5.0 / 2"}}},
+        },
     }
 
 
@@ -62,6 +70,8 @@ def test_status_shows_replicas_signals_and_events(tmp_path, capsys, monkeypatch)
     assert "unified 1/2 (1 not ready) [waiting 4, kv 0.50]" in out
     assert "unified-0" in out and "-9" in out
     assert "scale unified 1 -> 2" in out
+    assert "Ready=False (ReplicasNotReady), Degraded=False (AsExpected)" in out
+    assert "last unified decision at 2026-01-01T10:00:00Z: scale up 1->2" in out
 
 
 def test_status_of_a_stopped_fleet(tmp_path, capsys):

@@ -63,6 +63,14 @@ def summary_line(state: dict[str, Any]) -> str:
     return " | ".join(parts) if parts else "no replicas"
 
 
+def conditions_line(state: dict[str, Any]) -> str:
+    """`Ready=True (AllReplicasReady), ...` from the kstatus-style conditions."""
+    conditions = state.get("status", {}).get("conditions", [])
+    return ", ".join(
+        f"{c.get('type')}={c.get('status')} ({c.get('reason')})" for c in conditions
+    ) or "unknown"
+
+
 def render_status(state: dict[str, Any], is_running: bool, now: float | None = None) -> list[str]:
     now = time.time() if now is None else now
     age = now - float(state.get("updated_at", now))
@@ -73,6 +81,14 @@ def render_status(state: dict[str, Any], is_running: bool, now: float | None = N
         f" (state written {age:.0f}s ago)",
         f"router    config version {state.get('router', {}).get('config_version', '?')}",
         f"replicas  {summary_line(state)}",
+        f"status    {conditions_line(state)}",
+    ]
+    for role, rs in sorted(state.get("status", {}).get("roles", {}).items()):
+        decision = rs.get("lastScaleDecision")
+        if decision:
+            lines.append(f"last {role} decision at {decision.get('time', '?')}: "
+                         f"{decision.get('message', '')}")
+    lines += [
         "",
         f"{'NAME':<12} {'ROLE':<8} {'STATE':<9} {'ADDRESS':<24} {'RESTARTS':>8}  LAST EXIT",
     ]
