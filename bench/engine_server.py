@@ -262,10 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    p.add_argument("--prompt-tokens", type=int, default=128)
-    p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--output-tokens", type=int, default=32)
     p.add_argument("--requests-per-level", type=int, default=0,
-                   help="default: max(8, 2 x concurrency)")
+                   help="default: max(8, concurrency)")
     p.add_argument("--num-blocks", type=int, default=1200)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     engine, settings = build_offline_engine(flags)
     workloads = {}
     for c in args.concurrency:
-        n = args.requests_per_level or max(8, 2 * c)
+        n = args.requests_per_level or max(8, c)
         workloads[c] = make_prompts(n, args.prompt_tokens, settings.vocab_size, args.seed + c)
     warm = make_prompts(2, args.prompt_tokens, settings.vocab_size, 999)
 

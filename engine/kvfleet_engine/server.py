@@ -49,13 +49,18 @@ async def serve_async(engine: Any, tokenizer: Any, settings: ServerSettings) -> 
     state.metrics = ServerMetrics(settings.served_model_names[0], settings.role,
                                   block_size=stats.block_size, num_gpu_blocks=stats.num_gpu_blocks,
                                   read_stats=lambda: state.engine.stats)
+    state.engine.start()  # before listening, so /health never sees a stopped engine
     runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None,
                            shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError:
+        state.engine.stop()
+        await runner.cleanup()
+        raise
     settings.port = _bound_port(runner, settings.port)
-    state.engine.start()
     stop = asyncio.Event()
     drain_task: list[asyncio.Task[None]] = []
 

@@ -85,6 +85,7 @@ def _prompt_size(req: GenerationRequest) -> int:
 
 
 async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
+    arrival = time.monotonic()  # TTFT and E2E count from here, as the client sees them
     state: ServerState = request.app[STATE_KEY]
     settings = state.settings
     state.check_admission()  # cheap early 503 before reading the body
@@ -101,7 +102,7 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
     ids = ResponseIds(is_chat=is_chat, model=model)
     request_id = ids.id
     stream = state.open_stream(request_id)
-    timer = RequestTimer(state.metrics, time.monotonic())
+    timer = RequestTimer(state.metrics, arrival)
     is_settled = False  # True once the engine is done with the request
     try:
         preloaded = None
@@ -112,7 +113,7 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
         if req.is_stream:
             response = await _stream(request, req, ids, stream, timer)
         else:
-            response = await _whole(state, req, ids, stream, timer, prompt_ids, hold_kv)
+            response = await _whole(state, ids, stream, timer, prompt_ids, hold_kv)
         is_settled = True
         return response
     finally:
@@ -144,7 +145,6 @@ def _engine_error(exc: BaseException) -> APIError:
 
 async def _whole(
     state: ServerState,
-    req: GenerationRequest,
     ids: ResponseIds,
     stream: RequestStream,
     timer: RequestTimer,
