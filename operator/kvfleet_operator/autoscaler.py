@@ -22,8 +22,8 @@ How a role's count is chosen (each step is one small function below):
    until the panic has been quiet for the stable window.
 3. Stabilization (as the Kubernetes HPA): going up uses the lowest recommendation of the
    scale-up window; going down uses the highest of the scale-down window.
-4. Step limits per decision, then min/max clamps; a clamp or step that bites is reported
-   as ScalingLimited.
+4. Step limits per decision, then min/max clamps, then cooldowns; whichever bites (or a
+   stabilization window holding a change back) is the ScalingLimited reason.
 5. Unknown replicas (failed or stale scrapes) block scale-down; they are never idle.
 6. Scale to zero (min 0) after `scale_to_zero_after_s` of idleness; 0 -> 1 as soon as the
    router holds a request or any demand appears.
@@ -304,6 +304,7 @@ def _decide_role(
     recs.append((now, rec))
     hist.recommendations[role] = recs
     target = _stabilize(rec, current, recs, now, config, is_panic)
+    is_stabilizing = target == current != rec
     unknown = stable.num_unknown + panic.num_unknown
     if target < current and (unknown or is_panic):
         target, why = (
@@ -320,17 +321,19 @@ def _decide_role(
         target = max(1, rec)
         why = f"activate: {held} held request(s)" if held else why
     target, limited = _limit(target, current, raw, limits, config)
+    if limited is None and is_stabilizing and current > 0:
+        limited = Reason.STABILIZING  # the window holds back a change the signals ask for
     # Cooldowns: activation from zero never waits.
     if (
         target > current > 0
         and now - hist.last_scale_up.get(role, -math.inf) < config.scale_up_cooldown_s
     ):
-        target, why = current, f"hold: scale-up cooldown ({why})"
+        target, why, limited = current, f"hold: scale-up cooldown ({why})", Reason.COOLDOWN
     last_event = max(
         hist.last_scale_up.get(role, -math.inf), hist.last_scale_down.get(role, -math.inf)
     )
     if target < current and now - last_event < config.scale_down_cooldown_s:
-        target, why = current, f"hold: scale-down cooldown ({why})"
+        target, why, limited = current, f"hold: scale-down cooldown ({why})", Reason.COOLDOWN
     if target > current:
         hist.last_scale_up[role] = now
     elif target < current:

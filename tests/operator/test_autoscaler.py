@@ -137,6 +137,7 @@ def test_scale_down_waits_for_its_stabilization_window():
     for t in (10.0, 30.0, 59.0):
         d = decide(sig(unified=quiet), sig(unified=quiet), {"unified": 4}, config, h, now=t)
         assert d.desired["unified"] == 4, t
+        assert d.limited["unified"] == Reason.STABILIZING
         h = d.history
     d = decide(sig(unified=quiet), sig(unified=quiet), {"unified": 4}, config, h, now=61.0)
     assert d.desired["unified"] == 3
@@ -185,6 +186,7 @@ def test_cooldowns():
     more = sig(unified=rs(5, num_waiting=20))
     d2 = decide(more, more, {"unified": 5}, config, d.history, now=10.0)
     assert d2.desired["unified"] == 5 and "cooldown" in d2.reasons["unified"]
+    assert d2.limited["unified"] == Reason.COOLDOWN
     d3 = decide(more, more, {"unified": 5}, config, d.history, now=16.0)
     assert d3.desired["unified"] == 9
     quiet = sig(unified=rs(9))
