@@ -21,7 +21,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
@@ -75,7 +75,6 @@ class StreamStats:
     wall_s: float
     latency_p50_ms: float
     latency_p99_ms: float
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def completion_body(model: str, max_tokens: int, is_stream: bool, prompt: str) -> bytes:
@@ -155,14 +154,15 @@ async def closed_loop(
 
 
 async def open_streams(
-    url: str,
+    urls: list[str],
     body: bytes,
     num_streams: int,
     ramp_s: float,
     timeout_s: float,
     router_pid: int | None,
 ) -> StreamStats:
-    """Open `num_streams` streams over `ramp_s`, hold them, and watch the router's RSS."""
+    """Open `num_streams` streams over `ramp_s` (stream i to urls[i % len]), hold them, and
+    watch the router's RSS."""
     num_open = peak_open = 0
     peak_rss = 0
     cpu_before = procs.cpu_seconds(router_pid) if router_pid else 0.0
@@ -173,7 +173,7 @@ async def open_streams(
         num_open += 1
         peak_open = max(peak_open, num_open)
         try:
-            return await send(session, url, body, is_stream=True)
+            return await send(session, urls[i % len(urls)], body, is_stream=True)
         finally:
             num_open -= 1
 
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.streams:
         body = completion_body(args.model, args.max_tokens, True, "hello")
         result: Any = asyncio.run(
-            open_streams(targets[0], body, args.streams, 1.0, 600.0, args.router_pid or None)
+            open_streams(targets, body, args.streams, 1.0, 600.0, args.router_pid or None)
         )
     else:
         result = asyncio.run(

@@ -146,15 +146,13 @@ def phase_streams(args, targets, backend_urls, workdir) -> dict[str, Any]:
         try:
             stats = asyncio.run(
                 loadgen.open_streams(
-                    router.urls[0] + "/v1/completions", body, args.streams,
+                    [u + "/v1/completions" for u in router.urls], body, args.streams,
                     ramp_s=min(2.0, args.streams / 1000), timeout_s=120.0,
                     router_pid=router.pid,
                 )
             )
         finally:
             router.stop()
-        if target.startswith("direct") and len(router.urls) > 1:
-            stats.extra["note"] = "direct streams all go to the first backend"
         out[target] = asdict(stats)
         print(f"streams {target:<22} ok {stats.num_ok}/{stats.num_streams} errors "
               f"{stats.errors} peak open {stats.peak_open} RSS {stats.peak_rss_mb:.0f} MB",
