@@ -27,6 +27,7 @@ QUESTION = "What is the capital of France? Answer in one sentence."
 READY_TIMEOUT_S = 600.0  # loading a real model on a busy 2-core machine takes a while
 ANSWER_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 90.0
+MAX_RESTARTS_WHILE_WAITING = 2
 
 
 class DemoError(Exception):
@@ -50,6 +51,23 @@ def _read_state(state_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _last_log_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
+    except OSError:
+        return "(no log)"
+    return next((line for line in reversed(lines) if line), "(empty log)")
+
+
+def _fail_if_crash_looping(state: dict[str, Any], state_dir: Path) -> None:
+    """A process that keeps dying will not get better by waiting: say why, at once."""
+    for rep in state.get("replicas", []):
+        if rep.get("num_restarts", 0) >= MAX_RESTARTS_WHILE_WAITING and rep.get("state") != "ready":
+            log = state_dir / "logs" / f"{rep['name']}.log"
+            raise DemoError(f"{rep['name']} keeps exiting (code {rep.get('last_exit_code')}): "
+                            f"{_last_log_line(log)}")
+
+
 def _wait_ready(up: subprocess.Popen, state_dir: Path, roles: list[str]) -> str:
     """The fleet's endpoint once every role has a ready replica."""
     deadline = time.monotonic() + READY_TIMEOUT_S
@@ -57,6 +75,7 @@ def _wait_ready(up: subprocess.Popen, state_dir: Path, roles: list[str]) -> str:
         if up.poll() is not None:
             raise DemoError(f"`kvfleet up` exited with {up.returncode} before the fleet was ready")
         state = _read_state(state_dir)
+        _fail_if_crash_looping(state, state_dir)
         ready = {r["role"] for r in state.get("replicas", []) if r.get("state") == "ready"}
         if state.get("endpoint") and all(role in ready for role in roles):
             return str(state["endpoint"])

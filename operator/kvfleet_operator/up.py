@@ -153,9 +153,12 @@ async def run_fleet(
             port=port or None,
         )
         base["endpoint"] = f"{router.address}/v1"
-        if not await runtime.wait_ready(router.name, ROUTER_START_TIMEOUT_S):
-            progress.say(f"router did not start; see {state_dir.log_file(router.name)}")
+        if not await runtime.wait_ready(router.name, ROUTER_START_TIMEOUT_S, stop):
             await runtime.shutdown(grace_s=2.0)
+            if stop.is_set():
+                progress.say("stopped before the router was ready")
+                return 0
+            progress.say(f"router did not start; see {state_dir.log_file(router.name)}")
             return 1
         progress.say(f"pool {pool.name}: OpenAI endpoint {base['endpoint']} "
                      f"(model {pool.spec.model.api_name})")

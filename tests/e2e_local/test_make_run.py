@@ -42,3 +42,21 @@ def test_demo_with_a_bad_pool_is_one_line(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and "spec" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_demo_stops_early_when_an_engine_keeps_crashing(tmp_path):
+    pool = tmp_path / "broken.yaml"
+    pool.write_text(
+        "apiVersion: kvfleet.io/v1alpha1\nkind: InferencePool\nmetadata: {name: broken}\n"
+        "spec:\n  model: {name: nope, source: 'file:///no/such/model.gguf'}\n"
+        "  engine: {kind: builtin, runner: torch}\n"
+        "  topology: {unified: {replicas: {min: 1, max: 1}}}\n")
+    marker = uuid.uuid4().hex
+    proc = subprocess.run([sys.executable, "-m", "kvfleet_operator.demo", str(pool)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, MARKER_ENV: marker})
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unified-0 keeps exiting (code 2)" in lines[0], proc.stderr
+    assert "/no/such/model.gguf" in lines[0]
+    assert processes_with_marker(marker) == []

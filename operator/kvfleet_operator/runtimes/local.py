@@ -144,9 +144,11 @@ class LocalRuntime:
             if c.name != ROUTER_NAME and (role is None or c.role == role)
         ]
 
-    async def wait_ready(self, name: str, timeout_s: float) -> bool:
+    async def wait_ready(
+        self, name: str, timeout_s: float, stop: asyncio.Event | None = None
+    ) -> bool:
         deadline = self.clock() + timeout_s
-        while self.clock() < deadline:
+        while self.clock() < deadline and not (stop is not None and stop.is_set()):
             await self.supervise()
             child = self.children.get(name)
             if child is None:

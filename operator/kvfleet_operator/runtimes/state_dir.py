@@ -43,8 +43,9 @@ class StateDir:
         return self.path / LOG_DIR / f"{child_name}.log"
 
     def create(self) -> None:
-        (self.path / LOG_DIR).mkdir(parents=True, exist_ok=True)
-        os.chmod(self.path, 0o700)
+        # 0700 only when we create it: never re-permission a directory the user pointed at.
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.path / LOG_DIR).mkdir(exist_ok=True)
 
     def new_admin_token(self) -> str:
         """A fresh token per fleet start, written 0600 before any byte of it lands on disk."""
