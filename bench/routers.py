@@ -133,8 +133,11 @@ def launch_kvfleet(
     if not token_path.exists():
         token_path.write_text(secrets.token_hex(16))
         token_path.chmod(0o600)
+    # the console script when installed next to this Python, else the same entry point
+    entry = [str(KVFLEET_BIN)] if KVFLEET_BIN.exists() else [sys.executable, "-m",
+                                                              "kvfleet_operator.cli"]
     cmd = [
-        str(KVFLEET_BIN), "router", "--config", str(config_path), "--host", "127.0.0.1",
+        *entry, "router", "--config", str(config_path), "--host", "127.0.0.1",
         "--port", str(port), "--admin-token-file", str(token_path),
     ]
     proc = procs.start(cmd, workdir / f"kvfleet-{policy}.log", cpus)
