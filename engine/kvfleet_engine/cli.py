@@ -1,6 +1,8 @@
 """`kvfleet engine`: serve one engine replica (OpenAI API, vLLM metrics, KV events, P/D).
 
 Bad flags or a model that cannot be loaded end with one line on stderr and exit 2.
+With KVFLEET_ENGINE_TOKEN set, /v1/kv_events and /v1/kv_transfer/* need that bearer token
+(KV events carry prompt token ids), and this replica sends it when pulling KV.
 """
 
 from __future__ import annotations

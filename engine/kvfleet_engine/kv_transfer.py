@@ -105,7 +105,10 @@ def check_compatible(header: KVHeader, *, dtype: str, block_shape: list[int], bl
         raise KVTransferError("remote KV block count does not match its token count")
 
 
-_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "uint8": 1}
+_DTYPE_BYTES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "int64": 8, "uint64": 8, "int32": 4, "uint32": 4, "int16": 2, "int8": 1, "uint8": 1,
+}  # the simulated runner's pseudo-KV is uint64
 
 
 def _dtype_bytes(dtype: str) -> int:
@@ -169,7 +172,7 @@ class HandleStore:
 # --- decode side: pull a frame over HTTP with bounded time ---
 
 
-async def fetch_frame(url: str, *, timeout_s: float,
+async def fetch_frame(url: str, *, timeout_s: float, token: str = "",
                       session: aiohttp.ClientSession | None = None) -> bytes:
     """GET a KV frame. Every failure (refused, reset, slow, non-200) is a KVTransferError."""
     timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, 5.0),
@@ -177,7 +180,8 @@ async def fetch_frame(url: str, *, timeout_s: float,
     own = session is None
     session = session or aiohttp.ClientSession()
     try:
-        async with session.get(url, timeout=timeout) as resp:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with session.get(url, timeout=timeout, headers=headers) as resp:
             if resp.status != 200:
                 detail = (await resp.text())[:300]
                 raise KVTransferError(f"prefill replica answered {resp.status}: {detail}")

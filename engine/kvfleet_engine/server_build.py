@@ -6,6 +6,7 @@ Loaders and configs raise ValueError with a one-line reason; the CLI prints it.
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 from typing import Any
 
@@ -15,6 +16,8 @@ from kvfleet_engine.server_state import ServerSettings
 DEFAULT_MAX_MODEL_LEN = 2048
 DEFAULT_NUM_BLOCKS = 512  # torch runner; a simulated profile brings its own
 DEFAULT_BLOCK_SIZE = 16
+# Env, not a flag: a secret on the command line shows in `ps`. Same value on every replica.
+INTERNAL_TOKEN_ENV = "KVFLEET_ENGINE_TOKEN"
 
 
 def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettings]:
@@ -60,6 +63,7 @@ def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettin
         drain_timeout_s=args.drain_timeout,
         kv_handle_ttl_s=args.kv_handle_ttl,
         kv_transfer_timeout_s=args.kv_transfer_timeout,
+        internal_token=os.environ.get(INTERNAL_TOKEN_ENV, ""),
     )
     return engine, tokenizer, settings
 

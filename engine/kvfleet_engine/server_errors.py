@@ -6,6 +6,7 @@ and anything unexpected) into that shape, so a client never sees a traceback.
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 # error `type` values, as OpenAI's API and client use them
@@ -14,6 +15,7 @@ NOT_FOUND = "not_found_error"
 SERVER_ERROR = "server_error"
 OVERLOADED = "overloaded_error"
 KV_TRANSFER = "kv_transfer_error"
+AUTHENTICATION = "authentication_error"
 
 # status -> default type when aiohttp raises its own HTTP error (404 route, 405 method...)
 _TYPE_BY_STATUS = {400: INVALID_REQUEST, 404: NOT_FOUND, 405: INVALID_REQUEST, 413: INVALID_REQUEST}
@@ -52,6 +54,17 @@ def error_body(
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def check_bearer(authorization: str | None, token: str) -> None:
+    """401 unless the Authorization header carries `token` (no check when token is "")."""
+    if not token:
+        return
+    expected = f"Bearer {token}".encode()
+    if authorization is None or not hmac.compare_digest(authorization.encode(), expected):
+        raise APIError(401, "a valid bearer token is required for this endpoint",
+                       type=AUTHENTICATION, code="invalid_token",
+                       headers={"WWW-Authenticate": "Bearer"})
 
 
 def type_for_status(status: int) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from kvfleet_engine.server_errors import bad_request
+from kvfleet_engine.server_errors import bad_request, check_bearer
 from kvfleet_engine.server_state import STATE_KEY
 
 NDJSON = "application/x-ndjson"
@@ -65,7 +65,9 @@ class KVEventHub:
 
 
 async def handle_kv_events(request: web.Request) -> web.StreamResponse:
-    hub: KVEventHub = request.app[STATE_KEY].kv_events
+    state = request.app[STATE_KEY]
+    check_bearer(request.headers.get("Authorization"), state.settings.internal_token)
+    hub: KVEventHub = state.kv_events
     raw_since = request.query.get("since", "-1")
     try:
         since = int(raw_since)

@@ -30,7 +30,13 @@ from kvfleet_engine.kv_transfer import (
 )
 from kvfleet_engine.sampling_params import SamplingParams
 from kvfleet_engine.sequence import PreloadedKV
-from kvfleet_engine.server_errors import KV_TRANSFER, NOT_FOUND, APIError, bad_request
+from kvfleet_engine.server_errors import (
+    KV_TRANSFER,
+    NOT_FOUND,
+    APIError,
+    bad_request,
+    check_bearer,
+)
 from kvfleet_engine.server_protocol import GenerationRequest
 from kvfleet_engine.server_state import STATE_KEY, ServerState
 
@@ -82,6 +88,7 @@ async def release_held(state: ServerState, request_id: str) -> None:
 async def handle_kv_transfer(request: web.Request) -> web.Response:
     """GET /v1/kv_transfer/{handle}: the held blocks as one frame; then they are freed."""
     state = request.app[STATE_KEY]
+    check_bearer(request.headers.get("Authorization"), state.settings.internal_token)
     held = state.handles.claim(request.match_info["handle"])
     if held is None:
         raise APIError(404, "unknown or expired KV handle", type=NOT_FOUND, code="kv_handle")
@@ -114,7 +121,8 @@ async def pull_prompt_kv(state: ServerState, req: GenerationRequest,
             "remote_handle (string)", param=KV_TRANSFER_PARAMS)
     url = f"http://{_url_host(host)}:{port}{TRANSFER_PATH.format(handle=handle)}"
     try:
-        frame = await fetch_frame(url, timeout_s=state.settings.kv_transfer_timeout_s)
+        frame = await fetch_frame(url, timeout_s=state.settings.kv_transfer_timeout_s,
+                                  token=state.settings.internal_token)
         header, payload = unpack_frame(frame)
         dtype, block_shape = await state.engine.call(lambda e: e.runner.kv_block_shape())
         check_compatible(header, dtype=dtype, block_shape=block_shape,

@@ -37,6 +37,8 @@ class ServerSettings:
     kv_transfer_timeout_s: float = 30.0
     retry_after_s: int = 1
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    # bearer token for the fleet-internal endpoints (KV events, KV transfer); "" = open
+    internal_token: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(self.served_model_names):

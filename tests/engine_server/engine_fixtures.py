@@ -18,5 +18,6 @@ def engine_argv(*extra: str) -> list[str]:
     return kvfleet_argv("engine", "--host", "127.0.0.1", "--port", "{port}", *extra)
 
 
-def start_engine(procs: ProcessGroup, *extra: str) -> ServerProcess:
-    return procs.start(engine_argv(*extra), env=ENGINE_ENV)
+def start_engine(procs: ProcessGroup, *extra: str,
+                 env: dict[str, str] | None = None) -> ServerProcess:
+    return procs.start(engine_argv(*extra), env={**ENGINE_ENV, **(env or {})})

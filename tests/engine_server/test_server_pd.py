@@ -173,3 +173,26 @@ async def test_prefill_lost_mid_transfer_fails_fast_without_hanging(trio, behavi
     assert got_status == status and err["error"]["type"] == "kv_transfer_error"
     assert elapsed < 10  # --kv-transfer-timeout 3
     assert running == 0
+
+
+async def test_internal_endpoints_need_the_token_when_one_is_set(procs):
+    sim = ("--runner", "simulated", "--profile", "cpu-tiny")
+    token = {"KVFLEET_ENGINE_TOKEN": "s3cret-token"}
+    prefill = start_engine(procs, *sim, "--role", "prefill", env=token)
+    decode = start_engine(procs, *sim, "--role", "decode", env=token)
+    stranger = start_engine(procs, *sim, "--role", "decode")  # has no token
+    payload = {"prompt": "a prompt with secrets in it", "max_tokens": 4, "temperature": 0}
+    async with aiohttp.ClientSession() as session:
+        async with session.get(prefill.url + "/v1/kv_events") as resp:
+            assert resp.status == 401
+            assert (await resp.json())["error"]["type"] == "authentication_error"
+        auth = {"Authorization": "Bearer s3cret-token"}
+        async with session.get(prefill.url + "/v1/kv_events", headers=auth) as resp:
+            assert resp.status == 200
+        for decoder, want in ((stranger, 502), (decode, 200)):
+            _, pre = await post(session, prefill.url, {
+                **payload, contract.KV_TRANSFER_PARAMS: {"do_remote_decode": True}})
+            status, out = await post(session, decoder.url, {
+                **payload, contract.KV_TRANSFER_PARAMS: pre["kv_transfer_params"]})
+            assert status == want, out
+        assert out["usage"]["completion_tokens"] == 4
