@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -63,7 +63,7 @@ class FleetRuntime(Protocol):
     """What the loop needs from a runtime (processes here; Pods on Kubernetes)."""
 
     async def supervise(self) -> None: ...
-    def replicas(self, role: str | None = None) -> list[Any]: ...
+    def replicas(self, role: str | None = None) -> Sequence[Replica]: ...
     def add_replica(
         self, role: str, argv_for: Callable[[int], list[str]], env: dict[str, str] | None = None
     ) -> Any: ...
