@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.errors import error_response
@@ -128,7 +129,8 @@ class Dispatcher:
             self.app.metrics.ejections.labels(e.name).inc()
 
     async def serve(self, request: web.Request, raw: bytes, info: RequestInfo, role: str,
-                    policy: str | None, first: Routed | None = None) -> web.StreamResponse:
+                    policy: str | None, first: Routed | None = None,
+                    headers: CIMultiDict[str] | None = None) -> web.StreamResponse:
         """Forward with retries; `first` is an already-acquired decision (P/D decode leg)."""
         tried: set[str] = set()
         attempts = self.app.core.cfg.retries.max_attempts
@@ -147,7 +149,7 @@ class Dispatcher:
             assert e is not None
             try:
                 return await self.app.forwarder.forward(
-                    request, e, raw, functools.partial(self._on_outcome, e, routed))
+                    request, e, raw, functools.partial(self._on_outcome, e, routed), headers)
             except BackendFailure as exc:
                 last = exc
                 tried.add(e.name)

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from kvfleet_engine import contract
+from multidict import CIMultiDict
 
 from kvfleet_router.dispatch import Rejected
 from kvfleet_router.proxy import BackendFailure, forward_headers
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from kvfleet_router.app import RouterApp
 
 log = logging.getLogger(__name__)
+REQUEST_ID = "X-Request-Id"
 
 
 def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -56,8 +59,16 @@ def needs_prefill(routed: Routed, threshold: int) -> bool:
     return e is not None and routed.ctx.uncached_tokens(e.name) > threshold
 
 
+def leg_headers(request: web.Request) -> CIMultiDict[str]:
+    """Both legs carry the same X-Request-Id, as vLLM's disaggregation proxy sends."""
+    headers = forward_headers(request.headers)
+    if REQUEST_ID not in headers:
+        headers[REQUEST_ID] = f"kvfleet-{uuid.uuid4().hex}"
+    return headers
+
+
 async def run_prefill(app: RouterApp, request: web.Request, info: RequestInfo,
-                      policy: str | None) -> dict[str, Any] | None:
+                      policy: str | None, headers: CIMultiDict[str]) -> dict[str, Any] | None:
     """The prefill leg; returns the engine's kv_transfer_params or None on any failure."""
     try:
         routed = await app.dispatcher.acquire(info, "prefill", policy, frozenset())
@@ -67,8 +78,7 @@ async def run_prefill(app: RouterApp, request: web.Request, info: RequestInfo,
     assert e is not None
     raw = json.dumps(prefill_body(info.body)).encode()
     try:
-        status, body = await app.forwarder.post_json(e, request.path, raw,
-                                                     forward_headers(request.headers))
+        status, body = await app.forwarder.post_json(e, request.path, raw, headers)
         if status != 200:
             log.warning("prefill on %s answered %s", e.name, status)
             return None
@@ -92,13 +102,15 @@ async def serve_disaggregated(app: RouterApp, request: web.Request, raw: bytes,
     except Rejected as rej:
         return rej.response
     threshold = app.core.cfg.pd.prefill_threshold_tokens
+    headers = leg_headers(request)
     try:
         if needs_prefill(decode, threshold) and app.has_role("prefill"):
-            params = await run_prefill(app, request, info, policy)
+            params = await run_prefill(app, request, info, policy, headers)
             app.metrics.pd_prefills.labels("failed" if params is None else "ok").inc()
             if params is not None:
                 raw = json.dumps(decode_body(info.body, params)).encode()
     except BaseException:
         app.dispatcher.release(decode.decision.endpoint)  # type: ignore[arg-type]
         raise
-    return await app.dispatcher.serve(request, raw, info, "decode", policy, first=decode)
+    return await app.dispatcher.serve(request, raw, info, "decode", policy, first=decode,
+                                      headers=headers)

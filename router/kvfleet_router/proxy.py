@@ -111,20 +111,22 @@ class Forwarder:
             raise BackendFailure("protocol", f"{e.name} failed: {exc}") from None
 
     async def forward(self, request: web.Request, e: EndpointState, raw: bytes,
-                      on_outcome: Callable[[Outcome], None]) -> web.StreamResponse:
+                      on_outcome: Callable[[Outcome], None],
+                      headers: CIMultiDict[str] | None = None) -> web.StreamResponse:
         start = time.perf_counter()
-        resp, first, is_sse = await self._open(e, request.path, raw,
-                                               forward_headers(request.headers))
+        resp, first, is_sse = await self._open(
+            e, request.path, raw, headers if headers is not None else
+            forward_headers(request.headers))
         ttft = time.perf_counter() - start
-        headers = {k: resp.headers[k] for k in _KEEP_RESPONSE_HEADERS if k in resp.headers}
+        kept = {k: resp.headers[k] for k in _KEEP_RESPONSE_HEADERS if k in resp.headers}
         if not is_sse:
             resp.release()
             on_outcome(Outcome(ttft, ttft, 0, False))
-            return web.Response(status=resp.status, body=first, headers=headers)
+            return web.Response(status=resp.status, body=first, headers=kept)
         if not first:  # the stream ended before any byte: nothing sent yet, retryable
             resp.close()
             raise BackendFailure("protocol", f"{e.name} closed the stream before any data")
-        return await self._stream(request, resp, first, headers, start, ttft, on_outcome)
+        return await self._stream(request, resp, first, kept, start, ttft, on_outcome)
 
     async def _stream(self, request: web.Request, resp: aiohttp.ClientResponse, first: bytes,
                       headers: dict[str, str], start: float, ttft: float,

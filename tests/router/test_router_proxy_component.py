@@ -222,6 +222,10 @@ def test_prefill_decode_orchestration(procs, tmp_path):
     params = dec_req["body"]["kv_transfer_params"]
     assert params["do_remote_prefill"] is True and params["remote_handle"] == "pre-h1"
     assert dec_req["body"]["stream"] is True and dec_req["body"]["max_tokens"] == 3
+    def request_id(entry: dict) -> str | None:
+        return {k.lower(): v for k, v in entry["headers"].items()}.get("x-request-id")
+
+    assert request_id(pre_req) and request_id(pre_req) == request_id(dec_req)
     # a short prompt skips prefill; so does a repeat whose prefix the decode node holds
     for prompt in ("short", long_prompt):
         assert raw_post(router.url + "/v1/completions", {"prompt": prompt})[0] == 200
@@ -258,7 +262,11 @@ def test_client_disconnect_releases_the_backend_stream(procs, tmp_path):
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: r\r\nContent-Type: "
                      b"application/json\r\nContent-Length: " + str(len(body)).encode() +
                      b"\r\n\r\n" + body)
-        assert b"data:" in sock.recv(65536)
+        seen = b""
+        while b"data:" not in seen:  # headers and the first event may come apart
+            chunk = sock.recv(65536)
+            assert chunk, "the router closed the connection"
+            seen += chunk
     deadline = time.monotonic() + 5
     while http_json(backend.url + "/_fake/log")[1]["num_in_flight"] != 0:
         assert time.monotonic() < deadline, "the backend stream was never released"
