@@ -134,6 +134,12 @@ async def _outputs(stream: RequestStream, timer: RequestTimer) -> AsyncIterator[
             return
 
 
+async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for item in rest:
+        yield item
+
+
 def _engine_error(exc: BaseException) -> APIError:
     if isinstance(exc, APIError):
         return exc
@@ -173,11 +179,15 @@ async def _stream(
     stream: RequestStream,
     timer: RequestTimer,
 ) -> web.StreamResponse:
+    outputs = _outputs(stream, timer)
+    # Headers wait for the first output: an engine refusal still gets its HTTP status,
+    # and a router may retry elsewhere until the first byte.
+    first = await anext(outputs)
     response = await open_sse(request)
     is_first = True
     last = None
     try:
-        async for output in _outputs(stream, timer):
+        async for output in _chain(first, outputs):
             last = output
             finish = output.finish_reason if output.is_finished else None
             if output.new_text or finish or is_first:

@@ -71,17 +71,28 @@ async def test_client_disconnect_aborts_and_frees_blocks(procs):
 
 
 async def test_queue_limit_answers_503_with_retry_after(procs):
-    engine = start_engine(procs, *TINY, "--max-num-seqs", "1", "--max-queue", "1")
+    # simulated H100 timing (~6 ms a step): the running stream lasts seconds, not a blink
+    engine = start_engine(procs, "--runner", "simulated", "--profile", "h100-llama3-8b",
+                          "--served-model-name", "tiny-random", "--max-num-seqs", "1",
+                          "--max-queue", "1")
     url = engine.url + "/v1/completions"
     async with aiohttp.ClientSession() as session:
-        first = await session.post(url, json=LONG)  # running
-        second = await session.post(url, json=LONG)  # queued
-        assert first.status == 200 and second.status == 200
+        # headers come with the first token, so the queued stream is a task, not awaited
+        first = asyncio.create_task(session.post(url, json=LONG))  # runs
+        second = asyncio.create_task(session.post(url, json=LONG))  # waits for the first
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            now = await scrape(session, engine.url)
+            if (now["vllm:num_requests_running"], now["vllm:num_requests_waiting"]) == (1, 1):
+                break
+            await asyncio.sleep(0.01)
         async with session.post(url, json={**LONG, "stream": False}) as third:
             status, headers, body = third.status, third.headers, await third.json()
-        done = await asyncio.gather(read_stream(first), read_stream(second))
-        first.release()
-        second.release()
+        responses = await asyncio.gather(first, second)
+        assert [r.status for r in responses] == [200, 200]
+        done = await asyncio.gather(*(read_stream(r) for r in responses))
+        for r in responses:
+            r.release()
     assert status == 503
     assert int(headers["Retry-After"]) >= 1
     assert body["error"]["type"] == "overloaded_error" and body["error"]["code"] == "queue_full"
