@@ -97,13 +97,14 @@ def test_sigkilled_up_leaves_no_child_and_a_restart_resumes(start_fleet):
     assert second.returncode == 2 and "already running" in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1
 
+    fleet.wait_for("a first autoscaler decision",
+                   lambda s: s.get("autoscaler_history", {}).get("decisions"), 30)
     fleet.proc.kill()
     fleet.proc.wait()
     assert fleet.leftovers() == []
 
     # A new `up` on the same state dir carries the autoscaler history on.
     before = fleet.state()["autoscaler_history"]["decisions"]
-    assert before
     restarted = fleet.restart()
     restarted.wait_ready("unified", 2)
     after = restarted.wait_for(
