@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import json
 import math
+import socket
 import sys
 import time
 from collections import Counter
@@ -26,8 +29,10 @@ from typing import Any
 
 import aiohttp
 import procs
+from aiohttp.client_proto import ResponseHandler
 
 DONE_MARK = b"data: [DONE]"
+TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", 0)  # Linux only
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -82,8 +87,30 @@ def completion_body(model: str, max_tokens: int, is_stream: bool, prompt: str) -
     return json.dumps(body).encode()
 
 
+class _QuickAckHandler(ResponseHandler):
+    """Acknowledge every segment at once (TCP_QUICKACK, which the kernel keeps re-arming off).
+
+    A client with delayed ACKs makes a server that writes a response in several small
+    segments without TCP_NODELAY wait ~40 ms per response (Nagle's algorithm holds the
+    second write until the first is acknowledged). sglang-router 0.3.2 streams that way;
+    the openai SDK does not suffer it, so neither should the load generator.
+    """
+
+    def data_received(self, data: bytes) -> None:
+        sock = self.transport.get_extra_info("socket") if self.transport else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, TCP_QUICKACK, 1)
+        super().data_received(data)
+
+
 def new_session(timeout_s: float) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, force_close=False)
+    if TCP_QUICKACK:
+        # aiohttp builds each connection's protocol from this factory
+        connector._factory = functools.partial(  # type: ignore[assignment]
+            _QuickAckHandler, loop=asyncio.get_running_loop()
+        )
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=timeout_s),
@@ -91,25 +118,64 @@ def new_session(timeout_s: float) -> aiohttp.ClientSession:
     )
 
 
+_DRAINS: set[asyncio.Task] = set()
+
+
+async def _drain(resp: aiohttp.ClientResponse) -> None:
+    try:
+        await resp.read()
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        pass
+    finally:
+        resp.release()
+
+
+async def settle_drains() -> None:
+    """Wait for the tails of finished streams (see `send`) before closing a session."""
+    while _DRAINS:
+        await asyncio.gather(*list(_DRAINS))
+
+
 async def send(
     session: aiohttp.ClientSession, url: str, body: bytes, is_stream: bool, keep_body: bool = False
 ) -> RequestResult:
+    """One request. A stream is complete, and timed, at its `data: [DONE]` event, as an SSE
+    client acts on it; the bytes after it (the chunked terminator, which some servers hold
+    back behind Nagle's algorithm) are read in the background so the connection is reused."""
     start = time.perf_counter()
     ttft = math.nan
     try:
-        async with session.post(url, data=body) as resp:
-            first = await resp.content.readany()
-            ttft = time.perf_counter() - start
-            rest = await resp.content.read()
-            latency = time.perf_counter() - start
-            whole = first + rest
-            if resp.status != 200:
-                return RequestResult(False, start, latency, ttft, f"http {resp.status}", whole)
-            if is_stream and DONE_MARK not in whole[-64:]:
-                return RequestResult(False, start, latency, ttft, "incomplete stream", whole)
-            return RequestResult(True, start, latency, ttft, "", whole if keep_body else b"")
+        resp = await session.post(url, data=body)
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         return RequestResult(False, start, time.perf_counter() - start, ttft, type(exc).__name__)
+    is_handed_off = False
+    try:
+        parts: list[bytes] = []
+        tail = b""
+        while chunk := await resp.content.readany():
+            if not parts:
+                ttft = time.perf_counter() - start
+            parts.append(chunk)
+            if is_stream and DONE_MARK in tail + chunk:
+                break
+            tail = chunk[-len(DONE_MARK):]
+        latency = time.perf_counter() - start
+        whole = b"".join(parts)
+        if not resp.content.at_eof():
+            task = asyncio.create_task(_drain(resp))
+            _DRAINS.add(task)
+            task.add_done_callback(_DRAINS.discard)
+            is_handed_off = True
+        if resp.status != 200:
+            return RequestResult(False, start, latency, ttft, f"http {resp.status}", whole)
+        if is_stream and DONE_MARK not in whole[-64:]:
+            return RequestResult(False, start, latency, ttft, "incomplete stream", whole)
+        return RequestResult(True, start, latency, ttft, "", whole if keep_body else b"")
+    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        return RequestResult(False, start, time.perf_counter() - start, ttft, type(exc).__name__)
+    finally:
+        if not is_handed_off:
+            resp.release()
 
 
 async def closed_loop(
@@ -137,6 +203,7 @@ async def closed_loop(
 
     async with new_session(timeout_s) as session:
         await asyncio.gather(*(worker(i, session) for i in range(concurrency)))
+        await settle_drains()
     ok = [r for r in results if r.is_ok]
     bad = Counter(r.error for r in results if not r.is_ok)
     return ClosedLoopStats(
@@ -192,6 +259,7 @@ async def open_streams(
     async with new_session(timeout_s) as session:
         watcher = asyncio.create_task(watch(stop))
         results = await asyncio.gather(*(one(i, session) for i in range(num_streams)))
+        await settle_drains()
         stop.set()
         await watcher
     ok = [r for r in results if r.is_ok]

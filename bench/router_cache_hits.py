@@ -162,6 +162,7 @@ async def replay(
                 await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(one(i, req, session)))
         await asyncio.gather(*tasks)
+        await loadgen.settle_drains()
     return out
 
 
