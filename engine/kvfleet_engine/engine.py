@@ -44,18 +44,14 @@ from typing import Any
 
 from kvfleet_engine.config import EngineConfig
 from kvfleet_engine.contract import KVEvent
-from kvfleet_engine.kv_cache import KVCacheManager, cdiv
+from kvfleet_engine.kv_cache import KVCacheManager
 from kvfleet_engine.output_processor import IncrementalDetokenizer, check_stop_token
 from kvfleet_engine.outputs import EngineStats, RequestOutput, StepTimings
+from kvfleet_engine.request_checks import bytes_per_block, check_preload, check_request
 from kvfleet_engine.runner_base import Runner, ScheduledSeq, StepBatch
 from kvfleet_engine.sampling_params import SamplingParams
 from kvfleet_engine.scheduler import Scheduler
 from kvfleet_engine.sequence import PreloadedKV, Request, RequestStatus
-
-_DTYPE_BYTES = {
-    "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "uint64": 8, "int64": 8,
-    "int32": 4, "uint32": 4, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
-}
 
 
 class LLMEngine:
@@ -110,7 +106,24 @@ class LLMEngine:
         hold_kv: bool = False,
         preloaded_kv: PreloadedKV | None = None,
     ) -> None:
-        self._check_request(request_id, prompt_token_ids, params, priority, preloaded_kv)
+        check_request(
+            request_id,
+            prompt_token_ids,
+            params,
+            priority,
+            max_model_len=self.config.max_model_len,
+            vocab_size=self._vocab_size,
+            has_tokenizer=self.tokenizer is not None,
+        )
+        if request_id in self._requests or request_id in self._held:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if preloaded_kv is not None:
+            check_preload(
+                preloaded_kv,
+                len(prompt_token_ids),
+                self.config.block_size,
+                bytes_per_block(*self.runner.kv_block_shape()),
+            )
         request = Request(
             request_id,
             list(prompt_token_ids),
@@ -124,64 +137,6 @@ class LLMEngine:
             request.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop)
         self._requests[request_id] = request
         self.scheduler.add(request)
-
-    def _check_request(
-        self,
-        request_id: str,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        priority: int,
-        preloaded_kv: PreloadedKV | None,
-    ) -> None:
-        if not isinstance(request_id, str) or not request_id:
-            raise ValueError("request_id must be a non-empty string")
-        if request_id in self._requests or request_id in self._held:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        if not isinstance(params, SamplingParams):
-            raise ValueError("params must be a SamplingParams")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ValueError("priority must be an integer")
-        if len(prompt) == 0:
-            raise ValueError("the prompt is empty")
-        limit = self._vocab_size
-        for t in prompt:
-            if isinstance(t, bool) or not isinstance(t, int) or t < 0 or (limit and t >= limit):
-                raise ValueError(
-                    f"prompt token id {t!r} is not an integer in [0, {limit or 'vocab size'})"
-                )
-        total = len(prompt) + params.max_tokens
-        if total > self.config.max_model_len:
-            raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds max_model_len {self.config.max_model_len}"
-            )
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this engine has none")
-        if preloaded_kv is not None:
-            self._check_preload(preloaded_kv, len(prompt))
-
-    def _check_preload(self, preload: PreloadedKV, num_prompt_tokens: int) -> None:
-        if not 1 <= preload.num_tokens <= num_prompt_tokens:
-            raise ValueError(
-                f"preloaded_kv.num_tokens {preload.num_tokens} must be in [1, {num_prompt_tokens}]"
-            )
-        block_bytes = self._bytes_per_block()
-        num_blocks = cdiv(preload.num_tokens, self.config.block_size)
-        if block_bytes is not None and len(preload.data) != num_blocks * block_bytes:
-            raise ValueError(
-                f"preloaded_kv.data has {len(preload.data)} bytes; {preload.num_tokens} tokens "
-                f"need {num_blocks} blocks x {block_bytes} bytes"
-            )
-
-    def _bytes_per_block(self) -> int | None:
-        dtype, shape = self.runner.kv_block_shape()
-        itemsize = _DTYPE_BYTES.get(str(dtype).removeprefix("torch."))
-        if itemsize is None:
-            return None
-        n = itemsize
-        for dim in shape:
-            n *= dim
-        return n
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request and free its blocks now. False when the id is unknown."""

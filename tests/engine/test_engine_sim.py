@@ -298,3 +298,13 @@ def test_a_rejected_preload_aborts_only_its_request():
     assert finals["bad"].finish_reason == "abort"
     assert finals["ok"].finish_reason == "length" and len(finals["ok"].token_ids) == 2
     assert engine.stats().kv_usage == 0.0
+
+
+def test_abort_of_a_held_request_releases_its_kv():
+    engine = build()
+    engine.add_request("p", [1, 2, 3, 4, 5], SamplingParams(max_tokens=1), hold_kv=True)
+    run_all(engine)
+    assert engine.stats().num_held == 1 and engine.stats().kv_usage > 0
+    assert engine.abort_request("p") is True
+    assert engine.stats().num_held == 0 and engine.stats().kv_usage == 0.0
+    assert engine.step() == []  # it had finished: no second final output

@@ -41,7 +41,9 @@ def test_random_engine_operations_leak_no_blocks(operations, caching, budget):
             if hold:
                 held.add(rid)
         elif op[0] == "abort" and ids:
-            engine.abort_request(ids[op[1] % len(ids)])
+            rid = ids[op[1] % len(ids)]
+            engine.abort_request(rid)  # also releases KV it held after finishing
+            held.discard(rid)
         elif op[0] == "release" and held & finished:
             rid = sorted(held & finished)[op[1] % len(held & finished)]
             engine.release_held(rid)
