@@ -6,6 +6,7 @@ import signal
 import time
 
 import pytest
+from e2e_fleet import POOLS
 from e2e_loadgen import run_load
 from kvfleet_operator.api import load_pool
 
@@ -30,7 +31,7 @@ async def _watch(fleet, stop, seen):
 
 
 def test_load_step_scales_up_then_drains_down_without_a_failed_request(start_fleet):
-    spec = load_pool(f"tests/e2e_local/pools/{POOL}").spec
+    spec = load_pool(POOLS / POOL).spec
     fleet = start_fleet(POOL)
     fleet.wait_ready("unified", 1)
 

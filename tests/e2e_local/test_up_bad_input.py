@@ -3,10 +3,11 @@
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-EXAMPLES = "examples"
+EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
 
 
 def _up(*args, cwd=None):
