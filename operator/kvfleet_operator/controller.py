@@ -95,6 +95,7 @@ class Controller:
         on_event: Callable[[str], None] = lambda _msg: None,
         clock: Callable[[], float] = time.time,
         host: str = "127.0.0.1",
+        extra_engine_env: dict[str, str] | None = None,
     ) -> None:
         self.pool = pool
         self.runtime = runtime
@@ -104,6 +105,7 @@ class Controller:
         self.on_event = on_event
         self.clock = clock
         self.host = host
+        self._extra_engine_env = dict(extra_engine_env or {})  # may hold secrets: never shown
         self.config = config_from_pool(pool.spec)
         self.history = history or History()
         self.scrapes = ScrapeLog()
@@ -330,7 +332,8 @@ class Controller:
         def argv_for(port: int) -> list[str]:
             return command + engine_args(spec, role, host=self.host, port=port)
 
-        self.runtime.add_replica(role, argv_for, engine_env(spec, role))
+        self.runtime.add_replica(role, argv_for, {**engine_env(spec, role),
+                                                  **self._extra_engine_env})
 
     # --- what `kvfleet status` shows ------------------------------------------------------
 

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -33,6 +34,7 @@ from kvfleet_operator.runtimes.state_dir import StateDir, default_state_dir
 
 ROUTER_START_TIMEOUT_S = 60.0
 NUM_EVENTS_KEPT = 50
+ENGINE_TOKEN_ENV = "KVFLEET_ENGINE_TOKEN"  # read by kvfleet_engine (server_build.py)
 MAX_RESTART_BACKOFF_S = 300.0
 SUMMARY_EVERY_S = 5.0  # signals move every tick; repeat the summary line at most this often
 
@@ -163,8 +165,12 @@ async def run_fleet(
         progress.say(f"pool {pool.name}: OpenAI endpoint {base['endpoint']} "
                      f"(model {pool.spec.model.api_name})")
         progress.say(f"state in {state_dir.path}; `kvfleet status` shows it; Ctrl-C stops")
+        # Engines share a per-fleet token for their KV-transfer endpoints (prefill -> decode),
+        # so nothing else on the machine can read cached prompts off a replica.
+        engine_token = {ENGINE_TOKEN_ENV: secrets.token_urlsafe(32)}
         controller = Controller(pool, runtime, router.address, state_dir.read_admin_token(),
-                                history=history, on_event=progress.event)
+                                history=history, on_event=progress.event,
+                                extra_engine_env=engine_token)
 
         def write_state() -> None:
             state = {**base, "updated_at": time.time(), "replicas": runtime.status(),

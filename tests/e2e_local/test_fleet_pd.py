@@ -4,6 +4,8 @@ nothing is left behind."""
 
 import asyncio
 import signal
+import urllib.error
+import urllib.request
 
 import pytest
 from e2e_loadgen import run_load
@@ -61,5 +63,10 @@ def test_prefill_and_decode_scale_out_and_drain_back_without_a_failed_request(st
     assert burst.num_ok > 0 and light.num_ok > 0
     assert burst.num_failed == 0, burst.errors
     assert light.num_failed == 0, light.errors
+    # KV transfer and KV events sit behind the fleet's engine token: a stranger gets 401.
+    replica = fleet.replicas(fleet.state(), "prefill")[0]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{replica['address']}/v1/kv_events", timeout=10)
+    assert refused.value.code == 401
     assert fleet.stop(signal.SIGINT) == 0
     assert fleet.leftovers() == []
