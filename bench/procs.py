@@ -138,3 +138,13 @@ def cpu_seconds(pid: int) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / ticks
     return total
+
+
+def listen_drops() -> int:
+    """Machine-wide count of connections dropped because a listen backlog was full."""
+    try:
+        rows = [line.split() for line in Path("/proc/net/netstat").read_text().splitlines()
+                if line.startswith("TcpExt:")]
+        return int(dict(zip(rows[0][1:], rows[1][1:], strict=True)).get("ListenDrops", 0))
+    except (OSError, IndexError, ValueError):
+        return 0

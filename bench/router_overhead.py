@@ -109,6 +109,7 @@ def phase_latency(args, targets, backend_urls, workdir) -> dict[str, Any]:
                 for target in targets:
                     router = launched[target]
                     cpu0 = procs.cpu_seconds(router.pid) if router.pid else 0.0
+                    drops0 = procs.listen_drops()
                     stats = asyncio.run(
                         loadgen.closed_loop(
                             [u + "/v1/completions" for u in router.urls],
@@ -122,6 +123,8 @@ def phase_latency(args, targets, backend_urls, workdir) -> dict[str, Any]:
                         )
                     )
                     row = asdict(stats)
+                    # SYNs dropped by a full listen backlog come back only after a 1 s retry
+                    row["listen_drops"] = procs.listen_drops() - drops0
                     if router.pid and stats.num_ok:
                         cpu = procs.cpu_seconds(router.pid) - cpu0
                         # warmup requests burn CPU too; scale the count to the whole window
@@ -130,7 +133,8 @@ def phase_latency(args, targets, backend_urls, workdir) -> dict[str, Any]:
                     runs[target][level].append(row)
                     print(f"rep {rep} c={level:<4} {target:<22} p50 {stats.p50_ms:7.2f} ms "
                           f"p99 {stats.p99_ms:7.2f} ms {stats.rps:7.0f} req/s "
-                          f"errors {stats.num_errors}", flush=True)
+                          f"errors {stats.num_errors} listen drops {row['listen_drops']}",
+                          flush=True)
     finally:
         for router in launched.values():
             router.stop()
@@ -143,6 +147,7 @@ def phase_streams(args, targets, backend_urls, workdir) -> dict[str, Any]:
     for target in targets:
         router = routers.launch(target, backend_urls, workdir, args.router_cpu_pin,
                                 ROUTER_OPTIONS)
+        drops0 = procs.listen_drops()
         try:
             stats = asyncio.run(
                 loadgen.open_streams(
@@ -153,7 +158,7 @@ def phase_streams(args, targets, backend_urls, workdir) -> dict[str, Any]:
             )
         finally:
             router.stop()
-        out[target] = asdict(stats)
+        out[target] = {**asdict(stats), "listen_drops": procs.listen_drops() - drops0}
         print(f"streams {target:<22} ok {stats.num_ok}/{stats.num_streams} errors "
               f"{stats.errors} peak open {stats.peak_open} RSS {stats.peak_rss_mb:.0f} MB",
               flush=True)
@@ -190,6 +195,7 @@ def summarise(runs: dict, streams: dict, levels: list[int]) -> dict[str, Any]:
                     [r["rps"] / d["rps"] for r, d in zip(reps, direct, strict=True) if d["rps"]]
                 ),
                 "num_errors": num_errors,
+                "listen_drops": sum(r.get("listen_drops", 0) for r in reps),
                 "router_cpu_us_per_req": median([r.get("router_cpu_us_per_req", float("nan"))
                                                  for r in reps]),
             }
