@@ -26,7 +26,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="kvfleet router", description=__doc__.splitlines()[0])
+    p = _Parser(prog="kvfleet router",
+                description="Run the cache-aware router in front of engine replicas.")
     p.add_argument("--config", help="router config YAML/JSON (see kvfleet_router.config)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
