@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from engine_fixtures import TINY, ProcessGroup, ServerProcess, start_engine
+from engine_fixtures import TINY, TINY_MAX_BODY, ProcessGroup, ServerProcess, start_engine
 
 
 @pytest.fixture(scope="module")
@@ -14,6 +14,13 @@ def procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessGroup]:
         yield group
 
 
-@pytest.fixture(scope="module")
-def tiny_engine(procs: ProcessGroup) -> ServerProcess:
-    return start_engine(procs, *TINY)
+@pytest.fixture(scope="session")
+def shared_procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessGroup]:
+    with ProcessGroup(tmp_path_factory.mktemp("shared-procs")) as group:
+        yield group
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(shared_procs: ProcessGroup) -> ServerProcess:
+    """One tiny-random engine for the whole session (tests that do not stop or tune it)."""
+    return start_engine(shared_procs, *TINY, "--max-body-bytes", str(TINY_MAX_BODY))

@@ -12,6 +12,7 @@ from helpers.procs import ProcessGroup, ServerProcess, kvfleet_argv  # noqa: E40
 # One torch thread per test engine: the test machine is small and shared.
 ENGINE_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 TINY = ("--model", "tiny-random", "--num-blocks", "256", "--max-model-len", "512")
+TINY_MAX_BODY = 8192  # the shared tiny engine's --max-body-bytes
 
 
 def engine_argv(*extra: str) -> list[str]:

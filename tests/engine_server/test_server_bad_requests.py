@@ -10,10 +10,9 @@ import urllib.request
 from typing import Any
 
 import openai
-import pytest
-from engine_fixtures import TINY, start_engine
+from engine_fixtures import TINY_MAX_BODY
 
-MAX_BODY = 8192
+MAX_BODY = TINY_MAX_BODY
 MAX_LEN = 512
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 USER = [{"role": "user", "content": "hi"}]
@@ -100,11 +99,6 @@ CASES: list[tuple[str, str, str, Any, int, str, str | None]] = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engine(procs):
-    return start_engine(procs, *TINY, "--max-body-bytes", str(MAX_BODY))
-
-
 def send(url: str, method: str, body: Any) -> tuple[int, dict[str, Any]]:
     data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method,
@@ -121,7 +115,8 @@ def test_at_least_25_cases():
     assert len({c[0] for c in CASES}) == len(CASES)
 
 
-def test_bad_requests_get_exact_errors_while_a_good_stream_finishes(engine):
+def test_bad_requests_get_exact_errors_while_a_good_stream_finishes(tiny_engine):
+    engine = tiny_engine
     client = openai.OpenAI(base_url=engine.url + "/v1", api_key="unused", max_retries=0,
                            timeout=120)
     first_chunk = threading.Event()

@@ -40,8 +40,8 @@ async def read_stream(resp: aiohttp.ClientResponse) -> list[dict[str, Any]]:
     return events
 
 
-async def test_client_disconnect_aborts_and_frees_blocks(procs):
-    engine = start_engine(procs, *TINY)
+async def test_client_disconnect_aborts_and_frees_blocks(tiny_engine):
+    engine = tiny_engine
     async with aiohttp.ClientSession() as session:
         before = await scrape(session, engine.url)
         # a bare socket, so the test controls exactly when the connection drops

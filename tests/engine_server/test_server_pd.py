@@ -29,8 +29,8 @@ MAX_TOKENS = 12
 
 
 @pytest.fixture(scope="module")
-def trio(procs):
-    unified = start_engine(procs, *TINY)
+def trio(procs, tiny_engine):
+    unified = tiny_engine
     prefill = start_engine(procs, *TINY, "--role", "prefill")
     decode = start_engine(procs, *TINY, "--role", "decode", "--kv-transfer-timeout", "3")
     return unified, prefill, decode
