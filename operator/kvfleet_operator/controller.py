@@ -48,6 +48,18 @@ UNKNOWN_IN_FLIGHT = 1 << 30
 COLD_START_HOLD_S = 60.0  # how long the router holds a request for a pool scaled to zero
 
 
+def prefix_hit_rate(scrapes: ScrapeLog, name: str) -> float:
+    """Prefix-cache hit tokens/s over the replica's scrape log: what its warm cache is worth,
+    so scale-down gives up the coldest caches first."""
+    good = [s for s in scrapes.scrapes.get(name, ()) if s.sample is not None]
+    if len(good) < 2 or good[-1].t <= good[0].t:
+        return 0.0
+    first, last = good[0].sample, good[-1].sample
+    assert first is not None and last is not None
+    hits = last.num_prefix_hits - first.num_prefix_hits
+    return max(0.0, hits) / (good[-1].t - good[0].t)  # a restart resets the counter: 0
+
+
 class Replica(Protocol):
     name: str
     role: str
@@ -245,6 +257,7 @@ class Controller:
                 in_flight = view.endpoints[r.name].num_in_flight
             elif view is None and r.state == "draining":
                 in_flight = UNKNOWN_IN_FLIGHT
+            value = prefix_hit_rate(self.scrapes, r.name)
             replicas.append(
                 ObservedReplica(
                     name=r.name,
@@ -253,6 +266,7 @@ class Controller:
                     url=r.address,
                     num_restarts=r.num_restarts,
                     num_in_flight=in_flight,
+                    cached_prefix_value=value,
                     started_at=r.started_at,
                     drain_started_at=self.drain_started.get(r.name),
                 )
