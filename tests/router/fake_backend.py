@@ -5,7 +5,8 @@
 Answers /v1/completions and /v1/chat/completions (streaming or not) with text that names
 the backend, so a test can tell who served. `max_tokens` sets the number of stream chunks.
 Control plane for tests (plain JSON): POST /_fake/control {"status": 500, "num_bad": 2,
-"running": 3, "waiting": 1, "kv": 0.4, "legacy": true, "healthy": false}; POST
+"running": 3, "waiting": 1, "kv": 0.4, "legacy": true, "healthy": false,
+"stall_after_chunks": 2}; POST
 /_fake/kv_events [KVEvent dicts] publishes to GET /v1/kv_events readers; GET /_fake/log
 returns every request seen (path, body, headers, bytes sent back in hex).
 """
@@ -72,6 +73,8 @@ class Fake:
             await resp.prepare(request)
             sent = bytearray()
             for i in range(n):
+                if i == self.control.get("stall_after_chunks"):
+                    await asyncio.sleep(3600)  # a hung backend: connection open, no bytes
                 await asyncio.sleep(self.token_delay_s)
                 chunk = b"data: " + json.dumps(self.body_for(req, i)).encode() + b"\n\n"
                 sent += chunk

@@ -289,3 +289,33 @@ def test_busy_endpoint_is_retried_elsewhere_but_not_ejected(procs, tmp_path):
     metrics = urllib.request.urlopen(router.url + "/metrics").read().decode()
     assert "kvfleet_router_ejections_total{" not in metrics
     assert 'kvfleet_router_backend_errors_total{endpoint="b0",kind="busy"} 4.0' in metrics
+
+
+def test_first_byte_and_idle_timeouts(procs, tmp_path):
+    slow = start_fake(procs, "slow", "--token-delay-ms", "1500")
+    fast = start_fake(procs, "fast", "--token-delay-ms", "1")
+    router = start_router(procs, tmp_path, {
+        "endpoints": endpoints_cfg([slow, fast]), "policy": {"name": "round-robin"},
+        "timeouts": {"first_byte_s": 0.5, "idle_s": 1.0}})
+    t0 = time.monotonic()
+    for i in range(2):  # whichever goes first, the slow one times out and the retry lands
+        status, _, body = raw_post(router.url + "/v1/completions", {"prompt": f"{i}",
+                                                                    "max_tokens": 2})
+        assert status == 200 and b"fast:" in body
+    assert time.monotonic() - t0 < 5
+    metrics = urllib.request.urlopen(router.url + "/metrics").read().decode()
+    assert 'kvfleet_router_backend_errors_total{endpoint="b0",kind="timeout"}' in metrics
+
+
+def test_backend_hanging_mid_stream_hits_the_idle_timeout(procs, tmp_path):
+    backend = start_fake(procs, "b0")
+    router = start_router(procs, tmp_path, {"endpoints": endpoints_cfg([backend]),
+                                            "timeouts": {"idle_s": 1.0}})
+    control(backend, stall_after_chunks=2)
+    t0 = time.monotonic()
+    status, _, body = raw_post(router.url + "/v1/completions",
+                               {"prompt": "x", "max_tokens": 5, "stream": True})
+    assert status == 200 and body.count(b"b0:") == 2
+    events = [e for e in body.split(b"\n\n") if e]
+    assert b'"error"' in events[-2] and events[-1] == b"data: [DONE]"
+    assert 0.9 < time.monotonic() - t0 < 5
