@@ -7,6 +7,7 @@ number of output tokens. The client is this file's own aiohttp SSE reader (no to
 download): TTFT = send -> first content chunk; ITL = gaps between content chunks.
 Offline: the engine built from the same flags, fed by the same closed loop in process;
 TTFT = add_request -> first token; ITL = gaps between a request's tokens.
+Server and offline runs alternate level by level, for --rounds rounds, samples pooled.
 
     python bench/engine_server.py                      # smollm2-135m, 1/16/64 streams
     python bench/engine_server.py --model tiny-random --concurrency 1 4 --update-readme
@@ -196,6 +197,21 @@ def offline_level(engine: Any, prompts: list[list[int]], concurrency: int, max_t
     return result
 
 
+def _pool(pooled: dict[tuple[str, int], LevelResult], run: LevelResult) -> None:
+    """Merge rounds: samples are concatenated, counts and wall time add up."""
+    key = (run.mode, run.concurrency)
+    if key not in pooled:
+        pooled[key] = run
+        return
+    acc = pooled[key]
+    acc.num_requests += run.num_requests
+    acc.num_output_tokens += run.num_output_tokens
+    acc.wall_s += run.wall_s
+    acc.num_errors += run.num_errors
+    acc.ttft_s += run.ttft_s
+    acc.itl_s += run.itl_s
+
+
 def build_offline_engine(engine_flags: list[str]) -> Any:
     from kvfleet_engine.cli import build_parser
     from kvfleet_engine.server_build import build_server_parts
@@ -225,6 +241,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"`{cfg['command']}` — {cfg['model']} ({cfg['runner']} runner), "
         f"{cfg['prompt_tokens']}-token random prompts, {cfg['output_tokens']} output tokens, "
         f"greedy, EOS ignored; closed loop; {cfg['threads']} torch thread(s); "
+        f"{cfg['rounds']} alternating rounds pooled; "
         f"measured {cfg['date']} on {cfg['machine']}.",
         "",
         "| streams | mode | req | out tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms |",
@@ -268,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="default: max(8, concurrency)")
     p.add_argument("--num-blocks", type=int, default=1200)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=2, help="alternating server/offline rounds")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads for both sides (OMP_NUM_THREADS); on a small shared "
                         "machine more threads than free cores make torch spin")
@@ -286,23 +304,27 @@ def main(argv: list[str] | None = None) -> int:
     warm = make_prompts(2, args.prompt_tokens, settings.vocab_size, 999)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    model = settings.served_model_names[0]
     proc, url = start_server(flags, args.out.with_suffix(".server.log"))
-    server_rows = {}
+    pooled: dict[tuple[str, int], LevelResult] = {}
     try:
-        asyncio.run(server_level(url, settings.served_model_names[0], warm, 2, 8))
-        for c, prompts in workloads.items():
-            server_rows[c] = asyncio.run(server_level(
-                url, settings.served_model_names[0], prompts, c, args.output_tokens)).summary()
-            print("server ", server_rows[c], flush=True)
+        asyncio.run(server_level(url, model, warm, 2, 8))
+        offline_level(engine, warm, 2, 8, "warm")
+        # alternate server and offline per level and round, so drift in the machine's load
+        # hits both alike (the idle server costs nothing while the offline engine runs)
+        for rnd in range(args.rounds):
+            for c, prompts in workloads.items():
+                runs = (asyncio.run(server_level(url, model, prompts, c, args.output_tokens)),
+                        offline_level(engine, prompts, c, args.output_tokens, f"r{rnd}c{c}"))
+                for run in runs:
+                    print(f"round {rnd}", run.summary(), flush=True)
+                    _pool(pooled, run)
     finally:
         stop_server(proc)
-    offline_level(engine, warm, 2, 8, "warm")
     levels = []
-    for c, prompts in workloads.items():
-        offline = offline_level(engine, prompts, c, args.output_tokens, f"c{c}").summary()
-        print("offline", offline, flush=True)
-        levels.append({"server": server_rows[c], "offline": offline,
-                       "ratio": ratios(server_rows[c], offline)})
+    for c in workloads:
+        server, offline = pooled["server", c].summary(), pooled["offline", c].summary()
+        levels.append({"server": server, "offline": offline, "ratio": ratios(server, offline)})
     report = {
         "config": {
             "command": "python bench/engine_server.py " + " ".join(argv or sys.argv[1:]),
@@ -310,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
             "output_tokens": args.output_tokens, "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                        time.gmtime()),
             "machine": f"{os.cpu_count()} CPU cores, shared", "threads": args.threads,
+            "rounds": args.rounds,
         },
         "levels": levels,
     }

@@ -23,12 +23,12 @@ def test_engine_server_bench_smoke(tmp_path, monkeypatch):
     out = tmp_path / "engine_server.json"
     assert bench.main(["--model", "tiny-random", "--concurrency", "1", "2", "--prompt-tokens",
                        "16", "--output-tokens", "4", "--requests-per-level", "3",
-                       "--num-blocks", "64", "--out", str(out)]) == 0
+                       "--num-blocks", "64", "--rounds", "2", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert [lvl["server"]["concurrency"] for lvl in report["levels"]] == [1, 2]
     for level in report["levels"]:
         for side in ("server", "offline"):
-            assert level[side]["num_errors"] == 0 and level[side]["num_requests"] == 3
+            assert level[side]["num_errors"] == 0 and level[side]["num_requests"] == 6
             assert level[side]["ttft_p50_ms"] > 0 and level[side]["itl_p50_ms"] > 0
         assert set(level["ratio"]) == {"wall", "ttft_p50", "itl_p50"}
     assert "<!-- engine_server -->" in bench.markdown(report)
