@@ -139,6 +139,13 @@ def test_sigkilled_router_restarts_on_its_port_and_gets_its_config_back(start_fl
     assert reply.choices[0].finish_reason in ("stop", "length")
     assert fleet.stop() == 0
     assert fleet.leftovers() == []
+    # The admin token is private to the fleet and never shown anywhere.
+    token_file = fleet.state_dir / "admin-token"
+    token = token_file.read_text().strip()
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    shown = [fleet.output(), (fleet.state_dir / "state.json").read_text()]
+    shown += [p.read_text(errors="replace") for p in (fleet.state_dir / "logs").iterdir()]
+    assert not any(token in text for text in shown)
 
 
 def _router_version(fleet):
