@@ -25,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "engine_server.json"
 README = ROOT / "README.md"
-MARK_START, MARK_END = "<!-- engine_server -->", "<!-- /engine_server -->"
+MARK = "<!-- engine_server -->"  # the section sits between two of these (bench/README.md)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -235,7 +236,7 @@ def ratios(server: dict[str, Any], offline: dict[str, Any]) -> dict[str, float]:
 def markdown(report: dict[str, Any]) -> str:
     cfg = report["config"]
     lines = [
-        MARK_START,
+        MARK,
         "## Engine server: TTFT / ITL, and overhead over the offline engine",
         "",
         f"`{cfg['command']}` — {cfg['model']} ({cfg['runner']} runner), "
@@ -259,17 +260,17 @@ def markdown(report: dict[str, Any]) -> str:
         r = level["ratio"]
         lines.append(f"| {level['server']['concurrency']} | {r['wall']} | {r['ttft_p50']} | "
                      f"{r['itl_p50']} |")
-    lines += ["", "The machine is shared and noisy: compare within one run, quote ratios.",
-              MARK_END]
+    lines += ["", "The client runs on the same 2 cores as the server, so at high concurrency its "
+              "CPU counts against the server; the offline engine has no client. The machine is "
+              "shared and noisy: compare within one run, quote ratios.", MARK]
     return "\n".join(lines)
 
 
 def update_readme(section: str) -> None:
     text = README.read_text() if README.exists() else "# Benchmarks\n"
-    if MARK_START in text and MARK_END in text:
-        head, rest = text.split(MARK_START, 1)
-        tail = rest.split(MARK_END, 1)[1]
-        text = head + section + tail
+    parts = text.split(MARK)
+    if len(parts) >= 3:  # replace what lies between the first two markers
+        text = parts[0] + section + MARK.join(parts[2:])
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     README.write_text(text)
@@ -305,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     model = settings.served_model_names[0]
-    proc, url = start_server(flags, args.out.with_suffix(".server.log"))
+    log_path = Path(tempfile.gettempdir()) / "kvfleet-bench-engine-server.log"
+    proc, url = start_server(flags, log_path)
     pooled: dict[tuple[str, int], LevelResult] = {}
     try:
         asyncio.run(server_level(url, model, warm, 2, 8))

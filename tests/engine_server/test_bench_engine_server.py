@@ -31,4 +31,12 @@ def test_engine_server_bench_smoke(tmp_path, monkeypatch):
             assert level[side]["num_errors"] == 0 and level[side]["num_requests"] == 6
             assert level[side]["ttft_p50_ms"] > 0 and level[side]["itl_p50_ms"] > 0
         assert set(level["ratio"]) == {"wall", "ttft_p50", "itl_p50"}
-    assert "<!-- engine_server -->" in bench.markdown(report)
+    section = bench.markdown(report)
+    assert section.count("<!-- engine_server -->") == 2
+    readme = tmp_path / "README.md"
+    readme.write_text("# B\n\n<!-- other -->\nx\n<!-- other -->\n")
+    monkeypatch.setattr(bench, "README", readme)
+    bench.update_readme(section)
+    bench.update_readme(section)  # idempotent: replaces its own section
+    text = readme.read_text()
+    assert text.count("<!-- engine_server -->") == 2 and "<!-- other -->\nx\n" in text
