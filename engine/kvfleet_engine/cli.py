@@ -38,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address decoders use to pull KV from this replica (default: --host, "
                         "or this machine's address when --host is a wildcard)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed)")
-    p.add_argument("--served-model-name", action="append", default=None,
-                   help="name clients use (repeatable); defaults to --model")
+    p.add_argument("--served-model-name", action="extend", nargs="+", default=None,
+                   help="name(s) clients use, as in vLLM; defaults to --model")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--num-blocks", type=int, default=None,

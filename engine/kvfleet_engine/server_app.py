@@ -61,6 +61,15 @@ async def handle_models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": data})
 
 
+async def handle_version(request: web.Request) -> web.Response:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return web.json_response({"version": version("kvfleet")})
+    except PackageNotFoundError:  # running from a source tree without install
+        return web.json_response({"version": "unknown"})
+
+
 async def handle_metrics(request: web.Request) -> web.Response:
     body = request.app[STATE_KEY].metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
@@ -76,6 +85,7 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/version", handle_version)
     app.router.add_get("/v1/kv_events", server_kv_events.handle_kv_events)
     app.router.add_get(server_pd.TRANSFER_PATH, server_pd.handle_kv_transfer)
     return app

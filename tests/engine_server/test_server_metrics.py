@@ -145,8 +145,9 @@ async def test_kv_events_stream_ndjson_with_consecutive_seq(engine):
     ("--enable-prefix-caching", True), ("--no-enable-prefix-caching", False),
 ])
 async def test_prefix_caching_flag(procs, flag, is_hit_expected):
-    engine = start_engine(procs, "--runner", "simulated", "--profile", "cpu-tiny", flag)
-    body = {"prompt": "the same prompt, twice over " * 3, "max_tokens": 2}
+    engine = start_engine(procs, "--runner", "simulated", "--profile", "cpu-tiny", flag,
+                          "--served-model-name", "cpu-tiny", "alias")
+    body = {"model": "alias", "prompt": "the same prompt, twice over " * 3, "max_tokens": 2}
     async with aiohttp.ClientSession() as session:
         for _ in range(2):
             async with session.post(engine.url + "/v1/completions", json=body) as resp:

@@ -125,6 +125,8 @@ def test_seeded_sampling_is_reproducible(client):
 def test_health_and_unknown_fields_are_ignored(tiny_engine, client):
     with urllib.request.urlopen(tiny_engine.url + "/health", timeout=5) as resp:
         assert resp.status == 200 and json.load(resp) == {"status": "ok"}
+    with urllib.request.urlopen(tiny_engine.url + "/version", timeout=5) as resp:
+        assert json.load(resp)["version"]
     out = client.completions.create(model="tiny-random", prompt="x", max_tokens=2,
                                     extra_body={"frobnicate": {"a": 1}, "logit_bias": {},
                                                 "logprobs": None, "echo": False})
