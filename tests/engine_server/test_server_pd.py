@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from typing import Any
 
@@ -196,3 +197,23 @@ async def test_internal_endpoints_need_the_token_when_one_is_set(procs):
                 **payload, contract.KV_TRANSFER_PARAMS: pre["kv_transfer_params"]})
             assert status == want, out
         assert out["usage"]["completion_tokens"] == 4
+
+
+async def test_draining_prefill_waits_for_its_decoder_then_exits_zero(procs):
+    sim = ("--runner", "simulated", "--profile", "cpu-tiny")
+    prefill = start_engine(procs, *sim, "--role", "prefill", "--drain-timeout", "60",
+                           "--kv-handle-ttl", "60")
+    decode = start_engine(procs, *sim, "--role", "decode")
+    payload = {"prompt": "held across a drain", "max_tokens": 5, "temperature": 0}
+    async with aiohttp.ClientSession() as session:
+        _, pre = await post(session, prefill.url, {
+            **payload, contract.KV_TRANSFER_PARAMS: {"do_remote_decode": True}})
+        prefill.signal(signal.SIGTERM)
+        await asyncio.sleep(1.0)
+        assert prefill.is_running()  # an unclaimed handle is work in flight
+        async with session.get(prefill.url + "/health") as resp:
+            assert resp.status == 503
+        status, out = await post(session, decode.url, {
+            **payload, contract.KV_TRANSFER_PARAMS: pre["kv_transfer_params"]})
+        assert status == 200 and out["usage"]["completion_tokens"] == 5
+    assert prefill.wait(30) == 0
