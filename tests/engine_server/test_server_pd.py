@@ -217,3 +217,27 @@ async def test_draining_prefill_waits_for_its_decoder_then_exits_zero(procs):
             **payload, contract.KV_TRANSFER_PARAMS: pre["kv_transfer_params"]})
         assert status == 200 and out["usage"]["completion_tokens"] == 5
     assert prefill.wait(30) == 0
+
+
+async def test_chat_goes_through_pd_like_the_router_sends_it(trio):
+    unified, prefill, decode = trio
+    chat = {"model": "tiny-random", "messages": [{"role": "user", "content": "Hello there"}],
+            "max_completion_tokens": 10, "temperature": 0, "ignore_eos": True}
+    router_prefill = {**chat, "max_completion_tokens": 1, "max_tokens": 1, "stream": False,
+                      contract.KV_TRANSFER_PARAMS: {
+                          "do_remote_decode": True, "do_remote_prefill": False,
+                          "remote_engine_id": None, "remote_block_ids": None,
+                          "remote_host": None, "remote_port": None}}
+    async with aiohttp.ClientSession() as session:
+        async def chat_post(url: str, payload: dict) -> dict:
+            async with session.post(url + "/v1/chat/completions", json=payload) as resp:
+                assert resp.status == 200, await resp.text()
+                return await resp.json()
+
+        want = await chat_post(unified.url, chat)
+        pre = await chat_post(prefill.url, router_prefill)
+        got = await chat_post(decode.url, {**chat, contract.KV_TRANSFER_PARAMS:
+                                           pre["kv_transfer_params"]})
+    assert got["choices"][0]["message"] == want["choices"][0]["message"]
+    for key in ("prompt_tokens", "completion_tokens"):
+        assert got["usage"][key] == want["usage"][key]
