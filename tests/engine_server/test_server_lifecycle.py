@@ -141,3 +141,38 @@ async def test_drain_timeout_cuts_stragglers_and_still_exits_zero(procs):
             await read_stream(resp)
     assert engine.wait(30) == 0
     assert time.monotonic() - started < 15
+
+
+async def test_priority_field_orders_the_queue(procs):
+    engine = start_engine(procs, "--runner", "simulated", "--profile", "h100-llama3-8b",
+                          "--served-model-name", "tiny-random", "--max-num-seqs", "1")
+    url = engine.url + "/v1/completions"
+    finished: list[str] = []
+
+    async def run(session: aiohttp.ClientSession, name: str, body: dict) -> None:
+        async with session.post(url, json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            await resp.read()
+        finished.append(name)
+
+    async def wait_for(session: aiohttp.ClientSession, running: int, waiting: int) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            now = await scrape(session, engine.url)
+            if (now["vllm:num_requests_running"], now["vllm:num_requests_waiting"]) == (
+                    running, waiting):
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"never saw running={running} waiting={waiting}")
+
+    short = {**LONG, "stream": False, "max_tokens": 5}
+    async with aiohttp.ClientSession() as session:
+        tasks = [asyncio.create_task(run(session, "blocker", {**LONG, "stream": False,
+                                                              "max_tokens": 300}))]
+        await wait_for(session, 1, 0)
+        tasks.append(asyncio.create_task(run(session, "low", {**short, "priority": 5})))
+        await wait_for(session, 1, 1)
+        tasks.append(asyncio.create_task(run(session, "high", {**short, "priority": -5})))
+        await wait_for(session, 1, 2)
+        await asyncio.gather(*tasks)
+    assert finished == ["blocker", "high", "low"]  # vLLM: a lower value is served first
