@@ -85,7 +85,7 @@ class LocalRuntime:
         state_dir: StateDir,
         *,
         backoff: Backoff | None = None,
-        startup_timeout_s: float = 120.0,
+        startup_timeout_s: float = 600.0,  # loading a real model on CPU can take minutes
         on_event: Callable[[str], None] = lambda _msg: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
