@@ -210,7 +210,8 @@ class LocalRuntime:
                 child.state = READY
                 self.on_event(f"{child.name} ready on {child.address}")
             elif self.clock() - child.started_at > self.startup_timeout_s:
-                self.on_event(f"{child.name} not healthy after {self.startup_timeout_s:.0f}s")
+                limit = self.startup_timeout_s
+                self.on_event(f"{child.name} not healthy after {limit:g}s; killing it")
                 if child.proc is not None:
                     procs.signal_group(child.proc, signal.SIGKILL)
 
