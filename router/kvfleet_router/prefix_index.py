@@ -4,7 +4,7 @@ Two indexes share one structure (`ChainIndex`): per-endpoint LRU sets of chained
 hashes, plus a reverse map hash -> endpoints so a lookup costs O(prompt blocks).
 
 * Approximate (`ApproxPrefixIndex`): the router hashes the prompt's UTF-8 bytes in fixed
-  chunks of `block_bytes` into a chain h_k = H(h_{k-1} || chunk_k) (only full chunks), and
+  chunks of `block_bytes` into a chain h_k = H(h_{k-1}, chunk_k) (only full chunks), and
   records the chain for the endpoint it picked. No tokenizer on the hot path.
       idx = ApproxPrefixIndex(block_bytes=64, max_blocks_per_endpoint=20000)
       hashes = idx.hash_text(prompt_text)
@@ -21,22 +21,19 @@ hashes, plus a reverse map hash -> endpoints so a lookup costs O(prompt blocks).
 
 `match` returns the number of *leading* blocks each endpoint holds, because a prefix cache
 can only reuse a contiguous prefix.
+
+H is Python's 64-bit `hash` of (parent, chunk): C speed on the hot path. It is seeded per
+process, which is fine for an index that lives only in this process's memory.
 """
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 from collections.abc import Iterable
 
 from kvfleet_engine.contract import KVEvent
 
-_ROOT = b"kvfleet-root"
-
-
-def _chain(parent: bytes, payload: bytes) -> bytes:
-    return hashlib.blake2b(parent + payload, digest_size=8).digest()
+_ROOT = 0x6B7666_6C656574  # "kvfleet": the parent of a first block
 
 
 class ChainIndex:
@@ -46,12 +43,14 @@ class ChainIndex:
         if max_blocks_per_endpoint < 1:
             raise ValueError("max_blocks_per_endpoint must be >= 1")
         self.max_blocks_per_endpoint = max_blocks_per_endpoint
-        self._lru: dict[str, OrderedDict[bytes, None]] = {}
-        self._owners: dict[bytes, set[str]] = {}
+        self._lru: dict[str, OrderedDict[int, None]] = {}
+        self._owners: dict[int, set[str]] = {}
 
-    def record(self, endpoint: str, hashes: Iterable[bytes]) -> None:
+    def record(self, endpoint: str, hashes: list[int]) -> None:
+        """Insert or refresh a chain. Last block first, so the LRU evicts a chain's tail
+        before its head: a kept head still matches, a kept tail never could."""
         lru = self._lru.setdefault(endpoint, OrderedDict())
-        for h in hashes:
+        for h in reversed(hashes):
             if h in lru:
                 lru.move_to_end(h)
                 continue
@@ -61,7 +60,7 @@ class ChainIndex:
             old, _ = lru.popitem(last=False)
             self._drop_owner(old, endpoint)
 
-    def remove(self, endpoint: str, hashes: Iterable[bytes]) -> None:
+    def remove(self, endpoint: str, hashes: Iterable[int]) -> None:
         lru = self._lru.get(endpoint)
         if lru is None:
             return
@@ -74,19 +73,30 @@ class ChainIndex:
         for h in self._lru.pop(endpoint, OrderedDict()):
             self._drop_owner(h, endpoint)
 
-    def match(self, hashes: list[bytes]) -> dict[str, int]:
+    def match(self, hashes: list[int]) -> dict[str, int]:
         """endpoint -> number of leading blocks of `hashes` it holds (absent means 0)."""
+        if not hashes:
+            return {}
+        first = self._owners.get(hashes[0])
+        if not first:
+            return {}
         result: dict[str, int] = {}
-        alive: set[str] | None = None
-        for depth, h in enumerate(hashes):
-            owners = self._owners.get(h)
-            if not owners:
+        alive = set(first)
+        depth = 1
+        for depth in range(1, len(hashes)):
+            owners = self._owners.get(hashes[depth])
+            if owners is None:
                 break
-            alive = set(owners) if alive is None else alive & owners
-            if not alive:
-                break
-            for ep in alive:
-                result[ep] = depth + 1
+            if not alive <= owners:  # someone's prefix ends here (the rare, costly case)
+                for ep in alive - owners:
+                    result[ep] = depth
+                alive &= owners
+                if not alive:
+                    break
+        else:
+            depth = len(hashes)
+        for ep in alive:
+            result[ep] = depth
         return result
 
     def num_blocks(self, endpoint: str) -> int:
@@ -95,7 +105,7 @@ class ChainIndex:
     def endpoints(self) -> list[str]:
         return list(self._lru)
 
-    def _drop_owner(self, h: bytes, endpoint: str) -> None:
+    def _drop_owner(self, h: int, endpoint: str) -> None:
         owners = self._owners.get(h)
         if owners is not None:
             owners.discard(endpoint)
@@ -110,27 +120,21 @@ class ApproxPrefixIndex(ChainIndex):
             raise ValueError("block_bytes must be >= 1")
         self.block_bytes = block_bytes
 
-    def hash_text(self, text: str) -> list[bytes]:
+    def hash_text(self, text: str) -> list[int]:
         return self.hash_bytes(text.encode("utf-8", "surrogatepass"))
 
-    def hash_bytes(self, data: bytes) -> list[bytes]:
-        out: list[bytes] = []
-        parent = _ROOT
+    def hash_bytes(self, data: bytes) -> list[int]:
+        h = _ROOT
         step = self.block_bytes
-        for start in range(0, len(data) - step + 1, step):
-            parent = _chain(parent, data[start:start + step])
-            out.append(parent)
-        return out
+        return [h := hash((h, data[start:start + step]))
+                for start in range(0, len(data) - step + 1, step)]
 
 
-def hash_tokens(token_ids: list[int], block_size: int) -> list[bytes]:
+def hash_tokens(token_ids: list[int], block_size: int) -> list[int]:
     """Router-side chained hashes of full token blocks (independent of the engine's hash)."""
-    out: list[bytes] = []
-    parent = _ROOT
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = _chain(parent, array("q", token_ids[start:start + block_size]).tobytes())
-        out.append(parent)
-    return out
+    h = _ROOT
+    return [h := hash((h, tuple(token_ids[start:start + block_size])))
+            for start in range(0, len(token_ids) - block_size + 1, block_size)]
 
 
 class PreciseKVIndex(ChainIndex):
@@ -138,7 +142,7 @@ class PreciseKVIndex(ChainIndex):
 
     def __init__(self, max_blocks_per_endpoint: int = 1_000_000) -> None:
         super().__init__(max_blocks_per_endpoint)
-        self._engine_to_router: dict[str, dict[int, bytes]] = {}
+        self._engine_to_router: dict[str, dict[int, int]] = {}
         self.block_sizes: dict[str, int] = {}
         self.last_seq: dict[str, int] = {}
 
@@ -161,7 +165,7 @@ class PreciseKVIndex(ChainIndex):
             self._store(endpoint, event, mapping)
         return is_in_order
 
-    def _store(self, endpoint: str, event: KVEvent, mapping: dict[int, bytes]) -> None:
+    def _store(self, endpoint: str, event: KVEvent, mapping: dict[int, int]) -> None:
         size = event.block_size
         if size < 1 or len(event.token_ids) < size * len(event.block_hashes):
             return  # cannot re-hash without the tokens
@@ -172,10 +176,10 @@ class PreciseKVIndex(ChainIndex):
             parent = mapping[event.parent_block_hash]
         else:
             return  # parent unknown (before we subscribed): the chain cannot be placed
-        hashes: list[bytes] = []
+        hashes: list[int] = []
         for i, engine_hash in enumerate(event.block_hashes):
             tokens = event.token_ids[i * size:(i + 1) * size]
-            parent = _chain(parent, array("q", tokens).tobytes())
+            parent = hash((parent, tuple(tokens)))
             mapping[engine_hash] = parent
             hashes.append(parent)
         self.record(endpoint, hashes)

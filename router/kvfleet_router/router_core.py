@@ -34,7 +34,7 @@ from kvfleet_router.request_info import RequestInfo
 class Routed:
     decision: Decision
     ctx: RouteContext
-    hashes: list[bytes] = field(default_factory=list)
+    hashes: list[int] = field(default_factory=list)
     policy_name: str = ""
 
     @property
@@ -73,7 +73,7 @@ class RouterCore:
         self.cfg, self.policies = cfg, policies
         return gone
 
-    def prefix_fractions(self, info: RequestInfo, hashes: list[bytes],
+    def prefix_fractions(self, info: RequestInfo, hashes: list[int],
                          endpoints: list[EndpointState]) -> dict[str, float]:
         out: dict[str, float] = {}
         if hashes:
@@ -81,7 +81,7 @@ class RouterCore:
                 out[name] = n / len(hashes)
         if info.prompt_token_ids is None:
             return out
-        by_size: dict[int, tuple[list[bytes], dict[str, int]]] = {}
+        by_size: dict[int, tuple[list[int], dict[str, int]]] = {}
         for e in endpoints:
             size = self.precise.block_sizes.get(e.name)
             if e.prefix_mode != "precise" or not size:

@@ -22,23 +22,35 @@ def test_match_counts_leading_blocks_per_endpoint():
     assert idx.match([]) == {}
 
 
-def test_lru_bound_evicts_oldest_and_refreshes_on_record():
+def test_lru_bound_evicts_a_chains_tail_first_and_refreshes_on_record():
     idx = ChainIndex(max_blocks_per_endpoint=3)
-    idx.record("e", [b"1", b"2", b"3"])
-    idx.record("e", [b"1"])  # refresh 1: now 2 is the oldest
-    idx.record("e", [b"4"])
+    idx.record("e", [1, 2, 3])
+    idx.record("e", [4])  # full: the oldest is the chain's tail, block 3
     assert idx.num_blocks("e") == 3
-    assert idx.match([b"2"]) == {}
-    assert idx.match([b"1"]) == {"e": 1}
+    assert idx.match([1, 2, 3]) == {"e": 2}
+    idx.record("e", [1])  # refresh the head: now 2 is the oldest
+    idx.record("e", [5])
+    assert idx.match([1, 2]) == {"e": 1}
+    assert idx.match([4]) == {"e": 1} and idx.match([5]) == {"e": 1}
     idx.forget_endpoint("e")
-    assert idx.match([b"1"]) == {} and idx.num_blocks("e") == 0
+    assert idx.match([1]) == {} and idx.num_blocks("e") == 0
+
+
+def test_match_reports_where_each_endpoint_drops_out():
+    idx = ChainIndex(max_blocks_per_endpoint=100)
+    idx.record("a", [1, 2, 3, 4])
+    idx.record("b", [1, 2])
+    idx.record("c", [1, 2, 3])
+    assert idx.match([1, 2, 3, 4, 5]) == {"a": 4, "b": 2, "c": 3}
+    assert idx.match([1]) == {"a": 1, "b": 1, "c": 1}
+    assert idx.match([9, 1]) == {}
 
 
 def test_eviction_in_the_middle_cuts_the_prefix():
     idx = ChainIndex(max_blocks_per_endpoint=10)
-    idx.record("e", [b"1", b"2", b"3"])
-    idx.remove("e", [b"2"])
-    assert idx.match([b"1", b"2", b"3"]) == {"e": 1}
+    idx.record("e", [1, 2, 3])
+    idx.remove("e", [2])
+    assert idx.match([1, 2, 3]) == {"e": 1}
 
 
 def stored(seq, hashes, tokens, parent=None, size=2):
