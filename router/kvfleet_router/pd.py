@@ -6,8 +6,8 @@
    stream=false and kv_transfer_params={do_remote_decode: true, do_remote_prefill: false,
    remote_*: null}. The prefill engine answers with kv_transfer_params naming its blocks.
 3. Send the decode leg: the client body plus the returned kv_transfer_params, streamed back
-   to the client as usual. If the prefill leg fails, the decode endpoint runs the prompt
-   itself (slower, never lost).
+   to the client as usual. If the prefill leg fails, or every prefill endpoint is busy or
+   unhealthy, the decode endpoint runs the prompt itself (slower, never lost).
 """
 
 from __future__ import annotations
@@ -69,13 +69,14 @@ def leg_headers(request: web.Request) -> CIMultiDict[str]:
 
 async def run_prefill(app: RouterApp, request: web.Request, info: RequestInfo,
                       policy: str | None, headers: CIMultiDict[str]) -> dict[str, Any] | None:
-    """The prefill leg; returns the engine's kv_transfer_params or None on any failure."""
-    try:
-        routed = await app.dispatcher.acquire(info, "prefill", policy, frozenset())
-    except Rejected:
-        return None
+    """The prefill leg; returns the engine's kv_transfer_params or None on any failure.
+
+    It never queues: it already holds a decode slot, and a busy prefill tier is better
+    skipped (the decode endpoint computes the prompt itself) than waited for."""
+    routed = app.dispatcher.try_route(info, "prefill", policy, frozenset())
     e = routed.decision.endpoint
-    assert e is not None
+    if e is None:
+        return None
     raw = json.dumps(prefill_body(info.body)).encode()
     try:
         status, body = await app.forwarder.post_json(e, request.path, raw, headers)

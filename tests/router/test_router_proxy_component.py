@@ -210,7 +210,7 @@ def test_prefill_decode_orchestration(procs, tmp_path):
     router = start_router(procs, tmp_path, {
         "endpoints": [{"name": "pre", "url": prefill.url, "role": "prefill"},
                       {"name": "dec", "url": decode.url, "role": "decode"}],
-        "pd": {"prefill_threshold_tokens": 50}})
+        "pd": {"prefill_threshold_tokens": 50}, "health": {"probe_interval_s": 0.2}})
     long_prompt = "word " * 100  # ~125 estimated tokens > 50
     status, _, body = raw_post(router.url + "/v1/completions",
                                {"prompt": long_prompt, "max_tokens": 3, "stream": True})
@@ -231,6 +231,16 @@ def test_prefill_decode_orchestration(procs, tmp_path):
         assert raw_post(router.url + "/v1/completions", {"prompt": prompt})[0] == 200
     assert len(fake_log(prefill)) == 1 and len(fake_log(decode)) == 3
     assert "kv_transfer_params" not in fake_log(decode)[-1]["body"]
+    # no healthy prefill endpoint: the decode endpoint runs the prompt itself, at once
+    control(prefill, healthy=False)
+    time.sleep(0.8)
+    t0 = time.monotonic()
+    assert raw_post(router.url + "/v1/completions", {"prompt": "other " * 100})[0] == 200
+    assert time.monotonic() - t0 < 2
+    assert len(fake_log(prefill)) == 1 and len(fake_log(decode)) == 4
+    assert "kv_transfer_params" not in fake_log(decode)[-1]["body"]
+    metrics = urllib.request.urlopen(router.url + "/metrics").read().decode()
+    assert 'kvfleet_router_pd_prefills_total{outcome="failed"} 1.0' in metrics
 
 
 def test_precise_prefix_index_from_kv_events(procs, tmp_path):
