@@ -33,10 +33,12 @@ log = logging.getLogger(__name__)
 
 
 async def read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise RequestError(f"request body exceeds {limit} bytes", status=413,
-                           code="body_too_large")
-    chunks: list[bytes] = []
+    if request.content_length is not None:
+        if request.content_length > limit:
+            raise RequestError(f"request body exceeds {limit} bytes", status=413,
+                               code="body_too_large")
+        return await request.read()  # the common case: one C-level read
+    chunks: list[bytes] = []  # chunked upload: count as it arrives
     size = 0
     async for chunk in request.content.iter_any():
         size += len(chunk)

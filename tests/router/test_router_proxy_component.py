@@ -329,3 +329,28 @@ def test_backend_hanging_mid_stream_hits_the_idle_timeout(procs, tmp_path):
     events = [e for e in body.split(b"\n\n") if e]
     assert b'"error"' in events[-2] and events[-1] == b"data: [DONE]"
     assert 0.9 < time.monotonic() - t0 < 5
+
+
+def test_chunked_upload_is_size_limited_too(procs, tmp_path):
+    backend = start_fake(procs, "b0")
+    router = start_router(procs, tmp_path, {"endpoints": endpoints_cfg([backend]),
+                                            "limits": {"max_body_bytes": 1000}})
+
+    def chunked(body: bytes) -> tuple[int, dict]:
+        def gen():
+            yield body[:10]
+            yield body[10:]
+
+        req = urllib.request.Request(router.url + "/v1/completions", data=gen(), method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              "Transfer-Encoding": "chunked"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    status, got = chunked(json.dumps({"prompt": "x" * 2000}).encode())
+    assert status == 413 and got["error"]["code"] == "body_too_large"
+    status, got = chunked(json.dumps({"prompt": "small", "max_tokens": 2}).encode())
+    assert status == 200 and got["choices"][0]["text"] == "b0:0 b0:1 "
