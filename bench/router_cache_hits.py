@@ -13,7 +13,7 @@ Reported per target:
 - load imbalance (max - min) / mean in-flight, at instants and over windows;
 - latency p50/p99 and errors.
 
-    .venv/bin/python bench/router_cache_hits.py            # full run, ~8 min
+    .venv/bin/python bench/router_cache_hits.py            # full run, ~15 min
     .venv/bin/python bench/router_cache_hits.py --quick    # seconds; the smoke test uses it
 """
 
@@ -47,7 +47,6 @@ DEFAULT_TARGETS = [
     "kvfleet:least-request",
     "kvfleet:round-robin",
     "sglang:cache_aware",
-    "sglang:round_robin",
 ]
 MODEL = "fake-model"
 
@@ -56,7 +55,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--targets", default=",".join(DEFAULT_TARGETS))
     p.add_argument("--trace", default=str(trace_mooncake.default_trace_path()))
-    p.add_argument("--num-requests", type=int, default=2000)
+    p.add_argument("--num-requests", type=int, default=1500)
     p.add_argument("--skip", type=int, default=0, help="trace lines to skip first")
     p.add_argument("--speedup", type=float, default=11.0, help="time compression")
     p.add_argument("--num-backends", type=int, default=4)
@@ -66,7 +65,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--ms-per-output-token", type=float, default=20.0, help="real time")
     p.add_argument("--max-output-tokens", type=int, default=1024)
     p.add_argument("--window-s", type=float, default=1.0, help="imbalance window, compressed")
-    p.add_argument("--reps", type=int, default=1, help="repetitions; medians are reported")
+    p.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported")
     p.add_argument("--router-cpu", default="0")
     p.add_argument("--client-cpu", default="1")
     p.add_argument("--no-pin", action="store_true")
