@@ -93,8 +93,11 @@ class Dispatcher:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise self._reject(reason)
+                # Only the head polls (for health or signal changes that wake nobody);
+                # the others sleep until woken, since leave() wakes each new head.
+                wait_s = min(remaining, _POLL_S) if queue.is_head(fut) else remaining
                 try:
-                    await asyncio.wait_for(asyncio.shield(fut), min(remaining, _POLL_S))
+                    await asyncio.wait_for(asyncio.shield(fut), wait_s)
                 except TimeoutError:
                     pass
                 if fut.done():
