@@ -242,6 +242,7 @@ def plot(summary: dict, levels: list[int], path: Path) -> None:
     for ax, title in ((axes[0], "added p50 latency (ms)"), (axes[1], "added p99 latency (ms)")):
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(levels))], [str(c) for c in levels])
         ax.set_xlabel("concurrency")
+        ax.set_yscale("symlog", linthresh=1.0)  # sub-ms at c=1, hundreds of ms at c=512
         ax.set_title(title)
     axes[1].legend(fontsize=7)
     names = list(summary["max_rps_zero_errors"])
