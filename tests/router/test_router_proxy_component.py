@@ -9,6 +9,7 @@ import urllib.request
 
 import openai
 import pytest
+from engine_fleet import metric_sum
 from helpers.procs import free_port
 from router_fixtures import endpoints_cfg, http_json, start_fake, start_router
 
@@ -120,6 +121,14 @@ def test_backend_dying_mid_stream_ends_with_an_error_event(procs, tmp_path):
     assert time.monotonic() - t0 < 10  # ended promptly, never a hang
 
 
+def wait_for_gauge(router, name: str, value: float, timeout_s: float = 10) -> None:
+    """Wait until the router's own metric (summed over labels) reaches `value`."""
+    deadline = time.monotonic() + timeout_s
+    while metric_sum(router.url, name) != value:
+        assert time.monotonic() < deadline, f"{name} never reached {value}"
+        time.sleep(0.02)
+
+
 def test_saturation_queues_by_priority_then_429(procs, tmp_path):
     backend = start_fake(procs, "b0", "--token-delay-ms", "100")
     router = start_router(procs, tmp_path, {
@@ -132,12 +141,12 @@ def test_saturation_queues_by_priority_then_429(procs, tmp_path):
                               "stream": True})[0]
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        busy = pool.submit(send, "busy", 0, 10)
-        time.sleep(0.4)
+        busy = pool.submit(send, "busy", 0, 20)
+        wait_for_gauge(router, "kvfleet_router_in_flight", 1.0)
         low = pool.submit(send, "low", 5)
-        time.sleep(0.2)
+        wait_for_gauge(router, "kvfleet_router_queue_length", 1.0)
         high = pool.submit(send, "high", -1)
-        time.sleep(0.2)
+        wait_for_gauge(router, "kvfleet_router_queue_length", 2.0)
         status, headers, body = raw_post(url, {"prompt": "extra", "max_tokens": 1})
         assert status == 429 and headers["Retry-After"] == "3"
         assert json.loads(body)["error"]["type"] == "rate_limit_error"
@@ -154,7 +163,7 @@ def test_queue_timeout_gives_429(procs, tmp_path):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         busy = pool.submit(raw_post, router.url + "/v1/completions",
                            {"prompt": "busy", "max_tokens": 10})
-        time.sleep(0.4)
+        wait_for_gauge(router, "kvfleet_router_in_flight", 1.0)
         t0 = time.monotonic()
         status, headers, _ = raw_post(router.url + "/v1/completions", {"prompt": "late"})
         assert status == 429 and "Retry-After" in headers
