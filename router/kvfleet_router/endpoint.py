@@ -20,6 +20,7 @@ class Signals:
     num_waiting: float = 0.0
     kv_usage: float = 0.0  # 0-1
     block_size: int = 0
+    is_draining: bool = False  # the engine says it is draining (kvfleet:draining, SIGTERM)
     scraped_at: float = 0.0
 
     def is_fresh(self, now: float, stale_after_s: float) -> bool:
@@ -94,6 +95,11 @@ class EndpointState:
     def kv_usage(self) -> float | None:
         """KV occupancy 0-1, or None when unknown (never scraped or stale)."""
         return self.signals.kv_usage if self.is_signals_fresh else None
+
+    def is_accepting(self) -> bool:
+        """Neither draining by config nor, per a fresh scrape, by its own account."""
+        return not (self.is_draining or self.is_removed or
+                    (self.is_signals_fresh and self.signals.is_draining))
 
     def is_healthy(self, now: float) -> bool:
         return self.is_probe_healthy and self.breaker.can_attempt(now)

@@ -1,5 +1,8 @@
 """Scrape each backend's /metrics (vLLM names, older names accepted) into `Signals`.
 
+Read: running, waiting, KV usage (summed over label sets; KV averaged), the block size
+from cache_config_info, and kvfleet:draining (an engine that got SIGTERM gets no new work).
+
 `parse_metrics(text)` is pure. `poll_forever` refreshes every endpoint on an interval and
 marks an endpoint fresh only while its last good scrape is younger than stale_after_s, so a
 silent backend reads as unknown rather than idle.
@@ -23,6 +26,7 @@ _GAUGES = {
     contract.NUM_REQUESTS_RUNNING: "num_running",
     contract.NUM_REQUESTS_WAITING: "num_waiting",
     contract.KV_CACHE_USAGE_PERC: "kv_usage",
+    contract.DRAINING: "draining",
 }
 
 
@@ -80,7 +84,8 @@ def parse_metrics(text: str, now: float) -> Signals:
         sums["kv_usage"] /= counts["kv_usage"]
     return Signals(num_running=sums.get("num_running", 0.0),
                    num_waiting=sums.get("num_waiting", 0.0),
-                   kv_usage=sums.get("kv_usage", 0.0), block_size=block_size, scraped_at=now)
+                   kv_usage=sums.get("kv_usage", 0.0), block_size=block_size, scraped_at=now,
+                   is_draining=sums.get("draining", 0.0) > 0)
 
 
 async def scrape(session: aiohttp.ClientSession, e: EndpointState, timeout_s: float) -> None:

@@ -21,7 +21,16 @@ def probe_down(name):
     return e
 
 
+def self_draining(name, fresh=True):
+    e = ep(name, kv=0.1)
+    e.signals.is_draining = True
+    e.is_signals_fresh = fresh
+    return e
+
+
 @pytest.mark.parametrize("filter_name, endpoints, context, kept", [
+    ("not-draining", [self_draining("a"), self_draining("b", fresh=False), ep("c")], {},
+     ["b", "c"]),
     ("healthy", [ep("a"), ejected("b"), probe_down("c")], {"now": 0.5}, ["a"]),
     ("healthy", [ejected("b")], {"now": 100.0}, ["b"]),  # half-open: one trial allowed
     ("not-draining", [ep("a"), ep("b", draining=True)], {}, ["a"]),

@@ -22,6 +22,12 @@ def test_parse_current_names():
         4.0, 2.0, pytest.approx(0.5), 16, 7.0)
 
 
+def test_engine_draining_gauge():
+    assert parse_metrics('kvfleet:draining{model_name="a"} 1.0\n', now=1.0).is_draining
+    assert not parse_metrics('kvfleet:draining{model_name="a"} 0.0\n', now=1.0).is_draining
+    assert not parse_metrics(CURRENT, now=1.0).is_draining
+
+
 def test_parse_legacy_names_and_garbage():
     s = parse_metrics(LEGACY + "garbage line\nvllm:num_requests_running{bad NaNx\n", now=1.0)
     assert s.kv_usage == pytest.approx(0.6) and s.num_waiting == 4.0 and s.num_running == 0.0

@@ -3,7 +3,8 @@
 Each factory takes the RouterConfig and returns `f(endpoints, ctx) -> endpoints`.
 
 * healthy:      keep e if its last /health probe passed and its circuit breaker admits a try.
-* not-draining: keep e if e.state is active (draining endpoints finish in-flight work only).
+* not-draining: keep e if e.state is active and a fresh scrape does not show the engine
+                draining itself (kvfleet:draining); draining endpoints finish in-flight work.
 * role:         keep e if e.role == ctx.role (unified, prefill or decode).
 * model:        keep e if e.models is empty or ctx.request.model is None or in e.models.
 * saturation:   drop e if in_flight >= capacity, or engine waiting >= max_waiting (when > 0,
@@ -26,7 +27,7 @@ def healthy(cfg: RouterConfig) -> Filter:
 
 
 def not_draining(cfg: RouterConfig) -> Filter:
-    return lambda eps, ctx: [e for e in eps if not e.is_draining and not e.is_removed]
+    return lambda eps, ctx: [e for e in eps if e.is_accepting()]
 
 
 def role(cfg: RouterConfig) -> Filter:
