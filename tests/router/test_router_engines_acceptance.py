@@ -6,7 +6,7 @@
 * failure: 3 simulated engines under load, one SIGKILLed: requests that had not started
   streaming all succeed, started ones end with an SSE error event;
 * drain: a config push that drains one engine under load finishes its streams and sends
-  it nothing new.
+  it nothing new; so does an engine's own SIGTERM drain (a Kubernetes pod shutdown).
 """
 
 from __future__ import annotations
@@ -219,3 +219,39 @@ async def test_draining_push_under_load_finishes_streams_and_sends_nothing_new(p
     # the engine itself finished exactly what it had been sent: nothing new, nothing lost
     assert metric_sum(engines[0].url, "vllm:e2e_request_latency_seconds_count") == sent_at_push
     assert metric_sum(router.url, 'kvfleet_router_requests_total', endpoint="b1") > 0
+
+
+async def test_engine_sigterm_under_load_loses_nothing(procs, tmp_path):
+    import signal
+
+    engines, router = sim_fleet(procs, tmp_path, retries={"max_attempts": 3},
+                                signals={"poll_interval_s": 0.2, "stale_after_s": 1.0},
+                                health={"probe_interval_s": 0.2})
+    client = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0,
+                                timeout=60)
+    stop = asyncio.Event()
+    records: list[dict] = []
+
+    async def worker(w: int) -> None:
+        n = 0
+        while not stop.is_set():
+            records.append(await _stream(client, f"sigterm {w} {n} " * 4, 100))
+            n += 1
+
+    workers = [asyncio.create_task(worker(w)) for w in range(6)]
+    deadline = time.monotonic() + 15
+    while await asyncio.to_thread(in_flight, router, "b0") == 0:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)
+    engines[0].signal(signal.SIGTERM)  # what Kubernetes does to a pod before the operator acts
+    await asyncio.sleep(3.0)
+    stop.set()
+    await asyncio.gather(*workers)
+    await client.close()
+    assert records and all(r["error"] is None and r["finish"] == "length" for r in records)
+    assert await asyncio.to_thread(engines[0].wait, 30) == 0
+    # the engine's streams that were running at SIGTERM finished; later work went elsewhere
+    served_by_b0 = metric_sum(router.url, "kvfleet_router_requests_total", endpoint="b0")
+    assert served_by_b0 >= 1
+    assert metric_sum(router.url, "kvfleet_router_requests_total") == served_by_b0 + sum(
+        metric_sum(router.url, "kvfleet_router_requests_total", endpoint=n) for n in ("b1", "b2"))
