@@ -101,3 +101,20 @@ def test_naive_attention_is_causal():
     k2[3:], v2[3:] = 0, 0  # changing later tokens must not change earlier outputs
     assert torch.allclose(naive_causal_attention(0, q, k2, v2)[:3], out[:3])
     assert not torch.allclose(naive_causal_attention(0, q, k2, v2)[3:], out[3:])
+
+
+def test_attention_groups_bucket_decodes_by_length():
+    from kvfleet_engine.model.paged_attention import MIN_DECODE_GROUP, attention_groups
+
+    n = MIN_DECODE_GROUP
+    q_lens = [1] * (2 * n) + [5, 9]
+    kv_blocks = [1] * n + [30] * n + [2, 3]
+    groups = attention_groups(q_lens, kv_blocks)
+    assert groups == [list(range(n)), list(range(n, 2 * n)), [2 * n], [2 * n + 1]]
+    # prefill chunks of similar length share a call
+    assert attention_groups([5, 7, 100], [2, 2, 30]) == [[0, 1], [2]]
+    # a bucket too small to pay for its own call joins the next one up
+    groups = attention_groups([1, 1, 1] + [1] * n, [1, 1, 1] + [40] * n)
+    assert groups == [list(range(n + 3))]
+    assert attention_groups([1, 1], [3, 200]) == [[0, 1]]
+    assert sorted(sum(attention_groups(q_lens, kv_blocks), [])) == list(range(len(q_lens)))

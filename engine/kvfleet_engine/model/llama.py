@@ -30,10 +30,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 so bf16 weights do not lose the variance.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return x32.to(x.dtype) * self.weight
+        # Normalise in fp32 so bf16 activations do not lose the variance.
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return normed.to(x.dtype) * self.weight
 
 
 class DecoderLayer(nn.Module):
@@ -54,10 +53,13 @@ class DecoderLayer(nn.Module):
     def forward(self, layer_idx: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attention: AttentionFn) -> torch.Tensor:
         num_tokens = x.shape[0]
-        q, k, v = self.qkv_proj(self.input_norm(x)).split(self.split, dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q_size, kv_size, _ = self.split
+        qkv = self.qkv_proj(self.input_norm(x))
+        # Rotate q and k heads in one go: they share cos/sin.
+        qk = qkv[:, : q_size + kv_size].view(num_tokens, -1, self.head_dim)
+        qk = apply_rotary(qk, cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, q_size + kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
         attn = attention(layer_idx, q, k, v).reshape(num_tokens, -1)
         x = x + self.o_proj(attn)
         gate, up = self.gate_up_proj(self.post_norm(x)).chunk(2, dim=-1)

@@ -48,6 +48,7 @@ class GroupMeta:
     mask: torch.Tensor  # [B, 1, max_q * group, max_blocks * block_size], True = attend
     real_rows: torch.Tensor  # rows of the flattened [B * max_q] output that are real
     out_index: torch.Tensor  # flat-batch row of each real output row
+    is_whole_batch: bool = False  # no padding, rows in flat order: output needs no scatter
 
 
 @dataclass(slots=True)
@@ -82,6 +83,40 @@ def build_group(q_len: torch.Tensor, start: torch.Tensor, offset: torch.Tensor,
                      token_index.flatten().index_select(0, real_rows))
 
 
+MIN_DECODE_GROUP = 8  # smaller length buckets merge upward: a kernel call costs too
+
+
+def attention_groups(q_lens: list[int], kv_blocks: list[int]) -> list[list[int]]:
+    """Split a step's sequences into attention calls that pad little.
+
+    Sequences are bucketed by KV length in powers of two, so padding at most doubles the
+    work of a call. Prefill chunks (more than one query) and decodes never share a call,
+    since a decode padded to a long chunk's query length would waste the most. Decode
+    buckets smaller than MIN_DECODE_GROUP merge into the next one up.
+    """
+    prefill: dict[int, list[int]] = {}
+    for i, q in enumerate(q_lens):
+        if q > 1:
+            prefill.setdefault((kv_blocks[i] - 1).bit_length(), []).append(i)
+    buckets: dict[int, list[int]] = {}
+    for i, q in enumerate(q_lens):
+        if q == 1:
+            buckets.setdefault((kv_blocks[i] - 1).bit_length(), []).append(i)
+    groups: list[list[int]] = []
+    carry: list[int] = []
+    for key in sorted(buckets):
+        carry += buckets[key]
+        if len(carry) >= MIN_DECODE_GROUP:
+            groups.append(carry)
+            carry = []
+    if carry:
+        if groups:
+            groups[-1] += carry
+        else:
+            groups.append(carry)
+    return groups + [prefill[key] for key in sorted(prefill)]
+
+
 def build_step_meta(q_lens: list[int], starts: list[int], tables: list[list[int]],
                     block_size: int, queries_per_kv: int, num_blocks: int) -> StepMeta:
     for q, s, t in zip(q_lens, starts, tables, strict=True):
@@ -98,14 +133,17 @@ def build_step_meta(q_lens: list[int], starts: list[int], tables: list[list[int]
     offset = ends - q_len
     seq_of_token = torch.repeat_interleave(torch.arange(len(q_lens)), q_len)
     positions = torch.arange(int(ends[-1])) - offset[seq_of_token] + start[seq_of_token]
-    slots = padded[seq_of_token, positions // block_size] * block_size + positions % block_size
-    is_decode = q_len == 1
+    flat_block = seq_of_token * padded.shape[1] + positions // block_size
+    slots = padded.view(-1).index_select(0, flat_block) * block_size + positions % block_size
+    kv_blocks = [(s + q + block_size - 1) // block_size
+                 for q, s in zip(q_lens, starts, strict=True)]
     groups = []
-    for chosen in (is_decode, ~is_decode):  # decodes and prefill chunks pad separately
-        idx = chosen.nonzero().flatten()
-        if idx.numel():
-            groups.append(build_group(q_len[idx], start[idx], offset[idx], padded[idx],
-                                      block_size, queries_per_kv))
+    for members in attention_groups(q_lens, kv_blocks):
+        idx = torch.tensor(members, dtype=torch.long)
+        groups.append(build_group(q_len[idx], start[idx], offset[idx], padded[idx],
+                                  block_size, queries_per_kv))
+    if len(groups) == 1 and bool(groups[0].is_real.all()) and members == sorted(members):
+        groups[0].is_whole_batch = True  # one group, in order (all decodes, or one prompt)
     return StepMeta(positions, slots, ends - 1, groups)
 
 
@@ -121,8 +159,11 @@ class PagedAttention:
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self.meta.slot_mapping, k)
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self.meta.slot_mapping, v)
+        groups = self.meta.groups
+        if groups[0].is_whole_batch:
+            return _group_attention(q, k_cache, v_cache, groups[0])
         out = torch.empty_like(q)
-        for g in self.meta.groups:
+        for g in groups:
             rows = _group_attention(q, k_cache, v_cache, g)
             out.index_copy_(0, g.out_index, rows.index_select(0, g.real_rows))
         return out
