@@ -29,7 +29,7 @@ from kvfleet_operator.signals import Scrape, ScrapeLog, aggregate
 from kvfleet_router.config import RouterConfig
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.endpoint import Signals as EndpointSignals
-from kvfleet_router.policies import RouteContext, build_policy
+from kvfleet_router.policies import Policy, RouteContext, build_policy
 from kvfleet_router.request_info import RequestInfo
 
 from kvfleet_sim.replica import Finished, SimReplica
@@ -98,7 +98,7 @@ class FleetSim:
         self.replicas: dict[str, SimReplica] = {}
         self.endpoints: dict[str, EndpointState] = {}
         self.router_config: dict | None = None
-        self.policy = None
+        self.policy: Policy | None = None
         self.log = ScrapeLog()
         self.held: list[tuple[str, list[int], int, float]] = []
         self.heap: list[tuple[float, int, str, str]] = []
@@ -228,9 +228,12 @@ class FleetSim:
             ep = self.endpoints.get(name)
             if ep is not None:
                 ep.signals = EndpointSignals(
-                    sample.num_running, sample.num_waiting, sample.kv_usage,
-                    self.config.block_size, t,
-                )  # fmt: skip
+                    num_running=sample.num_running,
+                    num_waiting=sample.num_waiting,
+                    kv_usage=sample.kv_usage,
+                    block_size=self.config.block_size,
+                    scraped_at=t,
+                )
                 ep.is_signals_fresh = True
         window = float(self.spec.autoscaling.window_seconds) + 2 * self.settings.scrape_interval_s
         self.log.prune(t, window)
