@@ -10,7 +10,8 @@ TTFT = add_request -> first token; ITL = gaps between a request's tokens.
 Server and offline runs alternate level by level, for --rounds rounds, samples pooled.
 
     python bench/engine_server.py                      # smollm2-135m, 1/16/64 streams
-    python bench/engine_server.py --model tiny-random --concurrency 1 4 --update-readme
+    python bench/engine_server.py --model tiny-random \\
+        --out bench/results/engine_server_tiny.json --update-readme
 """
 
 from __future__ import annotations
@@ -233,13 +234,25 @@ def ratios(server: dict[str, Any], offline: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def markdown(report: dict[str, Any]) -> str:
+def markdown(reports: list[dict[str, Any]]) -> str:
+    """The README section: one block per results file (e.g. the real model and the tiny one)."""
+    lines = [MARK, "## Engine server: TTFT / ITL, and overhead over the offline engine", ""]
+    for report in reports:
+        lines += _report_lines(report) + [""]
+    lines += ["The server's cost per token (engine-thread hand-off, HTTP, JSON, and the client's "
+              "CPU) shows when steps are short (tiny-random) and hides behind the forward pass "
+              "when steps are long (SmolLM2).",
+              "The client runs on the same 2 cores as the server, so at high concurrency its "
+              "CPU counts against the server; the offline engine has no client. The machine is "
+              "shared and noisy (rounds differ by 10-50%): compare within one run, quote ratios.",
+              MARK]
+    return "\n".join(lines)
+
+
+def _report_lines(report: dict[str, Any]) -> list[str]:
     cfg = report["config"]
     lines = [
-        MARK,
-        "## Engine server: TTFT / ITL, and overhead over the offline engine",
-        "",
-        f"`{cfg['command']}` — {cfg['model']} ({cfg['runner']} runner), "
+        f"**{cfg['model']}** — `{cfg['command']}`: {cfg['runner']} runner, "
         f"{cfg['prompt_tokens']}-token random prompts, {cfg['output_tokens']} output tokens, "
         f"greedy, EOS ignored; closed loop; {cfg['threads']} torch thread(s); "
         f"{cfg['rounds']} alternating rounds pooled; "
@@ -260,10 +273,7 @@ def markdown(report: dict[str, Any]) -> str:
         r = level["ratio"]
         lines.append(f"| {level['server']['concurrency']} | {r['wall']} | {r['ttft_p50']} | "
                      f"{r['itl_p50']} |")
-    lines += ["", "The client runs on the same 2 cores as the server, so at high concurrency its "
-              "CPU counts against the server; the offline engine has no client. The machine is "
-              "shared and noisy: compare within one run, quote ratios.", MARK]
-    return "\n".join(lines)
+    return lines
 
 
 def update_readme(section: str) -> None:
@@ -339,10 +349,10 @@ def main(argv: list[str] | None = None) -> int:
         "levels": levels,
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    section = markdown(report)
-    print(section)
-    if args.update_readme:
-        update_readme(section)
+    print("\n".join(_report_lines(report)))
+    if args.update_readme:  # every results file of this benchmark, this run's included
+        paths = sorted(RESULTS.parent.glob("engine_server*.json"))
+        update_readme(markdown([json.loads(path.read_text()) for path in paths]))
     return 0
 
 
