@@ -31,7 +31,7 @@ def test_engine_server_bench_smoke(tmp_path, monkeypatch):
             assert level[side]["num_errors"] == 0 and level[side]["num_requests"] == 6
             assert level[side]["ttft_p50_ms"] > 0 and level[side]["itl_p50_ms"] > 0
         assert set(level["ratio"]) == {"wall", "ttft_p50", "itl_p50"}
-    section = bench.markdown(report)
+    section = bench.markdown([report, report])
     assert section.count("<!-- engine_server -->") == 2
     readme = tmp_path / "README.md"
     readme.write_text("# B\n\n<!-- other -->\nx\n<!-- other -->\n")
