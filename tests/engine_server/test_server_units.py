@@ -279,8 +279,12 @@ async def test_a_crashing_engine_fails_its_requests_and_reports_dead():
             await asyncio.sleep(0.01)
         assert errors == [("a", "simulated device fault")]
         assert thread.is_alive  # a failed step fails its batch; the thread keeps serving
-        def broken_stats():
-            raise RuntimeError("stats broke")
+        real_stats = engine.stats
+
+        def broken_stats():  # breaks once "b" is in (the idle thread calls stats too)
+            if engine.has_unfinished_requests():
+                raise RuntimeError("stats broke")
+            return real_stats()
 
         engine.stats = broken_stats
         thread.add_request("b", [4], SamplingParams(max_tokens=50, ignore_eos=True))
