@@ -17,7 +17,7 @@ policy:
   name: cache-aware              # round-robin | random | least-request | least-kv | prefix-cache |
                                  # session | latency | ucb | slo | cache-aware
   picker: max                    # max | power-of-two | weighted-random (ignored by round-robin)
-  weights: {prefix: 2.0, queue: 1.0, kv: 0.5}   # scorer -> weight (cache-aware only)
+  weights: {prefix: 1.0, queue: 0.2, kv: 0.5}   # scorer -> weight (cache-aware only)
   allow_override: false          # honour the per-request header below?
   override_header: x-kvfleet-policy
   imbalance: {abs_threshold: 8, rel_threshold: 1.5}   # cache-aware's load guard
@@ -123,7 +123,7 @@ class SloConfig:
 
 
 def _default_weights() -> dict[str, float]:
-    return {"prefix": 2.0, "queue": 1.0, "kv": 0.5}
+    return {"prefix": 1.0, "queue": 0.2, "kv": 0.5}
 
 
 @dataclass(slots=True)

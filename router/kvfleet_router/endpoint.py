@@ -53,6 +53,7 @@ class EndpointState:
     is_removed: bool = False  # dropped from config; kept until its in-flight requests end
     signals: Signals = field(default_factory=Signals)
     is_signals_fresh: bool = False  # refreshed by the poller; stale => unknown, not idle
+    foreign_load: float = 0.0  # engine running+waiting beyond our in-flight at the last scrape
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     ttft: Ewma = field(default_factory=Ewma)  # seconds to first byte
     prefill_s_per_token: Ewma = field(default_factory=Ewma)  # alpha of the SLO scorer
@@ -84,12 +85,20 @@ class EndpointState:
         """in-flight / capacity, the load used by the imbalance metric."""
         return self.num_in_flight / self.capacity
 
+    def apply_scrape(self, signals: Signals) -> None:
+        """Take a new /metrics scrape; its freshness is judged later against `now`."""
+        self.signals = signals
+        # The engine's load beyond our own in-flight requests: other routers' share.
+        self.foreign_load = max(0.0, signals.num_running + signals.num_waiting - self.num_in_flight)
+
     def queue_depth(self) -> float:
-        """Requests ahead of a new one: the router's own count, or the engine's when larger
-        (other routers share the engine). Engine figures count only while fresh."""
+        """Requests ahead of a new one: the router's own (exact, live) in-flight count plus
+        the load it cannot see (other clients' requests, from the last fresh scrape).
+
+        Taking the engine's whole count instead would keep a backend that has already
+        drained looking busy until the next poll, herding work elsewhere and back."""
         if self.is_signals_fresh:
-            return max(float(self.num_in_flight),
-                       self.signals.num_running + self.signals.num_waiting)
+            return self.num_in_flight + self.foreign_load
         return float(self.num_in_flight)
 
     def kv_usage(self) -> float | None:

@@ -97,7 +97,7 @@ async def scrape(session: aiohttp.ClientSession, e: EndpointState, timeout_s: fl
             text = await resp.text()
     except (TimeoutError, aiohttp.ClientError, OSError):
         return
-    e.signals = parse_metrics(text, time.monotonic())
+    e.apply_scrape(parse_metrics(text, time.monotonic()))
 
 
 async def poll_forever(session: aiohttp.ClientSession,

@@ -227,13 +227,13 @@ class FleetSim:
             self.log.add(name, Scrape(t, sample))
             ep = self.endpoints.get(name)
             if ep is not None:
-                ep.signals = EndpointSignals(
+                ep.apply_scrape(EndpointSignals(
                     num_running=sample.num_running,
                     num_waiting=sample.num_waiting,
                     kv_usage=sample.kv_usage,
                     block_size=self.config.block_size,
                     scraped_at=t,
-                )
+                ))
                 ep.is_signals_fresh = True
         window = float(self.spec.autoscaling.window_seconds) + 2 * self.settings.scrape_interval_s
         self.log.prune(t, window)

@@ -18,7 +18,8 @@ def ep(name: str, *, in_flight: int = 0, kv: float | None = None, waiting: float
                                                  state="draining" if draining else "active"))
     e.num_in_flight = in_flight
     if kv is not None:
-        e.signals = Signals(num_running=running, num_waiting=waiting, kv_usage=kv, scraped_at=1.0)
+        e.apply_scrape(Signals(num_running=running, num_waiting=waiting, kv_usage=kv,
+                               scraped_at=1.0))
         e.is_signals_fresh = True
     return e
 

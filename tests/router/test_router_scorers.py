@@ -29,7 +29,7 @@ def with_slo(name, alpha=None, beta=None):
 
 
 @pytest.mark.parametrize("scorer, endpoints, context, expected", [
-    # queue: (max - q) / (max - min), q = max(router in-flight, engine running+waiting)
+    # queue: (max - q) / (max - min), q = router in-flight + engine load beyond it (last scrape)
     ("queue", [ep("a", in_flight=0), ep("b", in_flight=5), ep("c", in_flight=10)], {},
      [1.0, 0.5, 0.0]),
     ("queue", [ep("a", in_flight=3), ep("b", in_flight=3)], {}, [1.0, 1.0]),

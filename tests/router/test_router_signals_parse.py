@@ -36,7 +36,7 @@ def test_parse_legacy_names_and_garbage():
 def test_stale_scrape_is_unknown_not_idle():
     e = EndpointState.from_config(EndpointConfig(name="a", url="http://a:1"))
     e.num_in_flight = 2
-    e.signals = Signals(num_running=9, num_waiting=1, kv_usage=0.9, scraped_at=10.0)
+    e.apply_scrape(Signals(num_running=9, num_waiting=1, kv_usage=0.9, scraped_at=10.0))
     e.is_signals_fresh = e.signals.is_fresh(now=12.0, stale_after_s=5.0)
     assert e.queue_depth() == 10 and e.kv_usage() == 0.9
     e.is_signals_fresh = e.signals.is_fresh(now=16.0, stale_after_s=5.0)
