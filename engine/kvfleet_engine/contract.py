@@ -38,6 +38,10 @@ LEGACY_NAMES = {
 }
 
 MODEL_LABEL = "model_name"
+# When set in an engine's environment, /v1/kv_events and /v1/kv_transfer/* need it as a
+# bearer token (KV events carry prompt token ids). Readers send the same variable's value.
+ENGINE_TOKEN_ENV = "KVFLEET_ENGINE_TOKEN"
+
 ROLES = ("unified", "prefill", "decode")
 
 # --- KV events, streamed as NDJSON from GET /v1/kv_events ---

@@ -10,6 +10,7 @@ import os
 import socket
 from typing import Any
 
+from kvfleet_engine import contract
 from kvfleet_engine.config import EngineConfig
 from kvfleet_engine.server_state import ServerSettings
 
@@ -17,7 +18,7 @@ DEFAULT_MAX_MODEL_LEN = 2048
 DEFAULT_NUM_BLOCKS = 512  # torch runner; a simulated profile brings its own
 DEFAULT_BLOCK_SIZE = 16
 # Env, not a flag: a secret on the command line shows in `ps`. Same value on every replica.
-INTERNAL_TOKEN_ENV = "KVFLEET_ENGINE_TOKEN"
+INTERNAL_TOKEN_ENV = contract.ENGINE_TOKEN_ENV
 
 
 def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettings]:

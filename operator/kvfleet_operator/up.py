@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from kvfleet_engine.contract import ENGINE_TOKEN_ENV
+
 from kvfleet_operator.api.errors import SpecError
 from kvfleet_operator.api.pool import InferencePool, load_pool
 from kvfleet_operator.api.status import parse_status
@@ -34,7 +36,6 @@ from kvfleet_operator.runtimes.state_dir import StateDir, default_state_dir
 
 ROUTER_START_TIMEOUT_S = 60.0
 NUM_EVENTS_KEPT = 50
-ENGINE_TOKEN_ENV = "KVFLEET_ENGINE_TOKEN"  # read by kvfleet_engine (server_build.py)
 MAX_RESTART_BACKOFF_S = 300.0
 SUMMARY_EVERY_S = 5.0  # signals move every tick; repeat the summary line at most this often
 
@@ -148,11 +149,15 @@ async def run_fleet(
     base: dict[str, Any] = {"pool": pool.name, "pid": os.getpid(), "state_dir": str(state_dir.path),
                             "model": pool.spec.model.api_name, "is_stopped": False}
     grace_s = float(pool.spec.autoscaling.drain_timeout_seconds) + 5.0
+    # Engines share a per-fleet token for their KV-transfer and KV-event endpoints, so nothing
+    # else on the machine can read cached prompts off a replica; the router gets it too.
+    engine_token = {ENGINE_TOKEN_ENV: secrets.token_urlsafe(32)}
     async with LocalRuntime(state_dir, backoff=backoff, on_event=progress.event) as runtime:
         router = runtime.start_router(
             lambda p: kvfleet_argv("router", "--host", HOST, "--port", str(p),
                                    "--admin-token-file", str(state_dir.token_file)),
             port=port or None,
+            env=engine_token,
         )
         base["endpoint"] = f"{router.address}/v1"
         if not await runtime.wait_ready(router.name, ROUTER_START_TIMEOUT_S, stop):
@@ -165,9 +170,6 @@ async def run_fleet(
         progress.say(f"pool {pool.name}: OpenAI endpoint {base['endpoint']} "
                      f"(model {pool.spec.model.api_name})")
         progress.say(f"state in {state_dir.path}; `kvfleet status` shows it; Ctrl-C stops")
-        # Engines share a per-fleet token for their KV-transfer endpoints (prefill -> decode),
-        # so nothing else on the machine can read cached prompts off a replica.
-        engine_token = {ENGINE_TOKEN_ENV: secrets.token_urlsafe(32)}
         controller = Controller(pool, runtime, router.address, state_dir.read_admin_token(),
                                 history=history, on_event=progress.event,
                                 extra_engine_env=engine_token)

@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 
 import aiohttp
-from kvfleet_engine.contract import KVEvent
+from kvfleet_engine.contract import ENGINE_TOKEN_ENV, KVEvent
 
 from kvfleet_router.prefix_index import PreciseKVIndex
 
@@ -20,10 +21,13 @@ log = logging.getLogger(__name__)
 async def subscribe_forever(session: aiohttp.ClientSession, name: str, url: str,
                             index: PreciseKVIndex, max_backoff_s: float = 5.0) -> None:
     backoff = 0.2
+    token = os.environ.get(ENGINE_TOKEN_ENV)  # engines that guard their KV events want it
+    headers = {"Authorization": f"Bearer {token}"} if token else None
     while True:
         try:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=None)
-            async with session.get(url + "/v1/kv_events", timeout=timeout) as resp:
+            async with session.get(url + "/v1/kv_events", timeout=timeout,
+                                   headers=headers) as resp:
                 if resp.status == 200:
                     backoff = 0.2
                     index.reset(name)

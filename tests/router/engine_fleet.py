@@ -15,7 +15,8 @@ TINY = ("--model", "tiny-random", "--num-blocks", "256", "--max-model-len", "512
 SIMULATED = ("--model", "tiny-random", "--runner", "simulated", "--profile", "h100-llama3-8b")
 
 
-def start_engines(procs: ProcessGroup, argvs: list[tuple[str, ...]]) -> list[ServerProcess]:
+def start_engines(procs: ProcessGroup, argvs: list[tuple[str, ...]],
+                  env: dict[str, str] | None = None) -> list[ServerProcess]:
     started = []
     procs.log_dir.mkdir(parents=True, exist_ok=True)
     for extra in argvs:
@@ -25,7 +26,7 @@ def start_engines(procs: ProcessGroup, argvs: list[tuple[str, ...]]) -> list[Ser
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                    env={**os.environ, **ENGINE_ENV})
+                                    env={**os.environ, **ENGINE_ENV, **(env or {})})
         server = ServerProcess(proc, port, log_path)
         procs.processes.append(server)
         started.append(server)

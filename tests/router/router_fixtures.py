@@ -35,13 +35,14 @@ def write_config(path: Path, cfg: dict[str, Any]) -> Path:
     return path
 
 
-def start_router(procs: ProcessGroup, tmp_path: Path, cfg: dict[str, Any]) -> ServerProcess:
+def start_router(procs: ProcessGroup, tmp_path: Path, cfg: dict[str, Any],
+                 env: dict[str, str] | None = None) -> ServerProcess:
     cfg_path = write_config(tmp_path / f"router-{len(procs.processes)}.json", cfg)
     token = tmp_path / "admin-token"
     token.write_text(ADMIN_TOKEN + "\n")
     return procs.start(kvfleet_argv("router", "--config", str(cfg_path), "--host", "127.0.0.1",
                                     "--port", "{port}", "--admin-token-file", str(token)),
-                       timeout_s=30)
+                       timeout_s=30, env=env)
 
 
 def endpoints_cfg(backends: list[ServerProcess], **extra: Any) -> list[dict[str, Any]]:

@@ -20,11 +20,13 @@ import urllib.request
 import openai
 import pytest
 from engine_fleet import SIMULATED, TINY, metric_sum, start_engines
+from kvfleet_engine.contract import ENGINE_TOKEN_ENV
 from router_fixtures import admin_headers, endpoints_cfg, http_json, start_router
 
 pytest.importorskip("kvfleet_engine.server", reason="the engine server is not in this build")
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
+ENGINE_TOKEN = {ENGINE_TOKEN_ENV: "fleet-secret-for-tests"}
 _VOLATILE = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')
 
 
@@ -50,9 +52,12 @@ def module_procs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def torch_fleet(module_procs, tmp_path_factory):
-    """3 unified + 1 prefill + 1 decode torch engines, a unified router and a P/D router."""
+    """3 unified + 1 prefill + 1 decode torch engines, a unified router and a P/D router.
+
+    The engines guard their KV events and KV transfers with a shared token (as `kvfleet up`
+    sets), so the precise router below only sees events if it sends that token too."""
     engines = start_engines(module_procs, [TINY, TINY, TINY, (*TINY, "--role", "prefill"),
-                                           (*TINY, "--role", "decode")])
+                                           (*TINY, "--role", "decode")], env=ENGINE_TOKEN)
     unified, (prefill, decode) = engines[:3], engines[3:]
     tmp = tmp_path_factory.mktemp("routers")
     router = start_router(module_procs, tmp, {"endpoints": endpoints_cfg(unified)})
@@ -62,7 +67,7 @@ def torch_fleet(module_procs, tmp_path_factory):
         "pd": {"prefill_threshold_tokens": 2}})
     precise_router = start_router(module_procs, tmp, {
         "endpoints": endpoints_cfg(unified, prefix_mode="precise"),
-        "policy": {"name": "prefix-cache"}})
+        "policy": {"name": "prefix-cache"}}, env=ENGINE_TOKEN)
     return unified, router, pd_router, precise_router
 
 

@@ -115,8 +115,11 @@ class LocalRuntime:
         child.started_at = self.clock()
         child.restart_at = None
 
-    def start_router(self, argv_for: Callable[[int], list[str]], port: int | None = None) -> Child:
-        child = Child(ROUTER_NAME, ROUTER_NAME, port or procs.free_port(), argv_for,
+    def start_router(
+        self, argv_for: Callable[[int], list[str]], port: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Child:
+        child = Child(ROUTER_NAME, ROUTER_NAME, port or procs.free_port(), argv_for, env,
                       is_port_fixed=True)
         self.children[child.name] = child
         self._spawn(child)
