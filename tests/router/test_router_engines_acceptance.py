@@ -158,6 +158,38 @@ def in_flight(router, name: str) -> int:
     return next(e["num_in_flight"] for e in got["endpoints"] if e["name"] == name)
 
 
+async def wait_busy(router, name: str, timeout_s: float) -> None:
+    """Until the router reports a request in flight on endpoint `name`."""
+    deadline = time.monotonic() + timeout_s
+    while await asyncio.to_thread(in_flight, router, name) == 0:
+        assert time.monotonic() < deadline, f"{name} never got a request"
+        await asyncio.sleep(0.05)
+
+
+class StreamLoad:
+    """Workers streaming back to back through the router until `stop()`; every stream kept."""
+
+    def __init__(self, router, label: str, max_tokens: int, num_workers: int = 6) -> None:
+        self.client = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="x",
+                                         max_retries=0, timeout=60)
+        self.records: list[dict] = []
+        self._stop = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._worker(label, w, max_tokens))
+                       for w in range(num_workers)]
+
+    async def _worker(self, label: str, w: int, max_tokens: int) -> None:
+        n = 0
+        while not self._stop.is_set():
+            self.records.append(await _stream(self.client, f"{label} {w} {n} " * 4, max_tokens))
+            n += 1
+
+    async def stop(self) -> list[dict]:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+        await self.client.close()
+        return self.records
+
+
 async def test_killing_an_engine_mid_load_loses_no_unstarted_request(procs, tmp_path):
     engines, router = sim_fleet(procs, tmp_path, retries={"max_attempts": 3},
                                 health={"probe_interval_s": 0.5, "eject_after_errors": 1})
@@ -168,10 +200,7 @@ async def test_killing_an_engine_mid_load_loses_no_unstarted_request(procs, tmp_
         tasks.append(asyncio.create_task(_stream(client, f"load {i} " * 8, 250)))
         await asyncio.sleep(0.05)
         if i == 11:
-            deadline = time.monotonic() + 10
-            while await asyncio.to_thread(in_flight, router, "b0") == 0:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.05)
+            await wait_busy(router, "b0", timeout_s=10)
             engines[0].kill()
     records = await asyncio.gather(*tasks)
     broken = [r for r in records if r["error"] is not None]
@@ -189,22 +218,8 @@ async def test_killing_an_engine_mid_load_loses_no_unstarted_request(procs, tmp_
 
 async def test_draining_push_under_load_finishes_streams_and_sends_nothing_new(procs, tmp_path):
     engines, router = sim_fleet(procs, tmp_path)
-    client = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0,
-                                timeout=60)
-    stop = asyncio.Event()
-    records: list[dict] = []
-
-    async def worker(w: int) -> None:
-        n = 0
-        while not stop.is_set():
-            records.append(await _stream(client, f"worker {w} request {n} " * 4, 150))
-            n += 1
-
-    workers = [asyncio.create_task(worker(w)) for w in range(6)]
-    deadline = time.monotonic() + 15
-    while await asyncio.to_thread(in_flight, router, "b0") == 0:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
+    load = StreamLoad(router, "drain", max_tokens=150)
+    await wait_busy(router, "b0", timeout_s=15)
     cfg = http_json(router.url + "/admin/config", headers=admin_headers())[1]["config"]
     cfg["version"] = 2
     cfg["endpoints"][0]["state"] = "draining"
@@ -214,9 +229,7 @@ async def test_draining_push_under_load_finishes_streams_and_sends_nothing_new(p
     sent_at_push = metric_sum(router.url, 'kvfleet_router_requests_total', endpoint="b0")
     draining_in_flight = in_flight(router, "b0")
     await asyncio.sleep(2.5)
-    stop.set()
-    await asyncio.gather(*workers)
-    await client.close()
+    records = await load.stop()
     assert all(r["error"] is None and r["finish"] == "length" for r in records)
     assert sent_at_push > 0 and draining_in_flight > 0
     assert metric_sum(router.url, 'kvfleet_router_requests_total', endpoint="b0") == sent_at_push
@@ -232,27 +245,11 @@ async def test_engine_sigterm_under_load_loses_nothing(procs, tmp_path):
     engines, router = sim_fleet(procs, tmp_path, retries={"max_attempts": 3},
                                 signals={"poll_interval_s": 0.2, "stale_after_s": 1.0},
                                 health={"probe_interval_s": 0.2})
-    client = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0,
-                                timeout=60)
-    stop = asyncio.Event()
-    records: list[dict] = []
-
-    async def worker(w: int) -> None:
-        n = 0
-        while not stop.is_set():
-            records.append(await _stream(client, f"sigterm {w} {n} " * 4, 100))
-            n += 1
-
-    workers = [asyncio.create_task(worker(w)) for w in range(6)]
-    deadline = time.monotonic() + 15
-    while await asyncio.to_thread(in_flight, router, "b0") == 0:
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.05)
+    load = StreamLoad(router, "sigterm", max_tokens=100)
+    await wait_busy(router, "b0", timeout_s=15)
     engines[0].signal(signal.SIGTERM)  # what Kubernetes does to a pod before the operator acts
     await asyncio.sleep(3.0)
-    stop.set()
-    await asyncio.gather(*workers)
-    await client.close()
+    records = await load.stop()
     assert records and all(r["error"] is None and r["finish"] == "length" for r in records)
     assert await asyncio.to_thread(engines[0].wait, 30) == 0
     # the engine's streams that were running at SIGTERM finished; later work went elsewhere
