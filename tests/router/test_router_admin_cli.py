@@ -19,6 +19,20 @@ from router_fixtures import (
 )
 
 
+def stream_in_background(router_url: str, results: list[bytes]) -> threading.Thread:
+    """One 15-token stream through the router on a thread; its bytes land in `results`."""
+
+    def stream() -> None:
+        req = urllib.request.Request(router_url + "/v1/completions", method="POST",
+                                     data=b'{"prompt": "x", "max_tokens": 15, "stream": true}')
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            results.append(resp.read())
+
+    t = threading.Thread(target=stream)
+    t.start()
+    time.sleep(0.5)  # the stream is under way (the fake sends a token every 100 ms)
+    return t
+
 def test_admin_requires_the_bearer_token(procs, tmp_path):
     router = start_router(procs, tmp_path, {"version": 3})
     url = router.url + "/admin/config"
@@ -65,16 +79,7 @@ def test_get_reports_in_flight_and_removed_endpoints_until_drained(procs, tmp_pa
     router = start_router(procs, tmp_path, {"version": 1, "endpoints": endpoints_cfg([slow])})
     url, auth = router.url + "/admin/config", admin_headers()
     results: list[bytes] = []
-
-    def stream() -> None:
-        req = urllib.request.Request(router.url + "/v1/completions", method="POST",
-                                     data=b'{"prompt": "x", "max_tokens": 15, "stream": true}')
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            results.append(resp.read())
-
-    t = threading.Thread(target=stream)
-    t.start()
-    time.sleep(0.5)
+    t = stream_in_background(router.url, results)
     assert http_json(url, headers=auth)[1]["endpoints"][0]["num_in_flight"] == 1
     assert http_json(url, {"version": 2, "endpoints": []}, method="PUT", headers=auth)[0] == 200
     [gone] = http_json(url, headers=auth)[1]["endpoints"]
@@ -139,16 +144,7 @@ def test_sigterm_lets_running_streams_finish_then_exits_zero(procs, tmp_path):
     slow = start_fake(procs, "slow", "--token-delay-ms", "100")
     router = start_router(procs, tmp_path, {"endpoints": endpoints_cfg([slow])})
     results: list[bytes] = []
-
-    def stream() -> None:
-        req = urllib.request.Request(router.url + "/v1/completions", method="POST",
-                                     data=b'{"prompt": "x", "max_tokens": 15, "stream": true}')
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            results.append(resp.read())
-
-    t = threading.Thread(target=stream)
-    t.start()
-    time.sleep(0.5)
+    t = stream_in_background(router.url, results)
     router.signal(signal.SIGTERM)
     t.join(30)
     assert results and results[0].count(b"slow:") == 15 and results[0].endswith(b"[DONE]\n\n")
