@@ -89,6 +89,7 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}  # waiting or running
         self._held: dict[str, Request] = {}  # finished with hold_kv, blocks still owned
         self._pending: list[RequestOutput] = []  # abort outputs for the next step()
+        self.is_last_step_idle = False  # the last step() found nothing it could run
         self._timings = StepTimings()
         self._num_prompt_tokens = 0
         self._num_generation_tokens = 0
@@ -165,6 +166,8 @@ class LLMEngine:
         sched = self.scheduler.schedule(self._clock())
         scheduled = sched.scheduled
         timings = self._timings
+        # Nothing runnable (e.g. held KV fills the cache): the driver may wait, not spin.
+        self.is_last_step_idle = not scheduled
         if not scheduled:
             timings.last_schedule_s = time.perf_counter() - t0
             timings.schedule_s += timings.last_schedule_s

@@ -95,7 +95,9 @@ class EngineThread:
     def _run(self) -> None:
         try:
             while not self._is_stopping:
-                self._run_commands(block=not self._live)
+                # Wait for a command (bounded by idle_wait_s) when there is nothing to step, or
+                # when live requests cannot run yet (held KV fills the cache): never spin.
+                self._run_commands(block=not self._live or self._engine.is_last_step_idle)
                 if self._is_stopping:
                     break
                 if self._live:

@@ -308,3 +308,18 @@ def test_abort_of_a_held_request_releases_its_kv():
     assert engine.abort_request("p") is True
     assert engine.stats().num_held == 0 and engine.stats().kv_usage == 0.0
     assert engine.step() == []  # it had finished: no second final output
+
+
+def test_step_reports_idle_when_held_kv_leaves_no_room():
+    """A step that can run nothing says so, so the server's engine thread waits, not spins."""
+    engine = build(eos=(), block_size=4, num_blocks=6, max_model_len=16, kv_safety_margin=0.0)
+    params = SamplingParams(max_tokens=1, temperature=0)
+    engine.add_request("held", list(range(1, 16)), params, hold_kv=True)
+    run_all(engine)
+    assert not engine.is_last_step_idle
+    engine.add_request("blocked", list(range(20, 35)), params)
+    engine.step()
+    assert engine.is_last_step_idle and engine.has_unfinished_requests()
+    engine.release_held("held")
+    engine.step()
+    assert not engine.is_last_step_idle
