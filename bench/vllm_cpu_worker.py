@@ -25,6 +25,10 @@ def main() -> int:
     results: dict[str, list[dict[str, float]]] = {}
     for _ in range(job["rounds"]):
         for name, items in job["workloads"].items():
+            # Each run starts cold, like kvfleet's fresh engine per run: without this, later
+            # rounds hit the prefix cache that earlier rounds filled with the same prompts.
+            if not llm.reset_prefix_cache():
+                raise RuntimeError("vLLM did not reset its prefix cache")
             prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in items]
             params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True,
                                      detokenize=False) for _, n in items]

@@ -1,7 +1,8 @@
 """Acceptance: the batched, paged engine equals the naive reference token for token.
 
 32 prompts of mixed lengths (some sharing prefixes) on the tiny random model, through the
-real LLMEngine + TorchRunner, under several scheduler configurations.
+real LLMEngine + TorchRunner, under several scheduler configurations, once on the fused
+CPU kernels and once on the plain torch ops.
 """
 
 import random
@@ -9,6 +10,7 @@ import random
 import pytest
 from kvfleet_engine.config import EngineConfig
 from kvfleet_engine.engine import LLMEngine
+from kvfleet_engine.model import ops
 from kvfleet_engine.model.tiny import build_tiny_random
 from kvfleet_engine.reference import reference_greedy
 from kvfleet_engine.runner_torch import TorchRunner
@@ -34,8 +36,16 @@ def model():
     return build_tiny_random(seed=0)
 
 
+@pytest.fixture(scope="module", params=["kernels", "torch"])
+def ops_path(request):
+    """Every case runs on the fused CPU kernels and on the plain torch fallback."""
+    ops.use_kernels(request.param == "kernels")
+    yield request.param
+    ops.use_kernels(True)
+
+
 @pytest.fixture(scope="module")
-def cases(model):
+def cases(model, ops_path):
     return [(p, n, reference_greedy(model, p, n, [EOS])) for p, n in _prompts()]
 
 

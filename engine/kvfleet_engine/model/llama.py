@@ -6,14 +6,15 @@ Attention is pluggable: the paged runner and the naive reference pass different
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from kvfleet_engine.model import ops
 from kvfleet_engine.model.config import ModelConfig
-from kvfleet_engine.model.rope import Rotary, apply_rotary
+from kvfleet_engine.model.rope import Rotary
 
 
 class AttentionFn(Protocol):
@@ -23,16 +24,19 @@ class AttentionFn(Protocol):
         ...
 
 
+RopeFn = Callable[[torch.Tensor], torch.Tensor]  # [T, heads, d] -> rotated, this step's positions
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 so bf16 activations do not lose the variance.
-        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
-        return normed.to(x.dtype) * self.weight
+    def forward(self, x: torch.Tensor,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x) or, with a residual, norm(residual += x), the residual stream)."""
+        return ops.rms_norm(x, self.weight, self.eps, residual)
 
 
 class DecoderLayer(nn.Module):
@@ -41,7 +45,6 @@ class DecoderLayer(nn.Module):
         self.num_heads, self.num_kv_heads = cfg.num_heads, cfg.num_kv_heads
         self.head_dim = cfg.head_dim
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        self.split = (q_size, kv_size, kv_size)
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # q, k and v fused into one matmul; gate and up likewise.
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.is_qkv_biased)
@@ -50,20 +53,24 @@ class DecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, layer_idx: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                attention: AttentionFn) -> torch.Tensor:
+    def forward(self, layer_idx: int, x: torch.Tensor, residual: torch.Tensor | None,
+                rope: RopeFn, attention: AttentionFn) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's output, not yet added to the residual stream (the add is
+        fused into this layer's first norm). Returns (output, residual) likewise."""
         num_tokens = x.shape[0]
-        q_size, kv_size, _ = self.split
-        qkv = self.qkv_proj(self.input_norm(x))
+        h, residual = self.input_norm(x, residual)
+        heads = _linear(self.qkv_proj, h).view(num_tokens, -1, self.head_dim)
         # Rotate q and k heads in one go: they share cos/sin.
-        qk = qkv[:, : q_size + kv_size].view(num_tokens, -1, self.head_dim)
-        qk = apply_rotary(qk, cos, sin)
+        qk = rope(heads[:, : self.num_heads + self.num_kv_heads])
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
-        v = qkv[:, q_size + kv_size:].view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = heads[:, self.num_heads + self.num_kv_heads:]
         attn = attention(layer_idx, q, k, v).reshape(num_tokens, -1)
-        x = x + self.o_proj(attn)
-        gate, up = self.gate_up_proj(self.post_norm(x)).chunk(2, dim=-1)
-        return x + self.down_proj(F.silu(gate) * up)
+        h, residual = self.post_norm(_linear(self.o_proj, attn), residual)
+        return _linear(self.down_proj, ops.silu_mul(_linear(self.gate_up_proj, h))), residual
+
+
+def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return ops.linear(x, layer.weight, layer.bias)
 
 
 class LlamaModel(nn.Module):
@@ -92,12 +99,16 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 attention: AttentionFn) -> torch.Tensor:
         """Flat batch: input_ids and positions [T] -> final-normed hidden states [T, hidden]."""
-        cos, sin = self.rotary.tables(positions, self.dtype)
-        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.covering(positions)
+
+        def rope(x: torch.Tensor) -> torch.Tensor:
+            return ops.rotate(x, positions, cos, sin)
+
+        x, residual = self.embed_tokens(input_ids), None
         for i, layer in enumerate(self.layers):
-            x = layer(i, x, cos, sin, attention)
-        return self.norm(x)
+            x, residual = layer(i, x, residual, rope, attention)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return ops.linear(hidden, weight).float()

@@ -1,18 +1,24 @@
-"""Paged KV cache and batched attention over block tables (CPU, SDPA).
+"""Paged KV cache and batched attention over block tables (CPU).
 
-One step's flat batch is split into two groups that share a kernel call each per layer:
-single-token decodes and multi-token prefill chunks. Each group gathers its sequences'
-KV blocks through their block tables into a padded tensor and runs one SDPA with a
-causal + length mask. GQA is folded into the query axis, so K/V are never repeated.
+With the fused CPU kernels loaded (model/cpu_kernels.py), one kernel call per layer
+attends the whole flat batch, prefill chunks and decodes alike, reading K/V straight
+through the block tables.
+
+Without them, the torch path splits the batch into groups that share an SDPA call each:
+single-token decodes and multi-token prefill chunks, bucketed by KV length. Each group
+gathers its sequences' KV blocks into a padded tensor and runs one SDPA with a causal +
+length mask. GQA is folded into the query axis, so K/V are never repeated.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from kvfleet_engine.model import ops
 from kvfleet_engine.model.config import ModelConfig
 
 
@@ -56,7 +62,22 @@ class StepMeta:
     positions: torch.Tensor  # [T] absolute position of every token in the flat batch
     slot_mapping: torch.Tensor  # [T] flat cache slot each new token's K/V is written to
     last_token_index: torch.Tensor  # [B] flat row of each sequence's last token
-    groups: list[GroupMeta]
+    # For the kernel, int32: first flat row, query count and KV length (new tokens
+    # included) of each sequence, and the block tables padded with block 0.
+    q_start: torch.Tensor
+    q_len: torch.Tensor
+    ctx_len: torch.Tensor
+    block_tables: torch.Tensor
+    block_size: int
+    queries_per_kv: int
+    _groups: list[GroupMeta] | None = None
+
+    @property
+    def groups(self) -> list[GroupMeta]:
+        """The torch path's SDPA groups, built on first use."""
+        if self._groups is None:
+            self._groups = build_groups(self)
+        return self._groups
 
 
 def pad_tables(tables: list[list[int]]) -> torch.Tensor:
@@ -135,16 +156,25 @@ def build_step_meta(q_lens: list[int], starts: list[int], tables: list[list[int]
     positions = torch.arange(int(ends[-1])) - offset[seq_of_token] + start[seq_of_token]
     flat_block = seq_of_token * padded.shape[1] + positions // block_size
     slots = padded.view(-1).index_select(0, flat_block) * block_size + positions % block_size
-    kv_blocks = [(s + q + block_size - 1) // block_size
-                 for q, s in zip(q_lens, starts, strict=True)]
+    i32 = torch.int32
+    return StepMeta(positions, slots, ends - 1, offset.to(i32), q_len.to(i32),
+                    (start + q_len).to(i32), padded.to(i32), block_size, queries_per_kv)
+
+
+def build_groups(meta: StepMeta) -> list[GroupMeta]:
+    q_len, start = meta.q_len.long(), (meta.ctx_len - meta.q_len).long()
+    offset, padded = meta.q_start.long(), meta.block_tables.long()
+    block_size = meta.block_size
+    kv_blocks = ((meta.ctx_len.long() + block_size - 1) // block_size).tolist()
     groups = []
-    for members in attention_groups(q_lens, kv_blocks):
+    members: list[int] = []
+    for members in attention_groups(q_len.tolist(), kv_blocks):
         idx = torch.tensor(members, dtype=torch.long)
         groups.append(build_group(q_len[idx], start[idx], offset[idx], padded[idx],
-                                  block_size, queries_per_kv))
+                                  block_size, meta.queries_per_kv))
     if len(groups) == 1 and bool(groups[0].is_real.all()) and members == sorted(members):
         groups[0].is_whole_batch = True  # one group, in order (all decodes, or one prompt)
-    return StepMeta(positions, slots, ends - 1, groups)
+    return groups
 
 
 class PagedAttention:
@@ -156,6 +186,9 @@ class PagedAttention:
     def __call__(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor,
                  v: torch.Tensor) -> torch.Tensor:
         k_cache, v_cache = self.cache.key(layer_idx), self.cache.value(layer_idx)
+        lib = ops.kernels(q)
+        if lib is not None and k.stride() == v.stride() and k.stride(1) == k.shape[2]:
+            return self._kernel_attention(lib, q, k, v, k_cache, v_cache)
         num_kv_heads, head_dim = k.shape[1], k.shape[2]
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self.meta.slot_mapping, k)
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, self.meta.slot_mapping, v)
@@ -166,6 +199,24 @@ class PagedAttention:
         for g in groups:
             rows = _group_attention(q, k_cache, v_cache, g)
             out.index_copy_(0, g.out_index, rows.index_select(0, g.real_rows))
+        return out
+
+    def _kernel_attention(self, lib: ctypes.CDLL, q: torch.Tensor, k: torch.Tensor,
+                          v: torch.Tensor, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor) -> torch.Tensor:
+        m, code = self.meta, ops.dtype_code(q)
+        num_tokens, num_heads, head_dim = q.shape
+        num_kv_heads = k.shape[1]
+        lib.kvf_cache_write(code, k.data_ptr(), v.data_ptr(), k.stride(0), k_cache.data_ptr(),
+                            v_cache.data_ptr(), m.slot_mapping.data_ptr(), num_tokens,
+                            num_kv_heads * head_dim)
+        out = q.new_empty(num_tokens, num_heads, head_dim)
+        lib.kvf_paged_attention(code, q.data_ptr(), q.stride(0), out.data_ptr(),
+                                num_heads * head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
+                                m.block_tables.data_ptr(), m.block_tables.shape[1],
+                                m.q_start.data_ptr(), m.q_len.data_ptr(), m.ctx_len.data_ptr(),
+                                m.q_len.shape[0], num_heads, num_kv_heads, head_dim,
+                                m.block_size, head_dim ** -0.5)
         return out
 
 

@@ -53,15 +53,13 @@ class Rotary:
         self.cos = freqs.cos().float()
         self.sin = freqs.sin().float()
 
-    def tables(self, positions: torch.Tensor,
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of shape [T, 1, head_dim/2] in `dtype`, broadcasting over heads."""
+    def covering(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole float32 cos and sin tables [num_positions, head_dim/2], grown to cover
+        every position given; rows are looked up by absolute position."""
         needed = int(positions.max()) + 1 if positions.numel() else 0
         if needed > self.cos.shape[0]:
             self._grow(max(needed, 2 * self.cos.shape[0]))
-        cos = self.cos.index_select(0, positions).unsqueeze(1)
-        sin = self.sin.index_select(0, positions).unsqueeze(1)
-        return cos.to(dtype), sin.to(dtype)
+        return self.cos, self.sin
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

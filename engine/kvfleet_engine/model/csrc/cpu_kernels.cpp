@@ -1,0 +1,397 @@
+// kvfleet's fused CPU kernels for the decoder layer, called through ctypes.
+//
+// Why: on a 2-core CPU a SmolLM2 decode step spent more time in ~30 small eager ops per
+// layer (bf16 elementwise, KV gathers, a padded SDPA per bucket) than in its GEMMs. These
+// kernels replace them with one pass each: RMSNorm (+ residual add), SiLU * up, RoPE, and
+// paged attention that reads K/V straight from the block tables (no gather, no padding).
+//
+// Plain C ABI, raw pointers, row strides in elements. dtype 0 = float32, 1 = bfloat16.
+// Threads come from OpenMP; the library links the libgomp that torch has already loaded,
+// so both share one thread pool.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+typedef uint16_t bf16;
+
+static inline float to_f(float x) { return x; }
+static inline float to_f(bf16 x) {
+  uint32_t u = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+template <typename T> static inline T from_f(float f);
+template <> inline float from_f<float>(float f) { return f; }
+template <> inline bf16 from_f<bf16>(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest even, as torch does
+  return static_cast<bf16>(u >> 16);
+}
+
+// Work below this many elements runs on one thread: waking the pool costs more.
+static const int64_t kParallelMin = 16384;
+
+// ---- RMSNorm, optionally fused with the residual add ---------------------------------------
+// residual == nullptr: out = norm(x) * w.
+// otherwise: residual = x + residual (rounded to T), out = norm(residual) * w.
+template <typename T>
+static void rms_norm_impl(const T* x, int64_t x_stride, T* residual, const T* w, T* out,
+                          int64_t n, int64_t dim, float eps) {
+#pragma omp parallel for schedule(static) if (n * dim >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const T* xi = x + i * x_stride;
+    T* oi = out + i * dim;
+    float buf[8192];
+    float* src = dim <= 8192 ? buf : nullptr;
+    std::vector<float> big;
+    if (!src) {
+      big.resize(dim);
+      src = big.data();
+    }
+    if (residual) {
+      T* ri = residual + i * dim;
+      for (int64_t d = 0; d < dim; ++d) {
+        T r = from_f<T>(to_f(xi[d]) + to_f(ri[d]));
+        ri[d] = r;
+        src[d] = to_f(r);
+      }
+    } else {
+      for (int64_t d = 0; d < dim; ++d) src[d] = to_f(xi[d]);
+    }
+    float ss = 0.f;
+    for (int64_t d = 0; d < dim; ++d) ss += src[d] * src[d];
+    const float inv = 1.f / std::sqrt(ss / static_cast<float>(dim) + eps);
+    for (int64_t d = 0; d < dim; ++d) oi[d] = from_f<T>(src[d] * inv * to_f(w[d]));
+  }
+}
+
+// ---- SiLU(gate) * up over a fused [n, 2 * inter] gate_up row --------------------------------
+template <typename T>
+static void silu_mul_impl(const T* gate_up, T* out, int64_t n, int64_t inter) {
+#pragma omp parallel for schedule(static) if (n * inter >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const T* g = gate_up + i * 2 * inter;
+    const T* u = g + inter;
+    T* o = out + i * inter;
+    for (int64_t d = 0; d < inter; ++d) {
+      const float gv = to_f(g[d]);
+      o[d] = from_f<T>(gv / (1.f + std::exp(-gv)) * to_f(u[d]));
+    }
+  }
+}
+
+// ---- RoPE, "rotate half" layout, in place on the first num_heads heads of each row -----------
+// cos/sin: float32 tables [max_pos, dim / 2]; positions: int64 [n].
+template <typename T>
+static void rope_impl(T* x, int64_t row_stride, int64_t n, int64_t num_heads, int64_t dim,
+                      const int64_t* positions, const float* cos_t, const float* sin_t) {
+  const int64_t half = dim / 2;
+#pragma omp parallel for schedule(static) if (n * num_heads * dim >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float* c = cos_t + positions[i] * half;
+    const float* s = sin_t + positions[i] * half;
+    for (int64_t h = 0; h < num_heads; ++h) {
+      T* x1 = x + i * row_stride + h * dim;
+      T* x2 = x1 + half;
+      for (int64_t d = 0; d < half; ++d) {
+        const float a = to_f(x1[d]), b = to_f(x2[d]);
+        x1[d] = from_f<T>(a * c[d] - b * s[d]);
+        x2[d] = from_f<T>(b * c[d] + a * s[d]);
+      }
+    }
+  }
+}
+
+// ---- paged attention over a flat batch of mixed prefill chunks and decodes -----------------
+// Sequence b owns q rows [q_start[b], q_start[b] + q_len[b]); its KV holds ctx_len[b] tokens
+// (the new ones included, already written), and query j of it sees the first
+// ctx_len[b] - q_len[b] + 1 + j of them. K/V caches: [blocks, block_size, kv_heads, dim].
+//
+// One task is (sequence, tile of query tokens) with all heads, so each cached token's K and
+// V rows (all KV heads, contiguous) stream in once per task. KV is read in chunks of 16
+// tokens with an online softmax: K is transposed into [kv_head][dim][16] floats, so a
+// query row's 16 scores are 16-wide FMAs with no horizontal sums.
+static const int64_t kQueryTile = 16;
+static const int kChunk = 16;
+
+// D: head dim as a compile-time constant, so a query row's accumulator lives in registers
+// (D = 0: read at run time, for unusual head dims).
+template <typename T, int D>
+static void attention_impl(const T* q, int64_t q_stride, T* out, int64_t out_stride,
+                           const T* k_cache, const T* v_cache, const int32_t* block_tables,
+                           int64_t bt_stride, const int32_t* q_start, const int32_t* q_len,
+                           const int32_t* ctx_len, int64_t num_seqs, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t run_dim, int64_t block_size,
+                           float scale) {
+  const int64_t dim = D ? D : run_dim;
+  const int64_t group = num_heads / num_kv_heads;
+  const int64_t kv_row = num_kv_heads * dim;  // elements per cached token
+  std::vector<int64_t> task_seq, task_tile;
+  int64_t work = 0;
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    for (int64_t t0 = 0; t0 < q_len[b]; t0 += kQueryTile) {
+      task_seq.push_back(b);
+      task_tile.push_back(t0);
+    }
+    work += static_cast<int64_t>(q_len[b]) * ctx_len[b];
+  }
+  const int64_t num_tasks = static_cast<int64_t>(task_seq.size());
+  const int64_t rows_max = kQueryTile * num_heads;
+
+#pragma omp parallel if (work * num_heads * dim >= kParallelMin)
+  {
+    std::vector<float> qf(rows_max * dim), acc(rows_max * dim);
+    std::vector<float> kf(kChunk * kv_row), vf(kChunk * kv_row);
+    std::vector<float> row_max(rows_max), row_sum(rows_max);
+    std::vector<int64_t> limit(rows_max);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < num_tasks; ++task) {
+      const int64_t b = task_seq[task], t0 = task_tile[task];
+      const int64_t n_tok = std::min<int64_t>(kQueryTile, q_len[b] - t0);
+      const int64_t rows = n_tok * num_heads;  // row r: query token r / heads, head r % heads
+      const int64_t first_limit = ctx_len[b] - q_len[b] + 1 + t0;
+      const int32_t* table = block_tables + b * bt_stride;
+      for (int64_t j = 0; j < n_tok; ++j) {
+        const T* src = q + (q_start[b] + t0 + j) * q_stride;
+        for (int64_t i = 0; i < num_heads * dim; ++i)
+          qf[j * num_heads * dim + i] = to_f(src[i]) * scale;
+        for (int64_t h = 0; h < num_heads; ++h) {
+          limit[j * num_heads + h] = first_limit + j;
+          row_max[j * num_heads + h] = -1.0e30f;
+          row_sum[j * num_heads + h] = 0.f;
+        }
+      }
+      std::fill(acc.begin(), acc.begin() + rows * dim, 0.f);
+      const int64_t span = first_limit + n_tok - 1;  // tokens the last query sees
+      for (int64_t c0 = 0; c0 < span; c0 += kChunk) {
+        const int64_t n = std::min<int64_t>(kChunk, span - c0);
+        for (int64_t j = 0; j < n; ++j) {  // this chunk's K and V rows, as floats
+          const int64_t t = c0 + j;
+          const int64_t slot = static_cast<int64_t>(table[t / block_size]) * block_size
+                               + t % block_size;
+          const T* krow = k_cache + slot * kv_row;
+          const T* vrow = v_cache + slot * kv_row;
+          float* kj = &kf[j * kv_row];
+          float* vj = &vf[j * kv_row];
+          for (int64_t i = 0; i < kv_row; ++i) kj[i] = to_f(krow[i]);
+          for (int64_t i = 0; i < kv_row; ++i) vj[i] = to_f(vrow[i]);
+          const int64_t ahead = t + kChunk;  // the next chunk's rows: DRAM latency hides
+          if (ahead < span) {                 // behind this chunk's math
+            const int64_t next = static_cast<int64_t>(table[ahead / block_size]) * block_size
+                                 + ahead % block_size;
+            const char* kn = reinterpret_cast<const char*>(k_cache + next * kv_row);
+            const char* vn = reinterpret_cast<const char*>(v_cache + next * kv_row);
+            for (int64_t off = 0; off < kv_row * static_cast<int64_t>(sizeof(T)); off += 64) {
+              __builtin_prefetch(kn + off);
+              __builtin_prefetch(vn + off);
+            }
+          }
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t seen = std::min<int64_t>(limit[r] - c0, n);  // valid tokens here
+          if (seen <= 0) continue;
+          const int64_t h = (r % num_heads) / group;
+          const float* qr = &qf[r * dim];
+          float p[kChunk];
+          float m = row_max[r];
+          for (int64_t j = 0; j < seen; ++j) {
+            const float* kj = &kf[j * kv_row + h * dim];
+            float dot = 0.f;
+            for (int64_t d = 0; d < dim; ++d) dot += qr[d] * kj[d];
+            p[j] = dot;
+            m = std::max(m, dot);
+          }
+          const float rescale = std::exp(row_max[r] - m);
+          float sum = 0.f;
+          for (int64_t j = 0; j < seen; ++j) {
+            p[j] = std::exp(p[j] - m);
+            sum += p[j];
+          }
+          row_sum[r] = row_sum[r] * rescale + sum;
+          row_max[r] = m;
+          float* ar = &acc[r * dim];
+          if (D) {  // accumulate in registers across the chunk, store once
+            float a[D ? D : 1];
+            for (int d = 0; d < D; ++d) a[d] = ar[d] * rescale;
+            for (int64_t j = 0; j < seen; ++j) {
+              const float pj = p[j];
+              const float* vj = &vf[j * kv_row + h * D];
+              for (int d = 0; d < D; ++d) a[d] += pj * vj[d];
+            }
+            for (int d = 0; d < D; ++d) ar[d] = a[d];
+          } else {
+            for (int64_t d = 0; d < dim; ++d) ar[d] *= rescale;
+            for (int64_t j = 0; j < seen; ++j) {
+              const float pj = p[j];
+              const float* vj = &vf[j * kv_row + h * dim];
+              for (int64_t d = 0; d < dim; ++d) ar[d] += pj * vj[d];
+            }
+          }
+        }
+      }
+      for (int64_t j = 0; j < n_tok; ++j) {
+        T* dst = out + (q_start[b] + t0 + j) * out_stride;
+        for (int64_t h = 0; h < num_heads; ++h) {
+          const int64_t r = j * num_heads + h;
+          const float inv = 1.f / row_sum[r];
+          for (int64_t d = 0; d < dim; ++d) dst[h * dim + d] = from_f<T>(acc[r * dim + d] * inv);
+        }
+      }
+    }
+  }
+}
+
+// ---- KV-cache write: row i of k/v goes to flat slot slots[i] ----------------------------------
+template <typename T>
+static void cache_write_impl(const T* k, const T* v, int64_t row_stride, T* k_cache, T* v_cache,
+                             const int64_t* slots, int64_t n, int64_t kv_row) {
+#pragma omp parallel for schedule(static) if (n * kv_row >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(k_cache + slots[i] * kv_row, k + i * row_stride, kv_row * sizeof(T));
+    std::memcpy(v_cache + slots[i] * kv_row, v + i * row_stride, kv_row * sizeof(T));
+  }
+}
+
+// ---- y[m, n] = x[m, :] . w[n, :] (+ bias[n]) for a few rows of bf16 x -------------------------
+// Decode steps multiply a handful of rows by every weight: oneDNN reaches about a third of
+// the memory bandwidth there. This streams each weight row once and keeps one fp32
+// accumulator per x row, with AVX512-BF16 pair dot products (what oneDNN also uses on this
+// CPU, so results agree to bf16 rounding). Rows of x: at most kSmallRows (beyond, oneDNN's blocked GEMM wins).
+static const int64_t kSmallRows = 12;
+
+#if defined(__AVX512BF16__)
+// One weight row against M rows of x; M is a template parameter so that the M fp32
+// accumulators stay in registers.
+template <int M>
+static void small_linear_m(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int64_t n,
+                           int64_t k) {
+  const int64_t full = k / 32, tail = k % 32;
+  const __mmask32 tail_mask = tail ? ((1u << tail) - 1u) : 0u;
+#pragma omp parallel for schedule(static) if (n * k >= 4 * kParallelMin)
+  for (int64_t j = 0; j < n; ++j) {
+    const bf16* wj = w + j * k;
+    __m512 acc[M];
+    for (int r = 0; r < M; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < full; ++c) {
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(wj + c * 32);
+      for (int r = 0; r < M; ++r)
+        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(x + r * k + c * 32), wv);
+    }
+    if (tail) {
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(tail_mask, wj + full * 32);
+      for (int r = 0; r < M; ++r)
+        acc[r] = _mm512_dpbf16_ps(
+            acc[r], (__m512bh)_mm512_maskz_loadu_epi16(tail_mask, x + r * k + full * 32), wv);
+    }
+    const float b = bias ? to_f(bias[j]) : 0.f;
+    for (int r = 0; r < M; ++r) y[r * n + j] = from_f<bf16>(_mm512_reduce_add_ps(acc[r]) + b);
+  }
+}
+
+static void small_linear_bf16(const bf16* x, const bf16* w, const bf16* bias, bf16* y,
+                              int64_t m, int64_t n, int64_t k) {
+  switch (m) {
+    case 1: small_linear_m<1>(x, w, bias, y, n, k); break;
+    case 2: small_linear_m<2>(x, w, bias, y, n, k); break;
+    case 3: small_linear_m<3>(x, w, bias, y, n, k); break;
+    case 4: small_linear_m<4>(x, w, bias, y, n, k); break;
+    case 5: small_linear_m<5>(x, w, bias, y, n, k); break;
+    case 6: small_linear_m<6>(x, w, bias, y, n, k); break;
+    case 7: small_linear_m<7>(x, w, bias, y, n, k); break;
+    case 8: small_linear_m<8>(x, w, bias, y, n, k); break;
+    case 9: small_linear_m<9>(x, w, bias, y, n, k); break;
+    case 10: small_linear_m<10>(x, w, bias, y, n, k); break;
+    case 11: small_linear_m<11>(x, w, bias, y, n, k); break;
+    case 12: small_linear_m<12>(x, w, bias, y, n, k); break;
+    default: break;
+  }
+}
+#endif
+
+#define DISPATCH(dtype, CALL)            \
+  if (dtype == 1) {                      \
+    typedef bf16 T;                      \
+    CALL;                                \
+  } else {                               \
+    typedef float T;                     \
+    CALL;                                \
+  }
+
+extern "C" {
+
+int kvf_abi_version() { return 1; }
+
+// Largest row count kvf_small_linear takes; 0 when this CPU lacks AVX512-BF16.
+int64_t kvf_small_linear_rows() {
+#if defined(__AVX512BF16__)
+  return kSmallRows;
+#else
+  return 0;
+#endif
+}
+
+void kvf_small_linear(const void* x, const void* w, const void* bias, void* y, int64_t m,
+                      int64_t n, int64_t k) {
+#if defined(__AVX512BF16__)
+  small_linear_bf16(static_cast<const bf16*>(x), static_cast<const bf16*>(w),
+                    static_cast<const bf16*>(bias), static_cast<bf16*>(y), m, n, k);
+#else
+  (void)x, (void)w, (void)bias, (void)y, (void)m, (void)n, (void)k;
+#endif
+}
+
+void kvf_rms_norm(int dtype, const void* x, int64_t x_stride, void* residual, const void* w,
+                  void* out, int64_t n, int64_t dim, float eps) {
+  DISPATCH(dtype, rms_norm_impl<T>(static_cast<const T*>(x), x_stride,
+                                   static_cast<T*>(residual), static_cast<const T*>(w),
+                                   static_cast<T*>(out), n, dim, eps))
+}
+
+void kvf_silu_mul(int dtype, const void* gate_up, void* out, int64_t n, int64_t inter) {
+  DISPATCH(dtype, silu_mul_impl<T>(static_cast<const T*>(gate_up), static_cast<T*>(out), n,
+                                   inter))
+}
+
+void kvf_rope(int dtype, void* x, int64_t row_stride, int64_t n, int64_t num_heads,
+              int64_t dim, const int64_t* positions, const float* cos_t, const float* sin_t) {
+  DISPATCH(dtype, rope_impl<T>(static_cast<T*>(x), row_stride, n, num_heads, dim, positions,
+                               cos_t, sin_t))
+}
+
+void kvf_cache_write(int dtype, const void* k, const void* v, int64_t row_stride,
+                     void* k_cache, void* v_cache, const int64_t* slots, int64_t n,
+                     int64_t kv_row) {
+  DISPATCH(dtype, cache_write_impl<T>(static_cast<const T*>(k), static_cast<const T*>(v),
+                                      row_stride, static_cast<T*>(k_cache),
+                                      static_cast<T*>(v_cache), slots, n, kv_row))
+}
+
+void kvf_paged_attention(int dtype, const void* q, int64_t q_stride, void* out,
+                         int64_t out_stride, const void* k_cache, const void* v_cache,
+                         const int32_t* block_tables, int64_t bt_stride,
+                         const int32_t* q_start, const int32_t* q_len, const int32_t* ctx_len,
+                         int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                         int64_t dim, int64_t block_size, float scale) {
+#define ATTENTION(D)                                                                          \
+  attention_impl<T, D>(static_cast<const T*>(q), q_stride, static_cast<T*>(out), out_stride,  \
+                       static_cast<const T*>(k_cache), static_cast<const T*>(v_cache),        \
+                       block_tables, bt_stride, q_start, q_len, ctx_len, num_seqs, num_heads, \
+                       num_kv_heads, dim, block_size, scale)
+  DISPATCH(dtype, switch (dim) {
+    case 32: ATTENTION(32); break;
+    case 64: ATTENTION(64); break;
+    case 128: ATTENTION(128); break;
+    default: ATTENTION(0);
+  })
+}
+
+}  // extern "C"

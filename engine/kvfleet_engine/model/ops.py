@@ -1,0 +1,106 @@
+"""The decoder layer's elementwise ops: fused CPU kernels when loaded, plain torch otherwise.
+
+Both paths compute the same thing in float32 and round to the activation dtype; they agree
+to within bf16 rounding. `use_kernels(False)` forces the torch path (tests compare them).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+
+from kvfleet_engine.model import cpu_kernels
+from kvfleet_engine.model.rope import apply_rotary
+
+_forced_off = False
+
+
+def use_kernels(is_on: bool) -> None:
+    global _forced_off
+    _forced_off = not is_on
+
+
+def kernels(x: torch.Tensor) -> ctypes.CDLL | None:
+    """The kernel library if it can take this tensor (CPU, float32 or bfloat16)."""
+    if _forced_off or x.device.type != "cpu" or x.dtype not in cpu_kernels.DTYPE_CODES:
+        return None
+    return cpu_kernels.load()
+
+
+def dtype_code(x: torch.Tensor) -> int:
+    return cpu_kernels.DTYPE_CODES[x.dtype]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """norm(x) * weight, or with a residual: residual += x in place, norm(residual) * weight.
+
+    Returns (normed, residual); without a residual, x itself is the new residual.
+    """
+    lib = kernels(x)
+    dim = x.shape[-1]
+    if lib is None:
+        if residual is None:
+            residual = x
+        else:
+            residual.add_(x)
+        normed = F.rms_norm(residual.float(), (dim,), eps=eps) * weight.float()
+        return normed.to(x.dtype), residual
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    lib.kvf_rms_norm(dtype_code(x), x.data_ptr(), dim,
+                     None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                     out.data_ptr(), x.numel() // dim, dim, eps)
+    return out, x if residual is None else residual
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[n, 2 * inter] (gate, up halves) -> silu(gate) * up, [n, inter]."""
+    lib = kernels(gate_up)
+    if lib is None:
+        gate, up = gate_up.float().chunk(2, dim=-1)
+        return (F.silu(gate) * up).to(gate_up.dtype)
+    gate_up = gate_up.contiguous()
+    inter = gate_up.shape[-1] // 2
+    out = gate_up.new_empty(*gate_up.shape[:-1], inter)
+    lib.kvf_silu_mul(dtype_code(gate_up), gate_up.data_ptr(), out.data_ptr(),
+                     gate_up.numel() // (2 * inter), inter)
+    return out
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+           sin: torch.Tensor) -> torch.Tensor:
+    """RoPE ("rotate half") on x [n, heads, dim], with float32 tables [positions, dim / 2].
+
+    The kernel rotates in place and returns x; the torch path returns a new tensor.
+    """
+    lib = kernels(x)
+    n, heads, dim = x.shape
+    if lib is None or x.stride(2) != 1 or x.stride(1) != dim:
+        c = cos.index_select(0, positions).unsqueeze(1)
+        s = sin.index_select(0, positions).unsqueeze(1)
+        return apply_rotary(x.float(), c, s).to(x.dtype)
+    lib.kvf_rope(dtype_code(x), x.data_ptr(), x.stride(0), n, heads, dim,
+                 positions.data_ptr(), cos.data_ptr(), sin.data_ptr())
+    return x
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias); a few bf16 rows go to the kernel's weight-streaming path."""
+    lib = kernels(x)
+    rows = x.numel() // x.shape[-1] if x.numel() else 0
+    if (lib is None or x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16
+            or not 0 < rows <= _small_rows(lib)):
+        return F.linear(x, weight, bias)
+    x, weight = x.contiguous(), weight.contiguous()
+    out = x.new_empty(*x.shape[:-1], weight.shape[0])
+    lib.kvf_small_linear(x.data_ptr(), weight.data_ptr(),
+                         None if bias is None else bias.contiguous().data_ptr(),
+                         out.data_ptr(), rows, weight.shape[0], weight.shape[1])
+    return out
+
+
+def _small_rows(lib: ctypes.CDLL) -> int:
+    return int(lib.kvf_small_linear_rows())
