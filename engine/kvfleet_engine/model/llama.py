@@ -27,6 +27,17 @@ class AttentionFn(Protocol):
 RopeFn = Callable[[torch.Tensor], torch.Tensor]  # [T, heads, d] -> rotated, this step's positions
 
 
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and names) on kvfleet's fast linear path."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        self.packed = ops.PackedWeight()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ops.linear(x, self.weight, self.bias, self.packed.get(self.weight))
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
@@ -47,11 +58,11 @@ class DecoderLayer(nn.Module):
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         # q, k and v fused into one matmul; gate and up likewise.
-        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.is_qkv_biased)
-        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.is_qkv_biased)
+        self.o_proj = Linear(q_size, cfg.hidden_size, bias=False)
         self.post_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, layer_idx: int, x: torch.Tensor, residual: torch.Tensor | None,
                 rope: RopeFn, attention: AttentionFn) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,18 +70,14 @@ class DecoderLayer(nn.Module):
         fused into this layer's first norm). Returns (output, residual) likewise."""
         num_tokens = x.shape[0]
         h, residual = self.input_norm(x, residual)
-        heads = _linear(self.qkv_proj, h).view(num_tokens, -1, self.head_dim)
+        heads = self.qkv_proj(h).view(num_tokens, -1, self.head_dim)
         # Rotate q and k heads in one go: they share cos/sin.
         qk = rope(heads[:, : self.num_heads + self.num_kv_heads])
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
         v = heads[:, self.num_heads + self.num_kv_heads:]
         attn = attention(layer_idx, q, k, v).reshape(num_tokens, -1)
-        h, residual = self.post_norm(_linear(self.o_proj, attn), residual)
-        return _linear(self.down_proj, ops.silu_mul(_linear(self.gate_up_proj, h))), residual
-
-
-def _linear(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    return ops.linear(x, layer.weight, layer.bias)
+        h, residual = self.post_norm(self.o_proj(attn), residual)
+        return self.down_proj(ops.silu_mul(self.gate_up_proj(h))), residual
 
 
 class LlamaModel(nn.Module):
@@ -85,10 +92,11 @@ class LlamaModel(nn.Module):
             self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
             self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
             self.lm_head = (None if cfg.is_tied_embedding
-                            else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
+                            else Linear(cfg.hidden_size, cfg.vocab_size, bias=False))
         if not is_initialized:
             self.to_empty(device="cpu")
         self.to(dtype)
+        self.packed_head = ops.PackedWeight()  # the logits GEMM, tied or not
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
                              num_positions=min(cfg.max_position_embeddings, 4096))
 
@@ -111,4 +119,4 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return ops.linear(hidden, weight).float()
+        return ops.linear(hidden, weight, packed=self.packed_head.get(weight)).float()
