@@ -15,7 +15,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -111,6 +111,75 @@ static void rope_impl(T* x, int64_t row_stride, int64_t n, int64_t num_heads, in
   }
 }
 
+static const int64_t kQueryTile = 16;  // query tokens per attention task
+static const int kChunk = 16;          // KV tokens per online-softmax step
+
+// ---- 16 attention scores of one query row against a chunk of K rows ------------------------
+#if defined(__AVX512F__)
+// Lane j of the result is the sum of v[j]'s 16 lanes: 16 horizontal sums for the price of
+// about three (a transpose-and-add tree instead of one reduction per dot product).
+static inline __m512 sum_lanes_16(const __m512* v) {
+  __m512 t[8], u[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit block: [a0+a2, b0+b2, a1+a3, b1+b3]
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // per block: one partial sum of each of 4 vectors
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 y01 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(u[0], u[1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512 y23 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm512_shuffle_f32x4(u[2], u[3], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(y01, y23, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(y01, y23, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+#endif
+
+// s[j] = q . k_j for j < n (s[j] = 0 beyond). q_raw: the query row in the cache dtype,
+// unscaled; qf: the same row as floats, already scaled; krows[j] + off: K row of token j.
+template <typename T, int D>
+static inline void chunk_scores(const T* q_raw, const float* qf, const T* const* krows,
+                                int64_t off, int64_t n, int64_t dim, float scale, float* s) {
+#if defined(__AVX512BF16__)
+  if constexpr (sizeof(T) == 2 && D > 0 && D % 32 == 0) {  // bf16: pair dot products
+    __m512bh qv[D / 32];
+    for (int c = 0; c < D / 32; ++c) qv[c] = (__m512bh)_mm512_loadu_si512(q_raw + c * 32);
+    __m512 acc[kChunk];
+    for (int j = 0; j < kChunk; ++j) {
+      acc[j] = _mm512_setzero_ps();
+      if (j < n)
+        for (int c = 0; c < D / 32; ++c)
+          acc[j] = _mm512_dpbf16_ps(acc[j], qv[c],
+                                    (__m512bh)_mm512_loadu_si512(krows[j] + off + c * 32));
+    }
+    _mm512_storeu_ps(s, _mm512_mul_ps(sum_lanes_16(acc), _mm512_set1_ps(scale)));
+    return;
+  }
+#endif
+#if defined(__AVX512F__)
+  if constexpr (sizeof(T) == 4 && D > 0 && D % 16 == 0) {  // float32: plain FMAs
+    __m512 acc[kChunk];
+    for (int j = 0; j < kChunk; ++j) {
+      acc[j] = _mm512_setzero_ps();
+      if (j < n)
+        for (int c = 0; c < D / 16; ++c)
+          acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(qf + c * 16),
+                                   _mm512_loadu_ps(reinterpret_cast<const float*>(
+                                       krows[j] + off + c * 16)), acc[j]);
+    }
+    _mm512_storeu_ps(s, sum_lanes_16(acc));
+    return;
+  }
+#endif
+  (void)q_raw, (void)scale;
+  for (int64_t j = 0; j < kChunk; ++j) {
+    float dot = 0.f;
+    if (j < n)
+      for (int64_t d = 0; d < dim; ++d) dot += qf[d] * to_f(krows[j][off + d]);
+    s[j] = dot;
+  }
+}
+
 // ---- paged attention over a flat batch of mixed prefill chunks and decodes -----------------
 // Sequence b owns q rows [q_start[b], q_start[b] + q_len[b]); its KV holds ctx_len[b] tokens
 // (the new ones included, already written), and query j of it sees the first
@@ -120,8 +189,6 @@ static void rope_impl(T* x, int64_t row_stride, int64_t n, int64_t num_heads, in
 // V rows (all KV heads, contiguous) stream in once per task. KV is read in chunks of 16
 // tokens with an online softmax: K is transposed into [kv_head][dim][16] floats, so a
 // query row's 16 scores are 16-wide FMAs with no horizontal sums.
-static const int64_t kQueryTile = 16;
-static const int kChunk = 16;
 
 // D: head dim as a compile-time constant, so a query row's accumulator lives in registers
 // (D = 0: read at run time, for unusual head dims).
@@ -150,7 +217,7 @@ static void attention_impl(const T* q, int64_t q_stride, T* out, int64_t out_str
 #pragma omp parallel if (work * num_heads * dim >= kParallelMin)
   {
     std::vector<float> qf(rows_max * dim), acc(rows_max * dim);
-    std::vector<float> kf(kChunk * kv_row), vf(kChunk * kv_row);
+    std::vector<float> vf(kChunk * kv_row);
     std::vector<float> row_max(rows_max), row_sum(rows_max);
     std::vector<int64_t> limit(rows_max);
 #pragma omp for schedule(dynamic, 1)
@@ -174,25 +241,26 @@ static void attention_impl(const T* q, int64_t q_stride, T* out, int64_t out_str
       const int64_t span = first_limit + n_tok - 1;  // tokens the last query sees
       for (int64_t c0 = 0; c0 < span; c0 += kChunk) {
         const int64_t n = std::min<int64_t>(kChunk, span - c0);
-        for (int64_t j = 0; j < n; ++j) {  // this chunk's K and V rows, as floats
+        const T* krows[kChunk];
+        for (int64_t j = 0; j < n; ++j) {  // this chunk's K rows, and V rows as floats
           const int64_t t = c0 + j;
           const int64_t slot = static_cast<int64_t>(table[t / block_size]) * block_size
                                + t % block_size;
-          const T* krow = k_cache + slot * kv_row;
+          krows[j] = k_cache + slot * kv_row;
           const T* vrow = v_cache + slot * kv_row;
-          float* kj = &kf[j * kv_row];
           float* vj = &vf[j * kv_row];
-          for (int64_t i = 0; i < kv_row; ++i) kj[i] = to_f(krow[i]);
           for (int64_t i = 0; i < kv_row; ++i) vj[i] = to_f(vrow[i]);
-          const int64_t ahead = t + kChunk;  // the next chunk's rows: DRAM latency hides
-          if (ahead < span) {                 // behind this chunk's math
+          // Prefetch the next chunk's rows into L2 (not L1: 192 lines at once overflow L1's
+          // miss queue and get dropped), so DRAM latency hides behind this chunk's math.
+          const int64_t ahead = t + kChunk;
+          if (ahead < span) {
             const int64_t next = static_cast<int64_t>(table[ahead / block_size]) * block_size
                                  + ahead % block_size;
             const char* kn = reinterpret_cast<const char*>(k_cache + next * kv_row);
             const char* vn = reinterpret_cast<const char*>(v_cache + next * kv_row);
             for (int64_t off = 0; off < kv_row * static_cast<int64_t>(sizeof(T)); off += 64) {
-              __builtin_prefetch(kn + off);
-              __builtin_prefetch(vn + off);
+              __builtin_prefetch(kn + off, 0, 1);
+              __builtin_prefetch(vn + off, 0, 1);
             }
           }
         }
@@ -201,15 +269,12 @@ static void attention_impl(const T* q, int64_t q_stride, T* out, int64_t out_str
           if (seen <= 0) continue;
           const int64_t h = (r % num_heads) / group;
           const float* qr = &qf[r * dim];
-          float p[kChunk];
+          const T* q_raw = q + (q_start[b] + t0 + r / num_heads) * q_stride
+                           + (r % num_heads) * dim;
+          alignas(64) float p[kChunk];
+          chunk_scores<T, D>(q_raw, qr, krows, h * dim, seen, dim, scale, p);
           float m = row_max[r];
-          for (int64_t j = 0; j < seen; ++j) {
-            const float* kj = &kf[j * kv_row + h * dim];
-            float dot = 0.f;
-            for (int64_t d = 0; d < dim; ++d) dot += qr[d] * kj[d];
-            p[j] = dot;
-            m = std::max(m, dot);
-          }
+          for (int64_t j = 0; j < seen; ++j) m = std::max(m, p[j]);
           const float rescale = std::exp(row_max[r] - m);
           float sum = 0.f;
           for (int64_t j = 0; j < seen; ++j) {
