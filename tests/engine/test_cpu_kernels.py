@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 from kvfleet_engine.model import cpu_kernels, ops
 from kvfleet_engine.model.paged_attention import PagedAttention, PagedKVCache, build_step_meta
 from kvfleet_engine.model.tiny import build_tiny_random, tiny_config
@@ -94,16 +95,32 @@ def test_rope_in_place_on_a_strided_view_matches_torch(dtype):
     assert torch.equal(fast[:, 5:], qkv[:, 5:].float())  # v heads untouched
 
 
-@pytest.mark.parametrize("rows", [1, 5, 12, 13, 40])  # 13 and 40: oneDNN's path
-@pytest.mark.parametrize("k", [64, 200])  # 200: not a multiple of the 32-wide loads
-def test_linear_matches_torch(rows, k):
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 64])  # register tiles hold 6 rows
+@pytest.mark.parametrize("n, k", [(70, 64), (33, 200), (128, 2)])  # 70, 33: partial tiles
+def test_packed_linear_matches_torch(rows, n, k):
     x = torch.randn(rows, k).bfloat16()
-    w = (torch.randn(70, k) / k ** 0.5).bfloat16()
-    bias = torch.randn(70).bfloat16()
-    fast, slow = _both(lambda: ops.linear(x, w, bias).float())
-    assert torch.allclose(fast, slow, atol=2e-2, rtol=2e-2)
+    w = (torch.randn(n, k) / k ** 0.5).bfloat16()
+    bias = torch.randn(n).bfloat16()
+    packed = ops.PackedWeight().get(w)
+    assert packed is not None
+    got = ops.linear(x, w, bias, packed).double()
     exact = x.double() @ w.double().T + bias.double()
-    assert torch.allclose(fast.double(), exact, atol=3e-2, rtol=3e-2)
+    assert torch.allclose(got, exact, atol=2e-2, rtol=1e-2)
+    assert torch.allclose(got, F.linear(x, w, bias).double(), atol=2e-2, rtol=1e-2)
+    assert torch.allclose(ops.linear(x[:0], w, bias, packed), torch.empty(0, n).bfloat16())
+
+
+def test_packed_weight_follows_changes_and_skips_what_it_cannot_pack():
+    cache = ops.PackedWeight()
+    w = torch.randn(20, 8).bfloat16()
+    x = torch.randn(3, 8).bfloat16()
+    before = ops.linear(x, w, packed=cache.get(w)).clone()
+    with torch.no_grad():
+        w.mul_(2)  # in place, as a weight loader would
+    after = ops.linear(x, w, packed=cache.get(w))
+    assert torch.allclose(after.float(), 2 * before.float(), rtol=2e-2, atol=2e-2)
+    assert cache.get(torch.randn(4, 7).bfloat16()) is None  # odd input width
+    assert cache.get(torch.randn(4, 8)) is None  # float32: plain F.linear
 
 
 def _naive(q, k_seq, v_seq, start):

@@ -27,7 +27,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
-ABI_VERSION = 1
+ABI_VERSION = 2
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -37,7 +37,8 @@ SIGNATURES: dict[str, list[type]] = {
     "kvf_silu_mul": [ctypes.c_int, _p, _p, _i64, _i64],
     "kvf_rope": [ctypes.c_int, _p, _i64, _i64, _i64, _i64, _p, _p, _p],
     "kvf_cache_write": [ctypes.c_int, _p, _p, _i64, _p, _p, _p, _i64, _i64],
-    "kvf_small_linear": [_p, _p, _p, _p, _i64, _i64, _i64],
+    "kvf_pack_weight": [_p, _p, _i64, _i64],
+    "kvf_packed_gemm": [_p, _p, _p, _p, _i64, _i64, _i64],
     "kvf_paged_attention": [ctypes.c_int, _p, _i64, _p, _i64, _p, _p, _p, _i64, _p, _p, _p,
                             _i64, _i64, _i64, _i64, _i64, _f32],
 }
@@ -110,5 +111,5 @@ def load() -> ctypes.CDLL | None:
     for fn, args in SIGNATURES.items():
         getattr(lib, fn).argtypes = args
         getattr(lib, fn).restype = None
-    lib.kvf_small_linear_rows.restype = ctypes.c_int64
+    lib.kvf_has_bf16_gemm.restype = ctypes.c_int
     return lib
