@@ -28,7 +28,11 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
 ABI_VERSION = 2
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+# -ffast-math only when compiling (it lets glibc's vector expf in). Linking with it would add
+# crtfastmath.o, which turns on flush-to-zero for the whole process at load time and
+# changes every float operation in it, torch's and Python's included.
+COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17"]
+LINK_FLAGS = ["-shared", "-fopenmp"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 _i64, _f32, _p = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
@@ -64,7 +68,8 @@ def _cache_dirs() -> list[Path]:
 
 def _build(compiler: str) -> Path:
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:12]
+    flags = " ".join(COMPILE_FLAGS + LINK_FLAGS)
+    key = hashlib.sha256(source + flags.encode()).hexdigest()[:12]
     name = f"cpu_kernels-{key}-{_cpu_tag()}.so"
     errors = []
     for folder in _cache_dirs():
@@ -79,15 +84,18 @@ def _build(compiler: str) -> Path:
             errors.append(f"{folder}: {e}")
             continue
         try:
-            subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], check=True,
-                           capture_output=True, text=True, timeout=300)
+            obj = tmp + ".o"
+            for cmd in ([compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", obj],
+                        [compiler, *LINK_FLAGS, obj, "-o", tmp, "-lm"]):
+                subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
             os.replace(tmp, target)  # atomic: concurrent builders never load half a file
             return target
         except subprocess.CalledProcessError as e:
             raise RuntimeError(f"{compiler} failed: {e.stderr.strip()[-500:] or e}") from e
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            for leftover in (tmp, tmp + ".o"):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
     raise RuntimeError("no writable kernel cache folder: " + "; ".join(errors))
 
 
