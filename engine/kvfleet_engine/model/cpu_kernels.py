@@ -83,6 +83,7 @@ def _build(compiler: str) -> Path:
         except OSError as e:
             errors.append(f"{folder}: {e}")
             continue
+        log.info("compiling kvfleet CPU kernels into %s (once per source and CPU)", folder)
         try:
             obj = tmp + ".o"
             for cmd in ([compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", obj],
