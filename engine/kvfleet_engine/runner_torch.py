@@ -20,6 +20,7 @@ class TorchRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
                  seed: int | None = None) -> None:
         self.model = model.eval()
+        model.prepare_kernels()
         self.block_size, self.num_blocks = block_size, num_blocks
         self.kv = PagedKVCache(model.config, num_blocks, block_size, model.dtype)
         self.sampler = Sampler(seed)

@@ -96,9 +96,19 @@ class LlamaModel(nn.Module):
         if not is_initialized:
             self.to_empty(device="cpu")
         self.to(dtype)
-        self.packed_head = ops.PackedWeight()  # the logits GEMM, tied or not
+        self.packed_head = ops.PackedWeight()  # the logits GEMM over tied embeddings
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling,
                              num_positions=min(cfg.max_position_embeddings, 4096))
+
+    def prepare_kernels(self) -> None:
+        """Build (once) and load the CPU kernels and pack the weights now, so that the first
+        request does not pay for it."""
+        ops.kernels(self.embed_tokens.weight)
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.packed.get(module.weight)
+        if self.lm_head is None:
+            self.packed_head.get(self.embed_tokens.weight)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -118,5 +128,7 @@ class LlamaModel(nn.Module):
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        if self.lm_head is not None:
+            return self.lm_head(hidden).float()
+        weight = self.embed_tokens.weight
         return ops.linear(hidden, weight, packed=self.packed_head.get(weight)).float()
