@@ -1,6 +1,6 @@
-"""Builds and loads kvfleet's fused CPU kernels (csrc/cpu_kernels.cpp) through ctypes.
+"""Builds and loads kvfleet's fused CPU kernels (csrc/*.cpp) through ctypes.
 
-The library is compiled once per source and CPU (about 2 s with g++) into a cache folder,
+The library is compiled once per source and CPU (a few seconds with g++) into a cache folder,
 then loaded next to torch so that both share torch's OpenMP thread pool. Without a
 compiler, or with KVFLEET_CPU_KERNELS=0, `load()` returns None and the model runs the
 same layer with plain torch ops instead (slower, same results up to rounding).
@@ -26,7 +26,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "cpu_kernels.cpp"
+CSRC = Path(__file__).with_name("csrc")
+SOURCES = ("kernels.cpp", "attention.cpp", "gemm.cpp")  # all include kernels.h
 ABI_VERSION = 2
 # -ffast-math only when compiling (it lets glibc's vector expf in). Linking with it would add
 # crtfastmath.o, which turns on flush-to-zero for the whole process at load time and
@@ -67,9 +68,10 @@ def _cache_dirs() -> list[Path]:
 
 
 def _build(compiler: str) -> Path:
-    source = SOURCE.read_bytes()
-    flags = " ".join(COMPILE_FLAGS + LINK_FLAGS)
-    key = hashlib.sha256(source + flags.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(" ".join(COMPILE_FLAGS + LINK_FLAGS).encode())
+    for name in (*SOURCES, "kernels.h"):
+        digest.update((CSRC / name).read_bytes())
+    key = digest.hexdigest()[:12]
     name = f"cpu_kernels-{key}-{_cpu_tag()}.so"
     errors = []
     for folder in _cache_dirs():
@@ -84,20 +86,24 @@ def _build(compiler: str) -> Path:
             errors.append(f"{folder}: {e}")
             continue
         log.info("compiling kvfleet CPU kernels into %s (once per source and CPU)", folder)
+        objects = [f"{tmp}.{i}.o" for i in range(len(SOURCES))]
         try:
-            obj = tmp + ".o"
-            for cmd in ([compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", obj],
-                        [compiler, *LINK_FLAGS, obj, "-o", tmp, "-lm"]):
-                subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
+            for source, obj in zip(SOURCES, objects, strict=True):
+                _run([compiler, *COMPILE_FLAGS, "-c", str(CSRC / source), "-o", obj])
+            _run([compiler, *LINK_FLAGS, *objects, "-o", tmp, "-lm"])
             os.replace(tmp, target)  # atomic: concurrent builders never load half a file
             return target
         except subprocess.CalledProcessError as e:
             raise RuntimeError(f"{compiler} failed: {e.stderr.strip()[-500:] or e}") from e
         finally:
-            for leftover in (tmp, tmp + ".o"):
+            for leftover in (tmp, *objects):
                 if os.path.exists(leftover):
                     os.unlink(leftover)
     raise RuntimeError("no writable kernel cache folder: " + "; ".join(errors))
+
+
+def _run(cmd: list[str]) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
 
 
 @cache
