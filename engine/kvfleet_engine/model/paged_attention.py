@@ -80,10 +80,10 @@ class StepMeta:
         return self._groups
 
 
-def pad_tables(tables: list[list[int]]) -> torch.Tensor:
+def pad_tables(tables: list[list[int]], dtype: torch.dtype = torch.long) -> torch.Tensor:
     """[B, max_blocks], padded with block 0 (reserved; reads of it are masked off)."""
     width = max(len(t) for t in tables)
-    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
+    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=dtype)
 
 
 def build_group(q_len: torch.Tensor, start: torch.Tensor, offset: torch.Tensor,
@@ -140,25 +140,31 @@ def attention_groups(q_lens: list[int], kv_blocks: list[int]) -> list[list[int]]
 
 def build_step_meta(q_lens: list[int], starts: list[int], tables: list[list[int]],
                     block_size: int, queries_per_kv: int, num_blocks: int) -> StepMeta:
+    # Plain Python lists, one torch.tensor each at the end: at decode batch sizes a dozen
+    # small torch ops cost more than the loops (this runs once per step, not per layer).
+    positions: list[int] = []
+    slots: list[int] = []
+    q_start: list[int] = []
+    offset = 0
     for q, s, t in zip(q_lens, starts, tables, strict=True):
         if q < 1 or s < 0:
             raise ValueError("each scheduled sequence needs at least one token and start >= 0")
         if (s + q + block_size - 1) // block_size > len(t):
             raise ValueError(f"block table of {len(t)} blocks cannot hold {s + q} tokens")
-    q_len = torch.tensor(q_lens, dtype=torch.long)
-    start = torch.tensor(starts, dtype=torch.long)
-    padded = pad_tables(tables)
-    if int(padded.min()) < 0 or int(padded.max()) >= num_blocks:
-        raise ValueError(f"block id out of range [0, {num_blocks})")
-    ends = q_len.cumsum(0)
-    offset = ends - q_len
-    seq_of_token = torch.repeat_interleave(torch.arange(len(q_lens)), q_len)
-    positions = torch.arange(int(ends[-1])) - offset[seq_of_token] + start[seq_of_token]
-    flat_block = seq_of_token * padded.shape[1] + positions // block_size
-    slots = padded.view(-1).index_select(0, flat_block) * block_size + positions % block_size
+        if min(t, default=0) < 0 or max(t, default=0) >= num_blocks:
+            raise ValueError(f"block id out of range [0, {num_blocks})")
+        q_start.append(offset)
+        offset += q
+        positions.extend(range(s, s + q))
+        slots.extend(t[p // block_size] * block_size + p % block_size for p in range(s, s + q))
     i32 = torch.int32
-    return StepMeta(positions, slots, ends - 1, offset.to(i32), q_len.to(i32),
-                    (start + q_len).to(i32), padded.to(i32), block_size, queries_per_kv)
+    return StepMeta(torch.tensor(positions, dtype=torch.long),
+                    torch.tensor(slots, dtype=torch.long),
+                    torch.tensor([o + q - 1 for o, q in zip(q_start, q_lens, strict=True)],
+                                 dtype=torch.long),
+                    torch.tensor(q_start, dtype=i32), torch.tensor(q_lens, dtype=i32),
+                    torch.tensor([s + q for s, q in zip(starts, q_lens, strict=True)], dtype=i32),
+                    pad_tables(tables, i32), block_size, queries_per_kv)
 
 
 def build_groups(meta: StepMeta) -> list[GroupMeta]:
