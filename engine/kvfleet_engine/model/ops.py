@@ -1,7 +1,10 @@
-"""The decoder layer's elementwise ops: fused CPU kernels when loaded, plain torch otherwise.
+"""The decoder layer's ops (norms, activation, RoPE, linear): the fused CPU kernels when
+they are loaded, plain torch otherwise (paged attention makes the same choice in
+paged_attention.py).
 
-Both paths compute the same thing in float32 and round to the activation dtype; they agree
-to within bf16 rounding. `use_kernels(False)` forces the torch path (tests compare them).
+Both paths compute in float32 and round to the activation dtype; they agree to within
+bf16 rounding. `use_kernels(False)` forces the torch path (tests compare the two). The
+kernels read weights as the activation dtype: the model keeps both in one dtype.
 """
 
 from __future__ import annotations
