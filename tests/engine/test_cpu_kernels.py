@@ -144,7 +144,7 @@ def _naive(q, k_seq, v_seq, start):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [32, 64, 48])  # 48: the kernel's run-time head dim
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 48])  # 48: the run-time head dim
 def test_paged_attention_on_a_mixed_batch(dtype, head_dim):
     """Decodes and prefill chunks of many lengths, scattered blocks, one step."""
     cfg = tiny_config(num_heads=6, num_kv_heads=2, head_dim=head_dim, num_layers=1)
