@@ -229,3 +229,15 @@ def test_router_cache_hits_quick(tmp_path):
         assert 1.0 <= row["mean_backends_per_shared_prefix"] <= 4.0
         assert row["imbalance"]["window_max"] >= row["imbalance"]["window_mean"] >= 0.0
     assert result["acceptance"]["compared"] == (HAS_KVFLEET_ROUTER and HAS_PEERS)
+
+
+def test_engine_breakdown_accounts_for_every_step():
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "engine_breakdown.py"), "--model", "tiny-random",
+         "--workload", "fixed", "--num-requests", "4"],
+        capture_output=True, text=True, timeout=300, check=True).stdout
+    lines = {ln.split(":")[0].strip(): ln for ln in out.splitlines()[1:]}
+    assert set(lines) == {"prefill", "decode"}
+    assert "1 steps" in lines["prefill"] and "127 steps" in lines["decode"]  # 128 tokens each
+    for line in lines.values():
+        assert "linear" in line and "attention" in line and "other" in line
