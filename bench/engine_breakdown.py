@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE))
 
 from engine_throughput import TRACE, _engine, random_prompts, trace_lengths  # noqa: E402
 
-Timers = collections.Counter[str]
+Timers = collections.defaultdict[str, float]
 
 
 def timed(owner: Any, name: str, label: str, timers: Timers) -> None:
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvfleet_engine.sampling_params import SamplingParams
 
     torch.set_num_threads(args.threads)
-    timers: Timers = collections.Counter()
+    timers: Timers = collections.defaultdict(float)
     # compute_logits calls ops.linear: wrap it first, so the layer GEMMs exclude the head.
     timed(llama.LlamaModel, "compute_logits", "logits", timers)
     for name in ("linear", "rms_norm", "silu_mul", "rotate"):
@@ -82,19 +82,19 @@ def main(argv: list[str] | None = None) -> int:
         spent = time.perf_counter() - t0
         t = engine.stats().timings
         phase = phases.setdefault(
-            "decode" if t.last_num_tokens == t.last_num_seqs else "prefill", Timers())
+            "decode" if t.last_num_tokens == t.last_num_seqs else "prefill",
+            collections.defaultdict(float))
         phase["steps"] += 1
         phase["step time"] += spent
         for label, total in timers.items():
             phase[label] += total - before.get(label, 0.0)
     wall = time.perf_counter() - wall0
-    # logits' own ops.linear call is inside the "logits" timer: count it once.
     print(f"{args.model}, {args.workload} load: {wall:.2f} s")
     for name, phase in phases.items():
         steps, step_time = int(phase.pop("steps")), phase.pop("step time")
         logits = phase.get("logits", 0.0)
         layers = dict(phase)
-        layers["linear"] = layers.get("linear", 0.0) - logits
+        layers["linear"] = layers.get("linear", 0.0) - logits  # logits' GEMM counted once
         other = step_time - sum(layers.values())
         parts = sorted(layers.items(), key=lambda kv: -kv[1]) + [("other", other)]
         shares = ", ".join(f"{k} {v:.2f} s ({100 * v / step_time:.0f}%)" for k, v in parts)
