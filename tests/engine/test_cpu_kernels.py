@@ -159,21 +159,35 @@ def test_paged_attention_on_a_mixed_batch(dtype, head_dim):
     for n in need:
         tables.append(ids[i:i + n])
         i += n
-    cache = PagedKVCache(cfg, 1 + sum(need), block_size, dtype)
     k_seqs = [torch.randn(c, 2, head_dim).to(dtype) for c in ctx]
     v_seqs = [torch.randn(c, 2, head_dim).to(dtype) for c in ctx]
-    for table, k, v in zip(tables, k_seqs, v_seqs, strict=True):  # history already in the cache
-        for t in range(k.shape[0]):
-            block, off = table[t // block_size], t % block_size
-            cache.key(0)[block, off], cache.value(0)[block, off] = k[t], v[t]
-    meta = build_step_meta(q_lens, starts, tables, block_size, 3, cache.num_blocks)
-    total = sum(q_lens)
-    heads = torch.randn(total, 6 + 2 + 2, head_dim).to(dtype)
-    new_k = torch.cat([k[s:] for k, s in zip(k_seqs, starts, strict=True)])
-    new_v = torch.cat([v[s:] for v, s in zip(v_seqs, starts, strict=True)])
-    heads[:, 6:8], heads[:, 8:] = new_k, new_v
+
+    def slot(b, t):
+        return tables[b][t // block_size], t % block_size
+
+    def cache_with_history():  # earlier tokens only: this step's K/V must be written by it
+        cache = PagedKVCache(cfg, 1 + sum(need), block_size, dtype)
+        for b, start in enumerate(starts):
+            for t in range(start):
+                cache.key(0)[slot(b, t)], cache.value(0)[slot(b, t)] = k_seqs[b][t], v_seqs[b][t]
+        return cache
+
+    meta = build_step_meta(q_lens, starts, tables, block_size, 3, 1 + sum(need))
+    heads = torch.randn(sum(q_lens), 6 + 2 + 2, head_dim).to(dtype)
+    heads[:, 6:8] = torch.cat([k[s:] for k, s in zip(k_seqs, starts, strict=True)])
+    heads[:, 8:] = torch.cat([v[s:] for v, s in zip(v_seqs, starts, strict=True)])
     q, k, v = heads[:, :6], heads[:, 6:8], heads[:, 8:]
-    fast, slow = _both(lambda: PagedAttention(cache, meta)(0, q, k, v).float())
+
+    def run():
+        cache = cache_with_history()
+        out = PagedAttention(cache, meta)(0, q, k, v).float()
+        for b, start in enumerate(starts):  # the new tokens landed in their slots
+            for t in range(start, ctx[b]):
+                assert torch.equal(cache.key(0)[slot(b, t)], k_seqs[b][t])
+                assert torch.equal(cache.value(0)[slot(b, t)], v_seqs[b][t])
+        return out
+
+    fast, slow = _both(run)
     offsets = meta.q_start.tolist()
     expected = torch.cat([_naive(q[offsets[b]:offsets[b] + n], k_seqs[b], v_seqs[b], starts[b])
                           for b, n in enumerate(q_lens)])
