@@ -241,3 +241,13 @@ def test_engine_breakdown_accounts_for_every_step():
     assert "1 steps" in lines["prefill"] and "127 steps" in lines["decode"]  # 128 tokens each
     for line in lines.values():
         assert "linear" in line and "attention" in line and "other" in line
+
+
+def test_engine_kernels_compares_each_kernel_with_torch():
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "engine_kernels.py"), "--quick", "--repeats", "1"],
+        capture_output=True, text=True, timeout=300, check=True).stdout
+    gemm_rows = [ln for ln in out.splitlines() if "F.linear" in ln]
+    assert [ln.split()[1] for ln in gemm_rows] == ["1:", "64:"]
+    assert "decode attention" in out and "prefill attention" in out
+    assert "build_step_meta" in out

@@ -127,6 +127,9 @@ def test_packed_weight_follows_changes_and_skips_what_it_cannot_pack():
         w.mul_(2)  # in place, as a weight loader would
     after = ops.linear(x, w, packed=cache.get(w))
     assert torch.allclose(after.float(), 2 * before.float(), rtol=2e-2, atol=2e-2)
+    with torch.inference_mode():  # a weight made under inference mode has no version
+        frozen = torch.randn(20, 8).bfloat16()
+    assert cache.get(frozen) is not None
     assert cache.get(torch.randn(4, 7).bfloat16()) is None  # odd input width
     assert cache.get(torch.randn(4, 8)) is None  # float32: plain F.linear
 

@@ -110,8 +110,8 @@ class PackedWeight:
     """A bf16 weight in the kernel GEMM's layout: for each 16 output columns and each pair
     of input features, one 64-byte vector. Made on first use and remade when the weight
     changes; it costs the weight's size again in memory. At SmolLM2's shapes this GEMM beats
-    F.linear (oneDNN, which reorders the weight on every call) by 1.1-1.5x at decode batch
-    sizes and matches it on prefill."""
+    F.linear (oneDNN, which reorders the weight on every call) by about 2x at 1-16 rows,
+    1.4x at 64 and 1.1x on prefill (bench/engine_kernels.py)."""
 
     def __init__(self) -> None:
         self._key: tuple[int, int] | None = None
@@ -122,7 +122,9 @@ class PackedWeight:
         if (lib is None or weight.dtype != torch.bfloat16 or weight.dim() != 2
                 or weight.shape[1] % 2 or not lib.kvf_has_bf16_gemm()):
             return None
-        key = (weight.data_ptr(), weight._version)
+        # Inference tensors track no version: made under inference_mode, they are taken as
+        # fixed once packed (weights are loaded before serving, not changed during it).
+        key = (weight.data_ptr(), 0 if weight.is_inference() else weight._version)
         if key != self._key:
             n, k = weight.shape
             w = weight.detach().contiguous()
