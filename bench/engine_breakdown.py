@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from kvfleet_engine.model import llama, ops, paged_attention
     from kvfleet_engine.model.registry import load
-    from kvfleet_engine.sampling_params import SamplingParams
+    from kvfleet_engine.core.sampling_params import SamplingParams
 
     torch.set_num_threads(args.threads)
     timers: Timers = collections.defaultdict(float)

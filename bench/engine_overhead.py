@@ -16,9 +16,9 @@ import argparse
 import sys
 import time
 
-from kvfleet_engine.config import EngineConfig
-from kvfleet_engine.engine import LLMEngine
-from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.core.config import EngineConfig
+from kvfleet_engine.core.engine import LLMEngine
+from kvfleet_engine.core.sampling_params import SamplingParams
 
 BATCH = 64
 PROMPT_LEN = 32

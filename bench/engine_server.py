@@ -169,7 +169,7 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
 
 def offline_level(engine: Any, prompts: list[list[int]], concurrency: int, max_tokens: int,
                   tag: str) -> LevelResult:
-    from kvfleet_engine.sampling_params import SamplingParams
+    from kvfleet_engine.core.sampling_params import SamplingParams
 
     result = LevelResult("offline", concurrency, len(prompts), 0, 0.0)
     queue = list(reversed(list(enumerate(prompts))))
@@ -216,7 +216,7 @@ def _pool(pooled: dict[tuple[str, int], LevelResult], run: LevelResult) -> None:
 
 def build_offline_engine(engine_flags: list[str]) -> Any:
     from kvfleet_engine.cli import build_parser
-    from kvfleet_engine.server_build import build_server_parts
+    from kvfleet_engine.server.build import build_server_parts
 
     args = build_parser().parse_args(["--port", "0", *engine_flags])
     engine, _, settings = build_server_parts(args)

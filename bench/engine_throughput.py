@@ -81,9 +81,9 @@ class Run:
 
 
 def _engine(model, items: Items, max_num_seqs: int, batched_tokens: int):
-    from kvfleet_engine.config import EngineConfig
-    from kvfleet_engine.engine import LLMEngine
-    from kvfleet_engine.runner_torch import TorchRunner
+    from kvfleet_engine.core.config import EngineConfig
+    from kvfleet_engine.core.engine import LLMEngine
+    from kvfleet_engine.runners.torch_runner import TorchRunner
 
     block_size = 16
     longest = max(len(p) + o for p, o in items)
@@ -98,7 +98,7 @@ def _engine(model, items: Items, max_num_seqs: int, batched_tokens: int):
 
 def run_kvfleet(model, items: Items, workload: str, batched_tokens: int,
                 name: str = "kvfleet", max_num_seqs: int = 256) -> Run:
-    from kvfleet_engine.sampling_params import SamplingParams
+    from kvfleet_engine.core.sampling_params import SamplingParams
 
     engine, runner = _engine(model, items, max_num_seqs, batched_tokens)
     for i, (p, o) in enumerate(items):
@@ -124,9 +124,9 @@ def run_kvfleet(model, items: Items, workload: str, batched_tokens: int,
 
 def run_static(model, items: Items, workload: str, batch_size: int) -> Run:
     """Static batching: each batch padded to its longest prompt, run to its longest output."""
-    from kvfleet_engine.runner_base import ScheduledSeq, StepBatch
-    from kvfleet_engine.runner_torch import TorchRunner
-    from kvfleet_engine.sampling_params import SamplingParams
+    from kvfleet_engine.core.runner_base import ScheduledSeq, StepBatch
+    from kvfleet_engine.runners.torch_runner import TorchRunner
+    from kvfleet_engine.core.sampling_params import SamplingParams
 
     block_size, pad = 16, 0
     greedy = SamplingParams(max_tokens=1, temperature=0)
@@ -180,18 +180,24 @@ def export_hf_folder(loaded, folder: Path) -> Path:
     return folder
 
 
+def vllm_env(threads: int) -> dict[str, str]:
+    """The settings of ../shared/notes/vllm-cpu.md: offline, both cores, 4 GiB of KV cache,
+    caches in the benchmark's own folder."""
+    vcache = CACHE / "vllm-cache"
+    return {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "4",
+            "VLLM_CACHE_ROOT": str(vcache / "vllm"),
+            "TORCHINDUCTOR_CACHE_DIR": str(vcache / "inductor"),
+            "TRITON_CACHE_DIR": str(vcache / "triton"), "OMP_NUM_THREADS": str(threads)}
+
+
 def run_vllm(loaded, workloads: dict[str, Items], dtype: str, rounds: int,
              threads: int) -> tuple[list[Run], str]:
     python = VLLM_VENV / "bin" / "python"
     if not python.exists():
         return [], f"vllm-cpu skipped: {VLLM_VENV} is absent (run bench/setup_vllm_cpu.sh)"
     folder = export_hf_folder(loaded, CACHE / f"{loaded.name}-hf")
-    vcache = CACHE / "vllm-cache"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-               VLLM_CPU_NUM_OF_RESERVED_CPU="0", VLLM_CPU_KVCACHE_SPACE="4",
-               VLLM_CACHE_ROOT=str(vcache / "vllm"),
-               TORCHINDUCTOR_CACHE_DIR=str(vcache / "inductor"),
-               TRITON_CACHE_DIR=str(vcache / "triton"), OMP_NUM_THREADS=str(threads))
+    env = dict(os.environ, **vllm_env(threads))
     job = {"model_dir": str(folder), "dtype": dtype, "rounds": rounds,
            "max_model_len": 1024, "workloads": workloads}
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:

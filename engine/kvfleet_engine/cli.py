@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
         args = build_parser().parse_args(argv)
         logging.basicConfig(level=args.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        from kvfleet_engine.server_build import build_server_parts
+        from kvfleet_engine.server.build import build_server_parts
 
         engine, tokenizer, settings = build_server_parts(args)
     except CLIError as exc:
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
     except OSError as exc:  # e.g. an unreadable model file
         print(f"kvfleet engine: {exc}", file=sys.stderr)
         return 2
-    from kvfleet_engine.server import serve
+    from kvfleet_engine.server.serve import serve
 
     try:
         return serve(engine, tokenizer, settings)

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
-from kvfleet_engine.config import EngineConfig
-from kvfleet_engine.engine import LLMEngine
-from kvfleet_engine.outputs import RequestOutput
-from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.core.config import EngineConfig
+from kvfleet_engine.core.engine import LLMEngine
+from kvfleet_engine.core.outputs import RequestOutput
+from kvfleet_engine.core.sampling_params import SamplingParams
 
 RUNNERS = ("torch", "simulated")
 DEFAULT_NUM_BLOCKS = 256
@@ -57,7 +57,7 @@ class LLM:
         model: str, dtype: str, seed: int | None, options: dict[str, Any], capacity: int
     ) -> LLMEngine:
         from kvfleet_engine.model import registry
-        from kvfleet_engine.runner_torch import TorchRunner
+        from kvfleet_engine.runners.torch_runner import TorchRunner
 
         loaded = registry.load(model, dtype=dtype)
         model_len = loaded.config.max_position_embeddings
@@ -71,7 +71,7 @@ class LLM:
         profile: str, seed: int | None, options: dict[str, Any], capacity: int
     ) -> LLMEngine:
         from kvfleet_engine.model.tokenizer import ByteTokenizer
-        from kvfleet_engine.runner_sim import SimulatedRunner, VirtualClock
+        from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
 
         options.setdefault("max_model_len", min(DEFAULT_MAX_MODEL_LEN, capacity))
         config = EngineConfig(**options)

@@ -22,7 +22,7 @@ from array import array
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from kvfleet_engine.config import EngineConfig
+from kvfleet_engine.core.config import EngineConfig
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.reconcile import Observed, ObservedReplica, initial_replicas, reconcile
 from kvfleet_operator.signals import Scrape, ScrapeLog, aggregate
@@ -72,7 +72,7 @@ def engine_config(pool: InferencePool) -> EngineConfig:
         raise SimError("the simulator needs engine.kind: builtin, runner: simulated, a profile")
     if pool.spec.topology.is_disaggregated:
         raise SimError("the simulator runs unified pools only (prefill/decode is not modelled)")
-    from kvfleet_engine.cost_model import load_profile
+    from kvfleet_engine.runners.cost_model import load_profile
 
     profile = load_profile(e.profile)
     return EngineConfig(

@@ -13,11 +13,11 @@ from array import array
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from kvfleet_engine.config import EngineConfig
-from kvfleet_engine.engine import LLMEngine
-from kvfleet_engine.runner_sim import SimulatedRunner, VirtualClock
-from kvfleet_engine.sampling_params import SamplingParams
-from kvfleet_engine.server_metrics import ITL_BUCKETS, TTFT_BUCKETS
+from kvfleet_engine.core.config import EngineConfig
+from kvfleet_engine.core.engine import LLMEngine
+from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
+from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.server.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from kvfleet_operator.signals import ReplicaSample
 
 MIN_STEP_S = 1e-4  # a step that schedules nothing still moves time, so the loop advances

@@ -1,10 +1,10 @@
 """Block pool and KV-cache manager on tiny configs: exact block ids, no torch."""
 
 import pytest
-from kvfleet_engine.block_pool import NULL_BLOCK_ID, BlockPool, hash_block_tokens
-from kvfleet_engine.kv_cache import KVCacheManager
-from kvfleet_engine.sampling_params import SamplingParams
-from kvfleet_engine.sequence import Request
+from kvfleet_engine.core.block_pool import NULL_BLOCK_ID, BlockPool, hash_block_tokens
+from kvfleet_engine.core.kv_cache import KVCacheManager
+from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.core.sequence import Request
 
 
 def make_request(rid, tokens):

@@ -2,10 +2,10 @@
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvfleet_engine.block_pool import NULL_BLOCK_ID
-from kvfleet_engine.kv_cache import KVCacheManager
-from kvfleet_engine.sampling_params import SamplingParams
-from kvfleet_engine.sequence import Request
+from kvfleet_engine.core.block_pool import NULL_BLOCK_ID
+from kvfleet_engine.core.kv_cache import KVCacheManager
+from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.core.sequence import Request
 
 BLOCK_SIZE = 2
 NUM_BLOCKS = 9

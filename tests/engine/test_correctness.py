@@ -8,13 +8,13 @@ CPU kernels and once on the plain torch ops.
 import random
 
 import pytest
-from kvfleet_engine.config import EngineConfig
-from kvfleet_engine.engine import LLMEngine
+from kvfleet_engine.core.config import EngineConfig
+from kvfleet_engine.core.engine import LLMEngine
 from kvfleet_engine.model import ops
 from kvfleet_engine.model.tiny import build_tiny_random
-from kvfleet_engine.reference import reference_greedy
-from kvfleet_engine.runner_torch import TorchRunner
-from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.model.reference import reference_greedy
+from kvfleet_engine.runners.torch_runner import TorchRunner
+from kvfleet_engine.core.sampling_params import SamplingParams
 
 EOS = 257
 NUM_PROMPTS = 32

@@ -2,10 +2,10 @@
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvfleet_engine.config import EngineConfig
-from kvfleet_engine.engine import LLMEngine
-from kvfleet_engine.runner_sim import SimulatedRunner, VirtualClock
-from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.core.config import EngineConfig
+from kvfleet_engine.core.engine import LLMEngine
+from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
+from kvfleet_engine.core.sampling_params import SamplingParams
 
 ops = st.lists(
     st.one_of(

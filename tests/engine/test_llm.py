@@ -4,9 +4,9 @@ import subprocess
 import sys
 
 import pytest
-from kvfleet_engine.cost_model import list_profiles, load_profile
+from kvfleet_engine.runners.cost_model import list_profiles, load_profile
 from kvfleet_engine.llm import LLM
-from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.core.sampling_params import SamplingParams
 
 
 def test_generate_keeps_prompt_order_and_accepts_text_or_ids():
@@ -46,7 +46,7 @@ def test_shipped_profiles_load_and_cite_their_source():
 
 def test_core_imports_without_torch():
     code = (
-        "import sys; import kvfleet_engine.llm, kvfleet_engine.engine, kvfleet_engine.runner_sim;"
+        "import sys; import kvfleet_engine.llm, kvfleet_engine.core.engine, kvfleet_engine.runners.sim_runner;"
         "from kvfleet_engine.llm import LLM; LLM('cpu-tiny', runner='simulated', num_blocks=32);"
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
@@ -55,7 +55,7 @@ def test_core_imports_without_torch():
 
 def test_torch_runner_generates_the_reference_greedy_tokens():
     pytest.importorskip("torch")
-    from kvfleet_engine.reference import reference_greedy
+    from kvfleet_engine.model.reference import reference_greedy
 
     llm = LLM("tiny-random", num_blocks=32, block_size=4, max_num_batched_tokens=8)
     prompts = ["Hello there", "A longer prompt that needs several chunks"]

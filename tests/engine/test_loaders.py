@@ -12,7 +12,7 @@ from kvfleet_engine.model.loader_safetensors import CheckpointError, load_checkp
 from kvfleet_engine.model.registry import ModelNotFoundError, load
 from kvfleet_engine.model.tiny import build_tiny_random, tiny_config
 from kvfleet_engine.model.weights import WeightError, to_hf_tensors
-from kvfleet_engine.reference import reference_next_logits
+from kvfleet_engine.model.reference import reference_next_logits
 from safetensors.torch import save_file
 
 Q = gguf.GGMLQuantizationType

@@ -2,7 +2,7 @@
 
 import torch
 from kvfleet_engine.model.sampler import Sampler, filtered_probs, mix_seed
-from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.core.sampling_params import SamplingParams
 
 
 def _logits(rows=3, vocab=50, seed=0):

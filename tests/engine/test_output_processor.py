@@ -1,8 +1,8 @@
 """Stop decisions and incremental detokenization, pure."""
 
 import pytest
-from kvfleet_engine.output_processor import IncrementalDetokenizer, check_stop_token
-from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.core.output_processor import IncrementalDetokenizer, check_stop_token
+from kvfleet_engine.core.sampling_params import SamplingParams
 
 
 class Utf8Bytes:

@@ -1,11 +1,11 @@
 """Scheduler decisions with injected time: budget, chunks, priority, aging, margin, preemption."""
 
 import pytest
-from kvfleet_engine.config import EngineConfig
-from kvfleet_engine.kv_cache import KVCacheManager
-from kvfleet_engine.sampling_params import SamplingParams
-from kvfleet_engine.scheduler import Scheduler, waiting_key
-from kvfleet_engine.sequence import Request, RequestStatus
+from kvfleet_engine.core.config import EngineConfig
+from kvfleet_engine.core.kv_cache import KVCacheManager
+from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.core.scheduler import Scheduler, waiting_key
+from kvfleet_engine.core.sequence import Request, RequestStatus
 
 
 def make(config):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from kvfleet_engine.config import EngineConfig
+from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.contract import KVEvent
-from kvfleet_engine.engine import LLMEngine
-from kvfleet_engine.engine_thread import EngineThread
-from kvfleet_engine.kv_transfer import (
+from kvfleet_engine.core.engine import LLMEngine
+from kvfleet_engine.server.engine_thread import EngineThread
+from kvfleet_engine.core.kv_transfer import (
     HandleStore,
     KVTransferError,
     check_compatible,
@@ -18,13 +18,13 @@ from kvfleet_engine.kv_transfer import (
     pack_frame,
     unpack_frame,
 )
-from kvfleet_engine.runner_sim import SimulatedRunner
-from kvfleet_engine.sampling_params import SamplingParams
-from kvfleet_engine.server_drain import DrainState, Phase
-from kvfleet_engine.server_errors import APIError
-from kvfleet_engine.server_kv_events import KVEventHub
-from kvfleet_engine.server_protocol import check_model, parse_request, resolve_sampling
-from kvfleet_engine.server_responses import ResponseIds, chunk
+from kvfleet_engine.runners.sim_runner import SimulatedRunner
+from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.server.drain import DrainState, Phase
+from kvfleet_engine.server.errors import APIError
+from kvfleet_engine.server.kv_events import KVEventHub
+from kvfleet_engine.server.protocol import check_model, parse_request, resolve_sampling
+from kvfleet_engine.server.responses import ResponseIds, chunk
 
 # --- parsing ---
 

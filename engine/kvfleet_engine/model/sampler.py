@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.core.sampling_params import SamplingParams
 
 MASK64 = (1 << 64) - 1
 

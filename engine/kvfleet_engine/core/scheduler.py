@@ -24,9 +24,9 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-from kvfleet_engine.config import EngineConfig
-from kvfleet_engine.kv_cache import KVCacheManager, cdiv
-from kvfleet_engine.sequence import Request, RequestStatus
+from kvfleet_engine.core.config import EngineConfig
+from kvfleet_engine.core.kv_cache import KVCacheManager, cdiv
+from kvfleet_engine.core.sequence import Request, RequestStatus
 
 
 @dataclass(slots=True)

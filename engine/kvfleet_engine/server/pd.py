@@ -20,25 +20,25 @@ from typing import Any
 from aiohttp import web
 
 from kvfleet_engine import contract
-from kvfleet_engine.kv_transfer import (
+from kvfleet_engine.core.kv_transfer import (
     KVTransferError,
     check_compatible,
-    fetch_frame,
     make_header,
     pack_frame,
     unpack_frame,
 )
-from kvfleet_engine.sampling_params import SamplingParams
-from kvfleet_engine.sequence import PreloadedKV
-from kvfleet_engine.server_errors import (
+from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.core.sequence import PreloadedKV
+from kvfleet_engine.server.kv_fetch import fetch_frame
+from kvfleet_engine.server.errors import (
     KV_TRANSFER,
     NOT_FOUND,
     APIError,
     bad_request,
     check_bearer,
 )
-from kvfleet_engine.server_protocol import GenerationRequest
-from kvfleet_engine.server_state import STATE_KEY, ServerState
+from kvfleet_engine.server.protocol import GenerationRequest
+from kvfleet_engine.server.state import STATE_KEY, ServerState
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any
 from aiohttp import web
 
 from kvfleet_engine.contract import ROLES
-from kvfleet_engine.server_drain import DrainState
-from kvfleet_engine.server_errors import OVERLOADED, SERVER_ERROR, APIError
+from kvfleet_engine.server.drain import DrainState
+from kvfleet_engine.server.errors import OVERLOADED, SERVER_ERROR, APIError
 
 
 @dataclass(slots=True)

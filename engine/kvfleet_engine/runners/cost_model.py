@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kvfleet_engine.runner_base import StepBatch
+from kvfleet_engine.core.runner_base import StepBatch
 
 
 @dataclass(slots=True)
@@ -80,7 +80,7 @@ def step_time(profile: CostProfile, batch: StepBatch) -> float:
 
 
 def list_profiles() -> list[str]:
-    folder = resources.files("kvfleet_engine") / "profiles"
+    folder = resources.files("kvfleet_engine.runners") / "profiles"
     return sorted(
         p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json")
     )
@@ -91,7 +91,7 @@ def load_profile(name_or_path: str) -> CostProfile:
     if name_or_path.endswith(".json"):
         text = Path(name_or_path).read_text()
     else:
-        resource = resources.files("kvfleet_engine") / "profiles" / f"{name_or_path}.json"
+        resource = resources.files("kvfleet_engine.runners") / "profiles" / f"{name_or_path}.json"
         if not resource.is_file():
             raise ValueError(
                 f"unknown cost profile {name_or_path!r}; known: {', '.join(list_profiles())}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvfleet_engine.sequence import RequestTiming
+from kvfleet_engine.core.sequence import RequestTiming
 
 
 class RequestOutput:

@@ -1,7 +1,7 @@
 """The aiohttp application: routes, and one middleware that shapes every error.
 
-Generation lives in server_generate, KV events in server_kv_events, P/D transfer in
-server_pd; this file wires them together with /health, /v1/models and /metrics.
+Generation lives in `generate`, KV events in `kv_events`, P/D transfer in
+`pd`; this file wires them together with /health, /v1/models and /metrics.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from kvfleet_engine import server_generate, server_kv_events, server_pd
-from kvfleet_engine.server_errors import SERVER_ERROR, APIError, error_body, type_for_status
-from kvfleet_engine.server_metrics import CONTENT_TYPE
-from kvfleet_engine.server_state import STATE_KEY, ServerState
+from kvfleet_engine.server import generate, kv_events, pd
+from kvfleet_engine.server.errors import SERVER_ERROR, APIError, error_body, type_for_status
+from kvfleet_engine.server.metrics import CONTENT_TYPE
+from kvfleet_engine.server.state import STATE_KEY, ServerState
 
 log = logging.getLogger(__name__)
 
@@ -80,12 +80,12 @@ def build_app(state: ServerState) -> web.Application:
     app = web.Application(middlewares=[openai_errors],
                           client_max_size=state.settings.max_body_bytes)
     app[STATE_KEY] = state
-    app.router.add_post("/v1/completions", server_generate.handle_completions)
-    app.router.add_post("/v1/chat/completions", server_generate.handle_chat)
+    app.router.add_post("/v1/completions", generate.handle_completions)
+    app.router.add_post("/v1/chat/completions", generate.handle_chat)
     app.router.add_get("/v1/models", handle_models)
     app.router.add_get("/health", handle_health)
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/version", handle_version)
-    app.router.add_get("/v1/kv_events", server_kv_events.handle_kv_events)
-    app.router.add_get(server_pd.TRANSFER_PATH, server_pd.handle_kv_transfer)
+    app.router.add_get("/v1/kv_events", kv_events.handle_kv_events)
+    app.router.add_get(pd.TRANSFER_PATH, pd.handle_kv_transfer)
     return app

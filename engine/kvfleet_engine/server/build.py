@@ -11,8 +11,8 @@ import socket
 from typing import Any
 
 from kvfleet_engine import contract
-from kvfleet_engine.config import EngineConfig
-from kvfleet_engine.server_state import ServerSettings
+from kvfleet_engine.core.config import EngineConfig
+from kvfleet_engine.server.state import ServerSettings
 
 DEFAULT_MAX_MODEL_LEN = 2048
 DEFAULT_NUM_BLOCKS = 512  # torch runner; a simulated profile brings its own
@@ -24,7 +24,7 @@ INTERNAL_TOKEN_ENV = contract.ENGINE_TOKEN_ENV
 def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettings]:
     _check_flags(args)
     if args.runner == "simulated":
-        from kvfleet_engine.cost_model import load_profile
+        from kvfleet_engine.runners.cost_model import load_profile
 
         profile = load_profile(args.profile or args.model)
         args.num_blocks = args.num_blocks or profile.num_gpu_blocks
@@ -46,7 +46,7 @@ def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettin
         max_model_len=max_model_len,
         enable_prefix_caching=args.enable_prefix_caching,
     )
-    from kvfleet_engine.engine import LLMEngine
+    from kvfleet_engine.core.engine import LLMEngine
 
     engine = LLMEngine(config, runner, tokenizer=tokenizer)
     settings = ServerSettings(
@@ -111,7 +111,7 @@ def _check_sizes(args: argparse.Namespace) -> None:
 
 def _torch_parts(args: argparse.Namespace) -> tuple[Any, Any, int, str]:
     from kvfleet_engine.model import registry
-    from kvfleet_engine.runner_torch import TorchRunner
+    from kvfleet_engine.runners.torch_runner import TorchRunner
 
     loaded = registry.load(args.model, dtype=args.dtype)
     runner = TorchRunner(loaded.model, args.num_blocks, args.block_size, seed=args.seed)
@@ -119,11 +119,11 @@ def _torch_parts(args: argparse.Namespace) -> tuple[Any, Any, int, str]:
 
 
 def _simulated_parts(args: argparse.Namespace) -> tuple[Any, Any, int, str]:
-    from kvfleet_engine import runner_sim
+    from kvfleet_engine.runners import sim_runner
     from kvfleet_engine.model.tokenizer import ByteTokenizer
 
     name = args.profile or args.model
     # Byte-level ids keep simulated output printable text; the profile sets only timing.
-    runner = runner_sim.build_simulated_runner(name, args.num_blocks, args.block_size,
+    runner = sim_runner.build_simulated_runner(name, args.num_blocks, args.block_size,
                                                seed=args.seed, vocab_size=ByteTokenizer.VOCAB_SIZE)
     return runner, ByteTokenizer(), DEFAULT_MAX_MODEL_LEN * 64, args.model or name

@@ -1,4 +1,5 @@
-"""Prefill -> decode KV hand-off: the wire frame, held-KV handles, and the pulling client.
+"""Prefill -> decode KV hand-off: the wire frame and held-KV handles (the HTTP pull is
+`server.kv_fetch`).
 
 Frame (one HTTP body): b"KVT1" | u32 big-endian header length | JSON header | raw bytes.
 The header names dtype and per-block shape (what `Runner.kv_block_shape` reports), the
@@ -17,8 +18,6 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-import aiohttp
 
 MAGIC = b"KVT1"
 _LEN = struct.Struct(">I")
@@ -167,30 +166,3 @@ class HandleStore:
     def pop_all(self) -> list[HeldKV]:
         held, self._held = list(self._held.values()), {}
         return held
-
-
-# --- decode side: pull a frame over HTTP with bounded time ---
-
-
-async def fetch_frame(url: str, *, timeout_s: float, token: str = "",
-                      session: aiohttp.ClientSession | None = None) -> bytes:
-    """GET a KV frame. Every failure (refused, reset, slow, non-200) is a KVTransferError."""
-    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, 5.0),
-                                    sock_read=min(timeout_s, 10.0))
-    own = session is None
-    session = session or aiohttp.ClientSession()
-    try:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        async with session.get(url, timeout=timeout, headers=headers) as resp:
-            if resp.status != 200:
-                detail = (await resp.text())[:300]
-                raise KVTransferError(f"prefill replica answered {resp.status}: {detail}")
-            return await resp.read()
-    except TimeoutError:
-        raise KVTransferError(f"KV transfer from {url} timed out after {timeout_s}s",
-                              is_timeout=True) from None
-    except aiohttp.ClientError as exc:
-        raise KVTransferError(f"KV transfer from {url} failed: {exc!r}") from None
-    finally:
-        if own:
-            await session.close()

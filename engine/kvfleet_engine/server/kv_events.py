@@ -15,8 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from kvfleet_engine.server_errors import bad_request, check_bearer
-from kvfleet_engine.server_state import STATE_KEY
+from kvfleet_engine.server.errors import bad_request, check_bearer
+from kvfleet_engine.server.state import STATE_KEY
 
 NDJSON = "application/x-ndjson"
 _CLOSE = b""  # sentinel: the hub is shutting down

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Protocol
 
-from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.core.sampling_params import SamplingParams
 
 
 class Tokenizer(Protocol):

@@ -42,16 +42,16 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from kvfleet_engine.config import EngineConfig
+from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.contract import KVEvent
-from kvfleet_engine.kv_cache import KVCacheManager
-from kvfleet_engine.output_processor import IncrementalDetokenizer, check_stop_token
-from kvfleet_engine.outputs import EngineStats, RequestOutput, StepTimings
-from kvfleet_engine.request_checks import bytes_per_block, check_preload, check_request
-from kvfleet_engine.runner_base import Runner, ScheduledSeq, StepBatch
-from kvfleet_engine.sampling_params import SamplingParams
-from kvfleet_engine.scheduler import Scheduler
-from kvfleet_engine.sequence import PreloadedKV, Request, RequestStatus
+from kvfleet_engine.core.kv_cache import KVCacheManager
+from kvfleet_engine.core.output_processor import IncrementalDetokenizer, check_stop_token
+from kvfleet_engine.core.outputs import EngineStats, RequestOutput, StepTimings
+from kvfleet_engine.core.request_checks import bytes_per_block, check_preload, check_request
+from kvfleet_engine.core.runner_base import Runner, ScheduledSeq, StepBatch
+from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.core.scheduler import Scheduler
+from kvfleet_engine.core.sequence import PreloadedKV, Request, RequestStatus
 
 
 class LLMEngine:

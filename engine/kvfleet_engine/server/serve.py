@@ -16,13 +16,13 @@ from typing import Any
 
 from aiohttp import web
 
-from kvfleet_engine import server_pd
-from kvfleet_engine.engine_thread import EngineThread
-from kvfleet_engine.kv_transfer import HandleStore
-from kvfleet_engine.server_app import build_app
-from kvfleet_engine.server_kv_events import KVEventHub
-from kvfleet_engine.server_metrics import ServerMetrics
-from kvfleet_engine.server_state import ServerSettings, ServerState
+from kvfleet_engine.server import pd
+from kvfleet_engine.server.engine_thread import EngineThread
+from kvfleet_engine.core.kv_transfer import HandleStore
+from kvfleet_engine.server.app import build_app
+from kvfleet_engine.server.kv_events import KVEventHub
+from kvfleet_engine.server.metrics import ServerMetrics
+from kvfleet_engine.server.state import ServerSettings, ServerState
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ async def serve_async(engine: Any, tokenizer: Any, settings: ServerSettings) -> 
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
-    sweeper = loop.create_task(server_pd.sweep_expired_handles(state))
+    sweeper = loop.create_task(pd.sweep_expired_handles(state))
     watchdog = loop.create_task(_watch_engine(state, stop))
     print(f"kvfleet engine ({settings.role}) serving {settings.served_model_names[0]} on "
           f"http://{settings.host}:{settings.port}", flush=True)

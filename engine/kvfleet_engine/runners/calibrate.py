@@ -1,6 +1,6 @@
 """Measure a real runner and fit a cost profile (`profiles/*.json`) to it.
 
-    python -m kvfleet_engine.calibrate --model tiny-random [--out profiles/cpu-tiny.json]
+    python -m kvfleet_engine.runners.calibrate --model tiny-random [--out profiles/cpu-tiny.json]
 
 It times `runner.execute` on synthetic batches (decode at several batch sizes and
 context lengths, prefill at several chunk sizes; fastest of a few repetitions) and fits
@@ -19,8 +19,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kvfleet_engine.runner_base import Runner, ScheduledSeq, StepBatch
-from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.core.runner_base import Runner, ScheduledSeq, StepBatch
+from kvfleet_engine.core.sampling_params import SamplingParams
 
 DECODE_BATCHES = (1, 8, 32, 64)
 DECODE_CONTEXT = 32
@@ -125,7 +125,7 @@ def measure(runner: Runner, repeats: int = 9) -> dict[str, dict[int, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvfleet_engine.calibrate")
+    parser = argparse.ArgumentParser(prog="python -m kvfleet_engine.runners.calibrate")
     parser.add_argument("--model", default="tiny-random")
     parser.add_argument("--name", default="cpu-tiny")
     parser.add_argument("--dtype", default="float32")
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from kvfleet_engine.model import registry
-    from kvfleet_engine.runner_torch import TorchRunner
+    from kvfleet_engine.runners.torch_runner import TorchRunner
 
     try:
         loaded = registry.load(args.model, dtype=args.dtype)
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "dtype_bytes": torch.finfo(loaded.model.dtype).bits // 8}}
     profile["source"] = (
         f"Measured on this machine ({platform.machine()}, {torch.get_num_threads()} torch "
-        f"threads, torch {torch.__version__}) with `python -m kvfleet_engine.calibrate "
+        f"threads, torch {torch.__version__}) with `python -m kvfleet_engine.runners.calibrate "
         f"--model {args.model} --repeats {args.repeats}` on {time.strftime('%Y-%m-%d')}: "
         "TorchRunner.execute timed on synthetic batches, least-squares fit."
     )

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.core.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):

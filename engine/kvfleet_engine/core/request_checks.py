@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvfleet_engine.sampling_params import SamplingParams
-from kvfleet_engine.sequence import PreloadedKV
+from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.core.sequence import PreloadedKV
 
 DTYPE_BYTES = {
     "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "uint64": 8, "int64": 8,

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvfleet_engine import contract
-from kvfleet_engine.sampling_params import SamplingParams
-from kvfleet_engine.server_errors import NOT_FOUND, APIError, bad_request
+from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.server.errors import NOT_FOUND, APIError, bad_request
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions

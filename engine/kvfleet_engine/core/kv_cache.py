@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvfleet_engine.block_pool import BlockPool, KVBlock, hash_block_tokens
+from kvfleet_engine.core.block_pool import BlockPool, KVBlock, hash_block_tokens
 from kvfleet_engine.contract import KVEvent
-from kvfleet_engine.sequence import Request
+from kvfleet_engine.core.sequence import Request
 
 
 def cdiv(a: int, b: int) -> int:

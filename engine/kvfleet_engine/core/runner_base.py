@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvfleet_engine.sampling_params import SamplingParams
+from kvfleet_engine.core.sampling_params import SamplingParams
 
 
 @dataclass(slots=True)

@@ -16,25 +16,25 @@ from typing import Any
 
 from aiohttp import web
 
-from kvfleet_engine import server_pd
-from kvfleet_engine.server_errors import SERVER_ERROR, APIError, bad_request
-from kvfleet_engine.server_metrics import RequestTimer
-from kvfleet_engine.server_protocol import (
+from kvfleet_engine.server import pd
+from kvfleet_engine.server.errors import SERVER_ERROR, APIError, bad_request
+from kvfleet_engine.server.metrics import RequestTimer
+from kvfleet_engine.server.protocol import (
     GenerationRequest,
     check_model,
     check_token_ids,
     parse_request,
     resolve_sampling,
 )
-from kvfleet_engine.server_responses import (
+from kvfleet_engine.server.responses import (
     ResponseIds,
     chunk,
     full_response,
     usage,
     usage_chunk,
 )
-from kvfleet_engine.server_sse import SSE_DONE, open_sse, sse_event
-from kvfleet_engine.server_state import STATE_KEY, RequestStream, ServerState
+from kvfleet_engine.server.sse import SSE_DONE, open_sse, sse_event
+from kvfleet_engine.server.state import STATE_KEY, RequestStream, ServerState
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
         prompt_ids = tokenize_prompt(state.tokenizer, req)
     check_token_ids(prompt_ids, settings.vocab_size, "messages" if is_chat else "prompt")
     params = resolve_sampling(req, len(prompt_ids), settings.max_model_len)
-    params, hold_kv = server_pd.plan_prefill(req, params)
+    params, hold_kv = pd.plan_prefill(req, params)
     state.check_admission()
     ids = ResponseIds(is_chat=is_chat, model=model)
     request_id = ids.id
@@ -107,7 +107,7 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
     try:
         preloaded = None
         if req.is_remote_prefill:
-            preloaded = await server_pd.pull_prompt_kv(state, req, prompt_ids)
+            preloaded = await pd.pull_prompt_kv(state, req, prompt_ids)
         state.engine.add_request(request_id, prompt_ids, params, priority=req.priority,
                                  hold_kv=hold_kv, preloaded_kv=preloaded)
         if req.is_stream:
@@ -166,7 +166,7 @@ async def _whole(
         usage(last.num_prompt_tokens, len(last.token_ids), last.num_cached_tokens),
     )
     if hold_kv:
-        body[server_pd.KV_TRANSFER_PARAMS] = await server_pd.publish_held_kv(
+        body[pd.KV_TRANSFER_PARAMS] = await pd.publish_held_kv(
             state, ids.id, prompt_ids, last.token_ids
         )
     return web.json_response(body)
