@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"engine_breakdown: trace not found: {TRACE}", file=sys.stderr)
         return 2
     import torch
+    from kvfleet_engine.core.sampling_params import SamplingParams
     from kvfleet_engine.model import llama, ops, paged_attention
     from kvfleet_engine.model.registry import load
-    from kvfleet_engine.core.sampling_params import SamplingParams
 
     torch.set_num_threads(args.threads)
     timers: Timers = collections.defaultdict(float)

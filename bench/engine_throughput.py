@@ -125,8 +125,8 @@ def run_kvfleet(model, items: Items, workload: str, batched_tokens: int,
 def run_static(model, items: Items, workload: str, batch_size: int) -> Run:
     """Static batching: each batch padded to its longest prompt, run to its longest output."""
     from kvfleet_engine.core.runner_base import ScheduledSeq, StepBatch
-    from kvfleet_engine.runners.torch_runner import TorchRunner
     from kvfleet_engine.core.sampling_params import SamplingParams
+    from kvfleet_engine.runners.torch_runner import TorchRunner
 
     block_size, pad = 16, 0
     greedy = SamplingParams(max_tokens=1, temperature=0)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.core.engine import LLMEngine
-from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
 from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
 from kvfleet_engine.server.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from kvfleet_operator.signals import ReplicaSample
 
