@@ -10,11 +10,11 @@ import random
 import pytest
 from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.core.engine import LLMEngine
-from kvfleet_engine.model import ops
-from kvfleet_engine.model.tiny import build_tiny_random
-from kvfleet_engine.model.reference import reference_greedy
-from kvfleet_engine.runners.torch_runner import TorchRunner
 from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.model import ops
+from kvfleet_engine.model.reference import reference_greedy
+from kvfleet_engine.model.tiny import build_tiny_random
+from kvfleet_engine.runners.torch_runner import TorchRunner
 
 EOS = 257
 NUM_PROMPTS = 32

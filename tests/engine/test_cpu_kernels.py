@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from kvfleet_engine.model import cpu_kernels, ops
 from kvfleet_engine.model.paged_attention import PagedAttention, PagedKVCache, build_step_meta
-from kvfleet_engine.model.tiny import build_tiny_random, tiny_config
 from kvfleet_engine.model.reference import reference_greedy
+from kvfleet_engine.model.tiny import build_tiny_random, tiny_config
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 

@@ -6,9 +6,9 @@ import pytest
 from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.core.engine import LLMEngine
 from kvfleet_engine.core.kv_cache import cdiv
-from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
 from kvfleet_engine.core.sampling_params import SamplingParams
 from kvfleet_engine.core.sequence import PreloadedKV
+from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
 
 GREEDY = dict(temperature=0.0)
 

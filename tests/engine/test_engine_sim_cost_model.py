@@ -3,11 +3,11 @@
 import json
 
 import pytest
+from kvfleet_engine.core.runner_base import ScheduledSeq, StepBatch
+from kvfleet_engine.core.sampling_params import SamplingParams
 from kvfleet_engine.runners import calibrate
 from kvfleet_engine.runners.cost_model import CostProfile, load_profile, step_time
-from kvfleet_engine.core.runner_base import ScheduledSeq, StepBatch
 from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock, build_simulated_runner
-from kvfleet_engine.core.sampling_params import SamplingParams
 
 P = CostProfile("t", overhead_s=0.001, floor_s=0.004, prefill_s_per_token=1e-4,
                 decode_s_per_seq=2e-4, s_per_kv_token=1e-6)

@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.core.engine import LLMEngine
-from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
 from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
 
 ops = st.lists(
     st.one_of(

@@ -1,7 +1,13 @@
 """KV-size arithmetic, including the Llama-3-70B example and what "586 MB" really is."""
 
 import pytest
-from kvfleet_engine.core.kv_calc import MB, MIB, kv_bytes_per_token, kv_cache_bytes, num_blocks_for_bytes
+from kvfleet_engine.core.kv_calc import (
+    MB,
+    MIB,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    num_blocks_for_bytes,
+)
 
 LLAMA3_70B = dict(num_layers=80, num_kv_heads=8, head_dim=128, dtype_bytes=2)
 

@@ -4,9 +4,9 @@ import subprocess
 import sys
 
 import pytest
-from kvfleet_engine.runners.cost_model import list_profiles, load_profile
-from kvfleet_engine.llm import LLM
 from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.llm import LLM
+from kvfleet_engine.runners.cost_model import list_profiles, load_profile
 
 
 def test_generate_keeps_prompt_order_and_accepts_text_or_ids():
@@ -46,7 +46,8 @@ def test_shipped_profiles_load_and_cite_their_source():
 
 def test_core_imports_without_torch():
     code = (
-        "import sys; import kvfleet_engine.llm, kvfleet_engine.core.engine, kvfleet_engine.runners.sim_runner;"
+        "import sys; import kvfleet_engine.llm, kvfleet_engine.core.engine;"
+        "import kvfleet_engine.runners.sim_runner;"
         "from kvfleet_engine.llm import LLM; LLM('cpu-tiny', runner='simulated', num_blocks=32);"
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )

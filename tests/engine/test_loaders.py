@@ -9,10 +9,10 @@ import torch
 from gguf.quants import dequantize, quantize
 from kvfleet_engine.model.loader_gguf import GGUFError, load_gguf, permute_rows, unpermute_rows
 from kvfleet_engine.model.loader_safetensors import CheckpointError, load_checkpoint
+from kvfleet_engine.model.reference import reference_next_logits
 from kvfleet_engine.model.registry import ModelNotFoundError, load
 from kvfleet_engine.model.tiny import build_tiny_random, tiny_config
 from kvfleet_engine.model.weights import WeightError, to_hf_tensors
-from kvfleet_engine.model.reference import reference_next_logits
 from safetensors.torch import save_file
 
 Q = gguf.GGMLQuantizationType

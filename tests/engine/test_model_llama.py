@@ -7,9 +7,9 @@ import torch
 from kvfleet_engine.model.config import RopeScaling
 from kvfleet_engine.model.llama import LlamaModel
 from kvfleet_engine.model.paged_attention import PagedAttention, PagedKVCache, build_step_meta
+from kvfleet_engine.model.reference import naive_causal_attention, reference_next_logits
 from kvfleet_engine.model.rope import apply_rotary, inverse_frequencies
 from kvfleet_engine.model.tiny import build_tiny_random, tiny_config
-from kvfleet_engine.model.reference import naive_causal_attention, reference_next_logits
 
 
 @pytest.mark.parametrize("kwargs, message", [

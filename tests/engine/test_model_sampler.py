@@ -1,8 +1,8 @@
 """Batched sampler: greedy, temperature, top-k, top-p, per-request seeds."""
 
 import torch
-from kvfleet_engine.model.sampler import Sampler, filtered_probs, mix_seed
 from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.model.sampler import Sampler, filtered_probs, mix_seed
 
 
 def _logits(rows=3, vocab=50, seed=0):

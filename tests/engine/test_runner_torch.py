@@ -3,11 +3,11 @@
 import pytest
 import torch
 from kvfleet_engine.core.kv_calc import kv_cache_bytes
-from kvfleet_engine.model.tiny import build_tiny_random
-from kvfleet_engine.model.reference import reference_next_logits
 from kvfleet_engine.core.runner_base import ScheduledSeq, StepBatch
-from kvfleet_engine.runners.torch_runner import TorchRunner
 from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.model.reference import reference_next_logits
+from kvfleet_engine.model.tiny import build_tiny_random
+from kvfleet_engine.runners.torch_runner import TorchRunner
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0)
 

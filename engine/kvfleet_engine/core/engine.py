@@ -42,8 +42,8 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.contract import KVEvent
+from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.core.kv_cache import KVCacheManager
 from kvfleet_engine.core.output_processor import IncrementalDetokenizer, check_stop_token
 from kvfleet_engine.core.outputs import EngineStats, RequestOutput, StepTimings

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from kvfleet_engine.core.block_pool import BlockPool, KVBlock, hash_block_tokens
 from kvfleet_engine.contract import KVEvent
+from kvfleet_engine.core.block_pool import BlockPool, KVBlock, hash_block_tokens
 from kvfleet_engine.core.sequence import Request
 
 

@@ -20,8 +20,8 @@ import time
 from array import array
 from collections.abc import Callable
 
-from kvfleet_engine.runners.cost_model import CostProfile, load_profile, step_time
 from kvfleet_engine.core.runner_base import StepBatch
+from kvfleet_engine.runners.cost_model import CostProfile, load_profile, step_time
 
 _MASK = (1 << 64) - 1
 _SEED = 0x243F6A8885A308D3

@@ -6,10 +6,10 @@ import time
 
 import torch
 
+from kvfleet_engine.core.runner_base import StepBatch
 from kvfleet_engine.model.llama import LlamaModel
 from kvfleet_engine.model.paged_attention import PagedAttention, PagedKVCache, build_step_meta
 from kvfleet_engine.model.sampler import Sampler
-from kvfleet_engine.core.runner_base import StepBatch
 
 BYTE_VIEWS = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # bf16 has no numpy dtype
 

@@ -119,8 +119,8 @@ def _torch_parts(args: argparse.Namespace) -> tuple[Any, Any, int, str]:
 
 
 def _simulated_parts(args: argparse.Namespace) -> tuple[Any, Any, int, str]:
-    from kvfleet_engine.runners import sim_runner
     from kvfleet_engine.model.tokenizer import ByteTokenizer
+    from kvfleet_engine.runners import sim_runner
 
     name = args.profile or args.model
     # Byte-level ids keep simulated output printable text; the profile sets only timing.

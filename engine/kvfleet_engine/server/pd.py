@@ -29,7 +29,6 @@ from kvfleet_engine.core.kv_transfer import (
 )
 from kvfleet_engine.core.sampling_params import SamplingParams
 from kvfleet_engine.core.sequence import PreloadedKV
-from kvfleet_engine.server.kv_fetch import fetch_frame
 from kvfleet_engine.server.errors import (
     KV_TRANSFER,
     NOT_FOUND,
@@ -37,6 +36,7 @@ from kvfleet_engine.server.errors import (
     bad_request,
     check_bearer,
 )
+from kvfleet_engine.server.kv_fetch import fetch_frame
 from kvfleet_engine.server.protocol import GenerationRequest
 from kvfleet_engine.server.state import STATE_KEY, ServerState
 

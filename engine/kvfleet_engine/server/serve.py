@@ -16,10 +16,10 @@ from typing import Any
 
 from aiohttp import web
 
-from kvfleet_engine.server import pd
-from kvfleet_engine.server.engine_thread import EngineThread
 from kvfleet_engine.core.kv_transfer import HandleStore
+from kvfleet_engine.server import pd
 from kvfleet_engine.server.app import build_app
+from kvfleet_engine.server.engine_thread import EngineThread
 from kvfleet_engine.server.kv_events import KVEventHub
 from kvfleet_engine.server.metrics import ServerMetrics
 from kvfleet_engine.server.state import ServerSettings, ServerState
