@@ -36,7 +36,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kvfleet_operator.api.status import Reason
+from kvfleet_operator.api.status import DecisionReason, Reason
 from kvfleet_operator.signals import RoleSignals, Signals
 
 # ScalingLimited reasons: the API's condition reasons.
@@ -174,6 +174,7 @@ class Decision:
     reasons: dict[str, str]
     limited: dict[str, str | None]  # ScalingLimited reason per role, None when within range
     history: History
+    kinds: dict[str, str] = field(default_factory=dict)  # DecisionReason per role, "" = steady
 
     @property
     def reason(self) -> str:
@@ -275,7 +276,8 @@ def _decide_role(
     config: AutoscalerConfig,
     hist: History,
     now: float,
-) -> tuple[int, str, str | None]:
+) -> tuple[int, str, str | None, str]:
+    """(target, message, ScalingLimited reason or None, decision reason or "")."""
     limits = config.roles[role]
     targets = config.targets.get(role, RoleTargets())
     cap = hist.prefill_tokens_per_s or config.prefill_tokens_per_s_initial
@@ -286,7 +288,8 @@ def _decide_role(
     if current > 0 and want_panic > config.panic_threshold * current:
         hist.panic_until[role] = now + config.stable_window_s
     is_panic = hist.panic_until.get(role, -math.inf) > now
-    if is_panic and want_panic > want:
+    is_panic_demand = is_panic and want_panic > want
+    if is_panic_demand:
         raw, why = math.ceil(want_panic - 1e-9), f"panic: {why_panic}"
     held = max(stable.num_held_requests, panic.num_held_requests)
     # Idle timer for scale to zero: any unknown replica or any work resets it.
@@ -317,7 +320,7 @@ def _decide_role(
         target, why = 0, f"idle {idle_for:.0f}s (to zero)"
     if current == 0:
         if not (held or raw > 0 or limits.min_replicas > 0):
-            return 0, "idle at zero", None
+            return 0, "idle at zero", None, ""
         target = max(1, rec)
         why = f"activate: {held} held request(s)" if held else why
     target, limited = _limit(target, current, raw, limits, config)
@@ -339,7 +342,22 @@ def _decide_role(
     elif target < current:
         hist.last_scale_down[role] = now
     verb = "scale up" if target > current else "scale down" if target < current else "steady"
-    return target, f"{verb} {current}->{target}: {why}", limited
+    return target, f"{verb} {current}->{target}: {why}", limited, decision_reason(
+        current, target, is_panic_demand
+    )
+
+
+def decision_reason(current: int, target: int, is_panic: bool) -> str:
+    """The named reason of a scale decision (status and events), "" when nothing moves."""
+    if target == current:
+        return ""
+    if target == 0:
+        return DecisionReason.SCALED_TO_ZERO
+    if current == 0:
+        return DecisionReason.ACTIVATED_FROM_ZERO
+    if target < current:
+        return DecisionReason.SCALING_DOWN
+    return DecisionReason.PANIC_SCALE_UP if is_panic else DecisionReason.SCALING_UP
 
 
 def _limit(
@@ -375,6 +393,7 @@ def decide(
     desired: dict[str, int] = {}
     reasons: dict[str, str] = {}
     limited: dict[str, str | None] = {}
+    kinds: dict[str, str] = {}
     for role in config.roles:
         s = stable.roles.get(role, RoleSignals())
         p = panic.roles.get(role, RoleSignals())
@@ -387,8 +406,11 @@ def decide(
             lim = config.roles[role]
             desired[role] = min(max(n, lim.min_replicas), lim.max_replicas)
             reasons[role], limited[role] = "autoscaling disabled", None
+            kinds[role] = decision_reason(n, desired[role], is_panic=False)
             continue
-        desired[role], reasons[role], limited[role] = _decide_role(role, s, p, n, config, hist, now)
+        desired[role], reasons[role], limited[role], kinds[role] = _decide_role(
+            role, s, p, n, config, hist, now
+        )
     hist.decisions.append({"t": now, "desired": dict(desired), "reasons": dict(reasons)})
     del hist.decisions[: -config.num_history_decisions]
-    return Decision(desired, reasons, limited, hist)
+    return Decision(desired, reasons, limited, hist, kinds)

@@ -65,8 +65,7 @@ class ObservedReplica:
     url: str | None = None  # http://host:port, once known
     num_restarts: int = 0
     num_in_flight: int = 0  # from the router's admin view
-    num_in_flight_tokens: int = 0
-    cached_prefix_value: float = 0.0
+    prefix_hit_tokens_per_s: float = 0.0  # what its warm prefix cache is worth
     started_at: float = 0.0
     drain_started_at: float | None = None
 
@@ -138,8 +137,7 @@ def _plan_role(
                 name=r.name,
                 is_ready=r.phase == "ready",
                 num_in_flight=r.num_in_flight,
-                num_in_flight_tokens=r.num_in_flight_tokens,
-                cached_prefix_value=r.cached_prefix_value,
+                prefix_hit_tokens_per_s=r.prefix_hit_tokens_per_s,
                 started_at=r.started_at,
             )
             for r in in_service

@@ -4,7 +4,8 @@ accepts, pure.
 Public API:
 
 - `RouterEndpoint`: one replica the router should know (name, url, role, state).
-- `build_router_config(spec, endpoints, version) -> dict`.
+- `build_router_config(spec, endpoints, version) -> dict`. With scale to zero, the router
+  holds a request for `COLD_START_HOLD_S` (a cold start), not its default queue timeout.
 - `next_version(previous, candidate) -> int`: the version only moves when the content
   (everything but `version`) changes, so a steady pool never re-pushes.
 """
@@ -22,6 +23,7 @@ from kvfleet_operator.api.spec import PoolSpec
 # The router learns prefix locality by hashing prompt text; precise KV-event indexing is
 # opt-in per endpoint and needs kvfleet engines, so the default stays approximate.
 PREFIX_MODE = "approximate"
+COLD_START_HOLD_S = 60.0  # how long the router holds a request for a pool scaled to zero
 
 
 @dataclass(slots=True, frozen=True)
@@ -83,6 +85,8 @@ def build_router_config(
     }
     if spec.topology.is_disaggregated:
         config["pd"] = {"prefill_threshold_tokens": r.pd_threshold_tokens}
+    if spec.autoscaling.scale_to_zero.enabled:
+        config["queue"] = {"timeout_s": COLD_START_HOLD_S}
     return config
 
 

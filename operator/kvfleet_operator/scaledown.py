@@ -3,12 +3,12 @@
 Public API:
 
 - `VictimCandidate`: one replica as the control plane sees it: readiness, in-flight
-  requests and tokens (the router's admin view), cached-prefix value (how much of the
-  router's prefix index points at it), start time.
+  requests (summed over every router's admin view), prefix-cache hit tokens/s (from its
+  own scraped counters: what its warm cache is worth), start time.
 - `choose_victims(candidates, num_to_remove) -> list[str]`: cheapest replicas to lose.
   Order: not-ready replicas first (they serve nothing), then fewest in-flight requests,
-  then fewest in-flight tokens, then least cached-prefix value, then the newest
-  (its cache is the coldest), then the name, so the choice is deterministic.
+  then fewest prefix-cache hit tokens/s, then the newest (its cache is the coldest), then
+  the name, so the choice is deterministic.
 - `is_drain_done(num_in_flight, drain_started_at, now, drain_timeout_s) -> bool`: a
   draining replica may be stopped once it is empty or its timeout has passed.
 
@@ -27,21 +27,19 @@ class VictimCandidate:
     name: str
     is_ready: bool = True
     num_in_flight: int = 0
-    num_in_flight_tokens: int = 0
-    cached_prefix_value: float = 0.0  # e.g. prefix-index blocks the router maps to it
+    prefix_hit_tokens_per_s: float = 0.0
     started_at: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.num_in_flight < 0 or self.num_in_flight_tokens < 0 or self.cached_prefix_value < 0:
-            raise ValueError(f"{self.name}: in-flight counts and prefix value must be >= 0")
+        if self.num_in_flight < 0 or self.prefix_hit_tokens_per_s < 0:
+            raise ValueError(f"{self.name}: in-flight count and prefix hit rate must be >= 0")
 
 
-def victim_order_key(c: VictimCandidate) -> tuple[bool, int, int, float, float, str]:
+def victim_order_key(c: VictimCandidate) -> tuple[bool, int, float, float, str]:
     return (
         c.is_ready,
         c.num_in_flight,
-        c.num_in_flight_tokens,
-        c.cached_prefix_value,
+        c.prefix_hit_tokens_per_s,
         -c.started_at,
         c.name,
     )

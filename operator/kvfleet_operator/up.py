@@ -20,18 +20,22 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+import aiohttp
 from kvfleet_engine.contract import ENGINE_TOKEN_ENV
 
 from kvfleet_operator.api.errors import SpecError
 from kvfleet_operator.api.pool import InferencePool, load_pool
-from kvfleet_operator.api.status import parse_status
-from kvfleet_operator.autoscaler import History
-from kvfleet_operator.controller import Controller
 from kvfleet_operator.engine_args import engine_command
+from kvfleet_operator.loop import events as ev
+from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
 from kvfleet_operator.runtimes import procs
 from kvfleet_operator.runtimes.backoff import Backoff
 from kvfleet_operator.runtimes.local import HOST, LocalRuntime, kvfleet_argv
+from kvfleet_operator.runtimes.local_spec import unhonoured_fields
+from kvfleet_operator.runtimes.local_store import StateFileStore
+from kvfleet_operator.runtimes.metrics_sources import ScrapeMetrics
 from kvfleet_operator.runtimes.progress import summary_line
+from kvfleet_operator.runtimes.router_control import HttpRouterControl
 from kvfleet_operator.runtimes.state_dir import StateDir, default_state_dir
 
 ROUTER_START_TIMEOUT_S = 60.0
@@ -74,11 +78,13 @@ class Progress:
     def say(self, message: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {message}", file=self.out, flush=True)
 
-    def event(self, message: str) -> None:
-        self.events.append({"time": time.strftime("%H:%M:%S"), "message": message})
+    def emit(self, event: ev.Event) -> None:
+        """The loop's and the runtime's events: printed, and the last ones kept for status."""
+        self.events.append({"time": time.strftime("%H:%M:%S"), "type": event.type,
+                            "reason": event.reason, "message": event.message})
         del self.events[:-NUM_EVENTS_KEPT]
         if not self.is_quiet:
-            self.say(message)
+            self.say(event.message if event.type == ev.NORMAL else f"warning: {event.message}")
 
     def summary(self, state: dict[str, Any]) -> None:
         line = summary_line(state)
@@ -92,18 +98,7 @@ class Progress:
         self._last_counts = counts
 
 
-def _restore(pool: InferencePool, previous: dict[str, Any] | None) -> History:
-    """A restarted `up` continues from the last desired counts and autoscaler history."""
-    if not previous or previous.get("pool") != pool.name:
-        return History()
-    pool.status = parse_status(previous.get("status"))
-    try:
-        return History.from_dict(previous.get("autoscaler_history") or {})
-    except ValueError:
-        return History()
-
-
-def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir, dict[str, Any] | None]:
+def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir]:
     try:
         pool = load_pool(args.pool)
     except SpecError as exc:
@@ -129,13 +124,22 @@ def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir, dict[st
         state_dir.create()
     except OSError as exc:
         raise UpError(f"cannot create state dir {state_dir.path}: {exc.strerror}") from None
-    return pool, state_dir, previous
+    return pool, state_dir
+
+
+def is_serving(desired: dict[str, int], pushed: dict[str, Any] | None) -> bool:
+    """The router can answer a request now: every role that should run has an active
+    endpoint in the config the router accepted (a role at zero has the router hold its
+    requests while a replica starts)."""
+    if pushed is None:
+        return False
+    active = {e["role"] for e in pushed.get("endpoints", []) if e.get("state") == "active"}
+    return all(role in active for role, num in desired.items() if num > 0)
 
 
 async def run_fleet(
     pool: InferencePool,
     state_dir: StateDir,
-    history: History,
     port: int,
     progress: Progress,
     stop: asyncio.Event,
@@ -144,22 +148,25 @@ async def run_fleet(
     # Details (tracebacks of a failed control-loop tick) go to a file, not the terminal.
     logging.basicConfig(filename=state_dir.log_file("up"), level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    token = state_dir.new_admin_token()
-    del token  # the router reads it from the file; it is never printed or logged
+    token = state_dir.new_admin_token()  # the router reads it from the file; never printed
     base: dict[str, Any] = {"pool": pool.name, "pid": os.getpid(), "state_dir": str(state_dir.path),
-                            "model": pool.spec.model.api_name, "is_stopped": False}
+                            "model": pool.spec.model.api_name, "is_stopped": False,
+                            "is_serving": False}
     grace_s = float(pool.spec.autoscaling.drain_timeout_seconds) + 5.0
     # Engines share a per-fleet token for their KV-transfer and KV-event endpoints, so nothing
     # else on the machine can read cached prompts off a replica; the router gets it too.
     engine_token = {ENGINE_TOKEN_ENV: secrets.token_urlsafe(32)}
-    async with LocalRuntime(state_dir, backoff=backoff, on_event=progress.event) as runtime:
+    timing = LoopTiming()
+    async with LocalRuntime(state_dir, backoff=backoff, events=progress,
+                            engine_env=engine_token) as runtime:  # fmt: skip
         router = runtime.start_router(
             lambda p: kvfleet_argv("router", "--host", HOST, "--port", str(p),
                                    "--admin-token-file", str(state_dir.token_file)),
             port=port or None,
             env=engine_token,
         )
-        base["endpoint"] = f"{router.address}/v1"
+        endpoint = f"{router.address}/v1"
+        base["endpoint"] = endpoint
         if not await runtime.wait_ready(router.name, ROUTER_START_TIMEOUT_S, stop):
             await runtime.shutdown(grace_s=2.0)
             if stop.is_set():
@@ -167,28 +174,39 @@ async def run_fleet(
                 return 0
             progress.say(f"router did not start; see {state_dir.log_file(router.name)}")
             return 1
-        progress.say(f"pool {pool.name}: OpenAI endpoint {base['endpoint']} "
-                     f"(model {pool.spec.model.api_name})")
-        progress.say(f"state in {state_dir.path}; `kvfleet status` shows it; Ctrl-C stops")
-        controller = Controller(pool, runtime, router.address, state_dir.read_admin_token(),
-                                history=history, on_event=progress.event,
-                                extra_engine_env=engine_token)
+        for line in unhonoured_fields(pool.spec):
+            progress.emit(ev.warning(ev.EventReason.SPEC_NOT_HONOURED, line))
+        progress.say(f"pool {pool.name}: starting replicas; the endpoint is announced once "
+                     "the router can serve")
+        http_timeout = aiohttp.ClientTimeout(total=timing.scrape_timeout_s)
+        async with aiohttp.ClientSession(timeout=http_timeout) as http:
+            store = StateFileStore(state_dir, pool.name, base, runtime.status,
+                                   lambda: progress.events, progress)  # fmt: skip
+            loop = ControlLoop(
+                pool,
+                runtime=runtime,
+                router=HttpRouterControl(http, [router.address], token),
+                metrics=ScrapeMetrics(http, timing.scrape_timeout_s),
+                store=store,
+                events=progress,
+                timing=timing,
+            )
 
-        def write_state() -> None:
-            state = {**base, "updated_at": time.time(), "replicas": runtime.status(),
-                     **controller.snapshot(), "events": progress.events}
-            try:
-                state_dir.write_state(state)
-            except OSError as exc:  # e.g. the dir was removed under us; keep serving
-                progress.event(f"cannot write state to {state_dir.path}: {exc.strerror}")
-            progress.summary(state)
+            def after_tick() -> None:
+                desired = {r: rs.desired_replicas for r, rs in pool.status.roles.items()}
+                if not base["is_serving"] and is_serving(desired, loop.state.router_config):
+                    base["is_serving"] = True
+                    progress.say(f"pool {pool.name}: OpenAI endpoint {endpoint} "
+                                 f"(model {pool.spec.model.api_name})")
+                    progress.say(f"state in {state_dir.path}; `kvfleet status` shows it; "
+                                 "Ctrl-C stops")
+                progress.summary(store.last)
 
-        await controller.run(stop, after_tick=write_state)
-        progress.say(f"stopping {len(runtime.children)} processes")
-        await runtime.shutdown(grace_s=grace_s)
-        state = {**base, "updated_at": time.time(), "replicas": [], **controller.snapshot(),
-                 "events": progress.events, "is_stopped": True}
-        state_dir.write_state(state)
+            await loop.run(stop, after_tick=after_tick)
+            progress.say(f"stopping {len(runtime.children)} processes")
+            await runtime.shutdown(grace_s=grace_s)
+            base.update(is_stopped=True, is_serving=False)
+            await store.save(pool.status, loop.state, loop.snapshot())
     progress.say("stopped; no process left")
     return 0
 
@@ -196,11 +214,10 @@ async def run_fleet(
 def main(argv: list[str], out: TextIO = sys.stdout) -> int:
     try:
         args = _parser().parse_args(argv)
-        pool, state_dir, previous = _prepare(args)
+        pool, state_dir = _prepare(args)
     except UpError as exc:
         print(f"kvfleet up: {exc}", file=sys.stderr)
         return 2
-    history = _restore(pool, previous)
     progress = Progress(out, args.quiet)
 
     async def _main() -> int:
@@ -209,6 +226,6 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, stop.set)
         backoff = Backoff(base_s=args.restart_backoff, max_s=max(30.0, args.restart_backoff))
-        return await run_fleet(pool, state_dir, history, args.port, progress, stop, backoff)
+        return await run_fleet(pool, state_dir, args.port, progress, stop, backoff)
 
     return asyncio.run(_main())

@@ -16,16 +16,16 @@ from kvfleet_operator.scaledown import choose_victims, is_drain_done
         ),
         # Not ready first, whatever its numbers.
         ([V("a"), V("b", is_ready=False, num_in_flight=9)], 1, ["b"]),
-        # Tie on requests: fewer in-flight tokens, then less cached-prefix value.
+        # Tie on requests: the colder prefix cache (fewer hit tokens/s) goes first.
         (
             [
-                V("a", num_in_flight=1, num_in_flight_tokens=900),
-                V("b", num_in_flight=1, num_in_flight_tokens=100),
+                V("a", num_in_flight=1, prefix_hit_tokens_per_s=50),
+                V("b", num_in_flight=1, prefix_hit_tokens_per_s=10),
             ],
             1,
             ["b"],
         ),
-        ([V("a", cached_prefix_value=50), V("b", cached_prefix_value=10)], 1, ["b"]),
+        ([V("a", num_in_flight=0, prefix_hit_tokens_per_s=0), V("b", num_in_flight=1)], 1, ["a"]),
         # Full tie: the newest goes (coldest cache), then by name.
         ([V("old", started_at=1.0), V("new", started_at=5.0)], 1, ["new"]),
         ([V("y"), V("x")], 1, ["x"]),

@@ -61,6 +61,22 @@ class Reason:
     AUTOSCALING_DISABLED = "AutoscalingDisabled"
 
 
+class DecisionReason:
+    """Why a role's replica count moved (`lastScaleDecision.reason`, and scale events)."""
+
+    SCALING_UP = "ScalingUp"
+    PANIC_SCALE_UP = "PanicScaleUp"  # the short panic window asked for more
+    SCALING_DOWN = "ScalingDown"
+    SCALED_TO_ZERO = "ScaledToZero"
+    ACTIVATED_FROM_ZERO = "ActivatedFromZero"
+
+
+DECISION_REASONS = (
+    DecisionReason.SCALING_UP, DecisionReason.PANIC_SCALE_UP, DecisionReason.SCALING_DOWN,
+    DecisionReason.SCALED_TO_ZERO, DecisionReason.ACTIVATED_FROM_ZERO,
+)
+
+
 REASONS_BY_TYPE: dict[str, tuple[str, ...]] = {
     ConditionType.READY: (
         Reason.ALL_REPLICAS_READY, Reason.REPLICAS_NOT_READY, Reason.ROUTER_NOT_READY,

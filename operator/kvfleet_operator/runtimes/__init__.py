@@ -1,5 +1,7 @@
-"""Runtimes apply the reconcile core's desired state somewhere: local processes or Kubernetes.
+"""Runtimes implement the control loop's ports (`kvfleet_operator.loop.ports`).
 
-The control loop (`kvfleet_operator.controller`) is the same for both; a runtime only starts,
-observes and stops replicas and pushes the router config.
+The local runtime (`kvfleet up`): `local` (replicas as processes), `router_control` (the
+router's admin API over HTTP), `metrics_sources` (scrape or Prometheus), `local_store`
+(`state.json`), plus `progress` for the terminal. The simulator's ports live in
+`kvfleet_sim.ports`. There is no Kubernetes runtime in this build yet.
 """

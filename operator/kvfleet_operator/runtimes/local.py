@@ -1,9 +1,11 @@
 """The local runtime: the router and every engine replica as child processes on loopback.
 
-A replica counts as ready only after its `/health` answers 200. A replica that exits on its
-own is restarted on the same port after an exponential backoff (so the router's endpoint
-address stays valid and the router can readmit it); the crash is counted and shown in status.
-Everything the runtime starts is stopped by `shutdown()`, and dies with us anyway (procs.py).
+`LocalRuntime` is the control loop's `ReplicaRuntime` port for processes. A replica counts
+as ready only after its `/health` answers 200. A replica that exits on its own is restarted
+on the same port after an exponential backoff (so the router's endpoint address stays valid
+and the router can readmit it); the crash is counted and shown in status. A deleted replica
+gets SIGTERM (the engine drains), and SIGKILL if it outlives its grace period. Everything the
+runtime starts is stopped by `shutdown()`, and dies with us anyway (procs.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ from typing import Any
 
 import aiohttp
 
+from kvfleet_operator.api.spec import PoolSpec
+from kvfleet_operator.engine_args import engine_args
+from kvfleet_operator.loop import events as ev
+from kvfleet_operator.loop.ports import EventSink
+from kvfleet_operator.reconcile import RolePlan
 from kvfleet_operator.runtimes import procs
 from kvfleet_operator.runtimes.backoff import Backoff
 from kvfleet_operator.runtimes.state_dir import StateDir
@@ -53,6 +60,7 @@ class Child:
     num_recent_crashes: int = 0
     started_at: float = 0.0
     restart_at: float | None = None
+    kill_at: float | None = None  # a stopping child still alive then gets SIGKILL
     last_exit_code: int | None = None
 
     @property
@@ -79,6 +87,11 @@ class Child:
         }
 
 
+class _NoEvents:
+    def emit(self, event: ev.Event) -> None:
+        pass
+
+
 class LocalRuntime:
     def __init__(
         self,
@@ -86,14 +99,16 @@ class LocalRuntime:
         *,
         backoff: Backoff | None = None,
         startup_timeout_s: float = 600.0,  # loading a real model on CPU can take minutes
-        on_event: Callable[[str], None] = lambda _msg: None,
+        events: EventSink | None = None,
         clock: Callable[[], float] = time.monotonic,
+        engine_env: dict[str, str] | None = None,
     ) -> None:
         self.state_dir = state_dir
         self.backoff = backoff or Backoff()
         self.startup_timeout_s = startup_timeout_s
-        self.on_event = on_event
+        self.events: EventSink = events or _NoEvents()
         self.clock = clock
+        self._engine_env = dict(engine_env or {})  # may hold secrets: never shown
         self.children: dict[str, Child] = {}
         self._next_index: dict[str, int] = {}
         self._http: aiohttp.ClientSession | None = None
@@ -133,8 +148,21 @@ class LocalRuntime:
         child = Child(f"{role}-{index}", role, procs.free_port(), argv_for, env)
         self.children[child.name] = child
         self._spawn(child)
-        self.on_event(f"start {child.name} on {child.address}")
+        self._say(ev.EventReason.REPLICA_STARTED, f"start {child.name} on {child.address}")
         return child
+
+    async def create(self, spec: PoolSpec, plan: RolePlan) -> None:
+        """One more replica of `plan.role`: the plan's command and env, with the role's args
+        rendered for the loopback port this replica gets."""
+        role = plan.role
+
+        def argv_for(port: int) -> list[str]:
+            return plan.command + engine_args(spec, role, host=HOST, port=port)
+
+        self.add_replica(role, argv_for, {**plan.env, **self._engine_env})
+
+    def _say(self, reason: str, message: str, is_warning: bool = False) -> None:
+        self.events.emit(ev.warning(reason, message) if is_warning else ev.normal(reason, message))
 
     @property
     def router(self) -> Child:
@@ -177,16 +205,19 @@ class LocalRuntime:
         if child.state in (STOPPING, DRAINING):
             # Leaving anyway: a drained replica that dies is simply gone, never restarted.
             del self.children[child.name]
-            self.on_event(f"stopped {child.name} (exit {child.last_exit_code})")
+            self._say(ev.EventReason.REPLICA_STOPPED,
+                      f"stopped {child.name} (exit {child.last_exit_code})")  # fmt: skip
             return
         uptime = now - child.started_at
         child.num_recent_crashes = self.backoff.recent_crashes(child.num_recent_crashes, uptime)
         delay = self.backoff.delay(child.num_recent_crashes)
         child.state = CRASHED
         child.restart_at = now + delay
-        self.on_event(
+        self._say(
+            ev.EventReason.REPLICA_CRASHED,
             f"{child.name} exited with {child.last_exit_code}; restart in {delay:.1f}s "
-            f"(see {self.state_dir.log_file(child.name)})"
+            f"(see {self.state_dir.log_file(child.name)})",
+            is_warning=True,
         )
 
     async def supervise(self) -> None:
@@ -202,7 +233,14 @@ class LocalRuntime:
                 if not child.is_port_fixed and not procs.can_bind(child.port):
                     child.port = procs.free_port()
                 self._spawn(child)
-                self.on_event(f"restart {child.name} (restart #{child.num_restarts})")
+                self._say(ev.EventReason.REPLICA_RESTARTED,
+                          f"restart {child.name} (restart #{child.num_restarts})")  # fmt: skip
+            elif child.state == STOPPING and child.kill_at is not None and now >= child.kill_at:
+                assert child.proc is not None
+                self._say(ev.EventReason.REPLICA_STOPPING,
+                          f"{child.name} outlived its grace period; killing it", is_warning=True)
+                procs.signal_group(child.proc, signal.SIGKILL)
+                child.kill_at = None
             elif child.state == STARTING:
                 starting.append(child)
         healthy = await asyncio.gather(*(self._is_healthy(c) for c in starting))
@@ -211,30 +249,34 @@ class LocalRuntime:
                 continue
             if is_healthy:
                 child.state = READY
-                self.on_event(f"{child.name} ready on {child.address}")
+                self._say(ev.EventReason.REPLICA_READY, f"{child.name} ready on {child.address}")
             elif self.clock() - child.started_at > self.startup_timeout_s:
                 limit = self.startup_timeout_s
-                self.on_event(f"{child.name} not healthy after {limit:g}s; killing it")
+                self._say(ev.EventReason.REPLICA_START_TIMEOUT,
+                          f"{child.name} not healthy after {limit:g}s; killing it",
+                          is_warning=True)  # fmt: skip
                 if child.proc is not None:
                     procs.signal_group(child.proc, signal.SIGKILL)
 
     # --- stopping -------------------------------------------------------------------------
 
-    def mark_draining(self, name: str) -> None:
+    async def mark_draining(self, name: str) -> None:
         self.children[name].state = DRAINING
 
-    def mark_ready(self, name: str) -> None:
+    async def mark_ready(self, name: str) -> None:
         """A draining replica goes back to work (its cache is warm)."""
         self.children[name].state = READY
 
-    def stop_replica(self, name: str) -> None:
-        """SIGTERM: the engine drains what it still holds and exits; supervise() reaps it."""
+    async def delete(self, name: str, grace_s: float) -> None:
+        """SIGTERM: the engine drains what it still holds and exits; supervise() reaps it,
+        or SIGKILLs it after `grace_s`."""
         child = self.children[name]
         if child.proc is None or child.proc.poll() is not None or child.state == CRASHED:
             del self.children[name]
-            self.on_event(f"removed {name}")
+            self._say(ev.EventReason.REPLICA_STOPPED, f"removed {name}")
             return
         child.state = STOPPING
+        child.kill_at = self.clock() + grace_s
         procs.signal_group(child.proc, signal.SIGTERM)
 
     async def shutdown(self, grace_s: float = 10.0) -> None:

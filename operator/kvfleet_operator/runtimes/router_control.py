@@ -1,31 +1,21 @@
-"""A small client for the router's admin API and its queue gauge (see kvfleet_router.admin)."""
+"""Router control over HTTP: the loop's `RouterControl` port for every router replica.
+
+`HttpRouterControl` pushes a config to each router's admin API (success only when all
+accepted it), combines their views (in-flight summed per endpoint, the oldest version), and
+sums the requests they hold (`kvfleet_router_queue_length`). Endpoints: kvfleet_router.admin.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 
+from kvfleet_operator.loop.ports import EndpointView, RouterControlError, RouterView
+
 QUEUE_METRIC = "kvfleet_router_queue_length"
-
-
-class RouterAdminError(RuntimeError):
-    """The router did not accept or answer an admin call; the message says why."""
-
-
-@dataclass(slots=True)
-class EndpointView:
-    name: str
-    state: str
-    num_in_flight: int
-    is_healthy: bool
-
-
-@dataclass(slots=True)
-class RouterView:
-    version: int
-    endpoints: dict[str, EndpointView] = field(default_factory=dict)
 
 
 def _auth(token: str) -> dict[str, str]:
@@ -39,19 +29,25 @@ async def put_config(
         async with session.put(f"{base_url}/admin/config", json=config, headers=_auth(token)) as r:
             if r.status != 200:
                 body = await r.text()
-                raise RouterAdminError(f"config push refused: HTTP {r.status}: {body[:300]}")
+                raise RouterControlError(
+                    f"config push to {base_url} refused: HTTP {r.status}: {body[:300]}"
+                )
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-        raise RouterAdminError(f"config push failed: {type(exc).__name__}: {exc}") from None
+        raise RouterControlError(
+            f"config push to {base_url} failed: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 async def get_view(session: aiohttp.ClientSession, base_url: str, token: str) -> RouterView:
     try:
         async with session.get(f"{base_url}/admin/config", headers=_auth(token)) as r:
             if r.status != 200:
-                raise RouterAdminError(f"router admin GET: HTTP {r.status}")
+                raise RouterControlError(f"router admin GET {base_url}: HTTP {r.status}")
             data = await r.json()
     except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
-        raise RouterAdminError(f"router admin GET failed: {type(exc).__name__}: {exc}") from None
+        raise RouterControlError(
+            f"router admin GET {base_url} failed: {type(exc).__name__}: {exc}"
+        ) from None
     try:
         return RouterView(
             version=int(data["version"]),
@@ -63,7 +59,22 @@ async def get_view(session: aiohttp.ClientSession, base_url: str, token: str) ->
             },
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise RouterAdminError(f"router admin GET: unexpected answer: {exc!r}") from None
+        raise RouterControlError(f"router admin GET: unexpected answer: {exc!r}") from None
+
+
+def combine_views(views: Sequence[RouterView]) -> RouterView:
+    """One view of several routers: in-flight summed, healthy only if healthy in all, the
+    oldest config version (so a router that missed a push gets it again)."""
+    out = RouterView(version=min(v.version for v in views))
+    for view in views:
+        for name, e in view.endpoints.items():
+            seen = out.endpoints.get(name)
+            if seen is None:
+                out.endpoints[name] = EndpointView(name, e.state, e.num_in_flight, e.is_healthy)
+            else:
+                seen.num_in_flight += e.num_in_flight
+                seen.is_healthy = seen.is_healthy and e.is_healthy
+    return out
 
 
 async def get_queue_length(session: aiohttp.ClientSession, base_url: str) -> int | None:
@@ -82,3 +93,36 @@ async def get_queue_length(session: aiohttp.ClientSession, base_url: str) -> int
             except ValueError:
                 return None
     return None
+
+
+class HttpRouterControl:
+    """Every router replica of one pool, by base URL, behind one admin token."""
+
+    def __init__(self, session: aiohttp.ClientSession, urls: Sequence[str], token: str) -> None:
+        if not urls:
+            raise ValueError("at least one router URL is needed")
+        self._session = session
+        self.urls = list(urls)
+        self._token = token  # never logged
+
+    async def push(self, config: dict[str, Any]) -> None:
+        results = await asyncio.gather(
+            *(put_config(self._session, url, self._token, config) for url in self.urls),
+            return_exceptions=True,
+        )
+        errors = [str(r) for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise RouterControlError("; ".join(errors))
+
+    async def view(self) -> RouterView | None:
+        try:
+            views = await asyncio.gather(
+                *(get_view(self._session, url, self._token) for url in self.urls)
+            )
+        except RouterControlError:
+            return None
+        return combine_views(views)
+
+    async def num_held(self) -> int:
+        held = await asyncio.gather(*(get_queue_length(self._session, u) for u in self.urls))
+        return sum(n or 0 for n in held)

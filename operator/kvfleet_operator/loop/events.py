@@ -1,0 +1,50 @@
+"""What the control loop and the runtimes report: typed events with named reasons.
+
+An `Event` has what a Kubernetes Event needs (type, reason, message). Local fleets print the
+message and keep the last ones in state.json; the simulator counts scale events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NORMAL, WARNING = "Normal", "Warning"
+
+
+class EventReason:
+    """CamelCase reasons, one per kind of thing that happened."""
+
+    SCALING_UP = "ScalingUp"
+    SCALING_DOWN = "ScalingDown"
+    REPLICA_STARTED = "ReplicaStarted"
+    REPLICA_READY = "ReplicaReady"
+    REPLICA_DRAINING = "ReplicaDraining"
+    REPLICA_UNDRAINED = "ReplicaUndrained"
+    REPLICA_STOPPING = "ReplicaStopping"
+    REPLICA_STOPPED = "ReplicaStopped"
+    REPLICA_CRASHED = "ReplicaCrashed"
+    REPLICA_RESTARTED = "ReplicaRestarted"
+    REPLICA_START_TIMEOUT = "ReplicaStartTimeout"
+    ROUTER_PUSH_FAILED = "RouterPushFailed"
+    LOOP_ERROR = "ControlLoopError"
+    STATE_WRITE_FAILED = "StateWriteFailed"
+    SPEC_NOT_HONOURED = "SpecNotHonoured"
+
+
+@dataclass(slots=True, frozen=True)
+class Event:
+    type: str  # NORMAL or WARNING
+    reason: str  # an EventReason
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.type not in (NORMAL, WARNING):
+            raise ValueError(f"event type must be {NORMAL} or {WARNING}, got {self.type!r}")
+
+
+def normal(reason: str, message: str) -> Event:
+    return Event(NORMAL, reason, message)
+
+
+def warning(reason: str, message: str) -> Event:
+    return Event(WARNING, reason, message)

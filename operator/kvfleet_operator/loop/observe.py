@@ -1,0 +1,113 @@
+"""Pure rules between what the ports report and the reconcile core.
+
+- `UNKNOWN_IN_FLIGHT` / `num_in_flight`: a draining replica whose in-flight count no router
+  can vouch for is treated as busy, so only its drain timeout can stop it.
+- `prefix_hit_tokens_per_s`: prefix-cache hit tokens/s over a replica's scrape log, what its
+  warm cache is worth, so scale-down gives up the coldest caches first.
+- `observe(...) -> Observed`: the reconcile core's input.
+- `decision_roles(replicas)`: which replicas the autoscaler measures. Ready ones, and
+  failed ones as unknown (never idle); starting and draining ones are not measured.
+- `current_replicas(spec, replicas)`: per role, the replicas that count toward desired.
+- `scale_decisions(...)`: the `ScaleDecision` status entries for roles whose count moved.
+- `stale_after_s(interval, scrape_timeout)`: when a replica's signals count as unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+
+from kvfleet_operator.api.spec import PoolSpec
+from kvfleet_operator.api.status import ScaleDecision, rfc3339
+from kvfleet_operator.autoscaler import Decision, decision_reason
+from kvfleet_operator.loop.ports import Replica, RouterView
+from kvfleet_operator.reconcile import Observed, ObservedReplica
+from kvfleet_operator.signals import ScrapeLog, Signals
+
+UNKNOWN_IN_FLIGHT = 1 << 30
+IN_SERVICE = ("starting", "ready", "failed")  # count toward the desired replicas
+MEASURED = ("ready", "failed")
+
+
+def num_in_flight(view: RouterView | None, name: str, phase: str) -> int:
+    if view is not None:
+        endpoint = view.endpoints.get(name)
+        return endpoint.num_in_flight if endpoint is not None else 0
+    return UNKNOWN_IN_FLIGHT if phase == "draining" else 0
+
+
+def prefix_hit_tokens_per_s(scrapes: ScrapeLog, name: str) -> float:
+    good = [s for s in scrapes.scrapes.get(name, ()) if s.sample is not None]
+    if len(good) < 2 or good[-1].t <= good[0].t:
+        return 0.0
+    first, last = good[0].sample, good[-1].sample
+    assert first is not None and last is not None
+    hits = last.num_prefix_hits - first.num_prefix_hits
+    return max(0.0, hits) / (good[-1].t - good[0].t)  # a restart resets the counter: 0
+
+
+def observe(
+    replicas: Sequence[Replica],
+    view: RouterView | None,
+    scrapes: ScrapeLog,
+    drain_started: Mapping[str, float],
+    signals: Signals | None,
+) -> Observed:
+    observed = [
+        ObservedReplica(
+            name=r.name,
+            role=r.role,
+            phase=r.state,
+            url=r.address,
+            num_restarts=r.num_restarts,
+            num_in_flight=num_in_flight(view, r.name, r.state),
+            prefix_hit_tokens_per_s=prefix_hit_tokens_per_s(scrapes, r.name),
+            started_at=r.started_at,
+            drain_started_at=drain_started.get(r.name),
+        )
+        for r in replicas
+    ]
+    roles = signals.roles.values() if signals else []
+    return Observed(observed, is_router_ready=view is not None,
+                    num_unknown_signals=sum(rs.num_unknown for rs in roles))  # fmt: skip
+
+
+def decision_roles(replicas: Sequence[Replica]) -> dict[str, str]:
+    return {r.name: r.role for r in replicas if r.state in MEASURED}
+
+
+def current_replicas(spec: PoolSpec, replicas: Sequence[Replica]) -> dict[str, int]:
+    counts = {role: 0 for role in spec.topology.roles()}
+    for r in replicas:
+        if r.state in IN_SERVICE and r.role in counts:
+            counts[r.role] += 1
+    return counts
+
+
+def scale_decisions(
+    decision: Decision, current: Mapping[str, int], signals: Signals, wall: datetime
+) -> dict[str, ScaleDecision]:
+    out = {}
+    for role, num in decision.desired.items():
+        before = current.get(role, 0)
+        if num == before:
+            continue
+        rs = signals.roles.get(role)
+        out[role] = ScaleDecision(
+            time=rfc3339(wall),
+            from_replicas=before,
+            to_replicas=num,
+            reason=decision.kinds.get(role) or decision_reason(before, num, is_panic=False),
+            message=decision.reasons[role],
+            signals={
+                k: float(v)
+                for k, v in (rs.to_dict().items() if rs else [])
+                if isinstance(v, int | float)
+            },
+        )
+    return out
+
+
+def stale_after_s(decision_interval_s: float, scrape_timeout_s: float) -> float:
+    """A replica's newest scrape older than this is unknown: it missed two scrapes."""
+    return 2 * decision_interval_s + scrape_timeout_s

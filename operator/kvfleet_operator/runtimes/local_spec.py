@@ -1,0 +1,32 @@
+"""What a local fleet cannot honour of a pool spec, pure: `kvfleet up` warns, one line each.
+
+Processes on one machine have no images, no scheduler (node selectors, tolerations), no
+resource limits and no GPU allocation, and `kvfleet up` runs a single router.
+"""
+
+from __future__ import annotations
+
+from kvfleet_operator.api.spec import PoolSpec
+
+
+def unhonoured_fields(spec: PoolSpec) -> list[str]:
+    out = []
+    if spec.engine.image:
+        out.append(f"engine.image ({spec.engine.image}) is ignored: local engines run as "
+                   "processes from this install")
+    if spec.routing.replicas > 1:
+        out.append(f"routing.replicas ({spec.routing.replicas}) is ignored: a local fleet "
+                   "runs one router")
+    for name, role in spec.topology.roles().items():
+        where = f"topology.{name}"
+        if role.resources is not None and (role.resources.requests or role.resources.limits):
+            out.append(f"{where}.resources is ignored: local processes have no resource "
+                       "requests or limits")
+        if role.node_selector:
+            out.append(f"{where}.nodeSelector is ignored: a local fleet has one node")
+        if role.tolerations:
+            out.append(f"{where}.tolerations is ignored: a local fleet has one node")
+        if role.gpus:
+            out.append(f"{where}.gpus ({role.gpus}) is ignored: local processes get no GPU "
+                       "allocation")
+    return out
