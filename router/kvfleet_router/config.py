@@ -17,7 +17,7 @@ policy:
   name: cache-aware              # round-robin | random | least-request | least-kv | prefix-cache |
                                  # session | latency | ucb | slo | cache-aware
   picker: max                    # max | power-of-two | weighted-random (ignored by round-robin)
-  weights: {prefix: 1.0, queue: 0.2, kv: 0.5}   # scorer -> weight (cache-aware only)
+  weights: {prefix: 1.0, queue: 1.0, kv: 0.5}   # scorer -> weight (cache-aware only)
   allow_override: false          # honour the per-request header below?
   override_header: x-kvfleet-policy
   imbalance: {abs_threshold: 8, rel_threshold: 1.5}   # cache-aware's load guard
@@ -33,7 +33,8 @@ health: {probe_interval_s: 2.0, probe_timeout_s: 1.0, eject_after_errors: 3,
 signals: {poll_interval_s: 1.0, stale_after_s: 5.0}
 timeouts: {connect_s: 10.0, first_byte_s: 60.0, idle_s: 60.0}   # connect: SYN retries
 retries: {max_attempts: 2}       # total tries per request, only before the client saw a byte
-pd: {prefill_threshold_tokens: 128}   # uncached prompt tokens above which a separate prefill runs
+pd: {decider: uncached-tokens,       # when a separate prefill leg runs (pd_deciders.py)
+     prefill_threshold_tokens: 128}   # uncached prompt tokens above which it does
 limits: {max_body_bytes: 4194304}
 ```
 
@@ -58,6 +59,7 @@ POLICY_NAMES = (
 )
 PICKER_NAMES = ("max", "power-of-two", "weighted-random")
 SCORER_NAMES = ("prefix", "queue", "kv", "session", "latency", "ucb", "slo")
+PD_DECIDER_NAMES = ("uncached-tokens",)
 
 
 class ConfigError(ValueError):
@@ -123,7 +125,10 @@ class SloConfig:
 
 
 def _default_weights() -> dict[str, float]:
-    return {"prefix": 1.0, "queue": 0.2, "kv": 0.5}
+    # queue and kv both score the free share of capacity; queue is live (router in-flight),
+    # kv lags by up to one scrape, so it weighs less. A full prefix hit (1.0) outweighs any
+    # load gap short of about two thirds of capacity; the imbalance guard acts long before.
+    return {"prefix": 1.0, "queue": 1.0, "kv": 0.5}
 
 
 @dataclass(slots=True)
@@ -244,9 +249,12 @@ class RetriesConfig:
 
 @dataclass(slots=True)
 class PDConfig:
+    decider: str = "uncached-tokens"
     prefill_threshold_tokens: int = 128
 
     def __post_init__(self) -> None:
+        _check(self.decider in PD_DECIDER_NAMES, "decider",
+               f"must be one of {', '.join(PD_DECIDER_NAMES)}")
         _check(self.prefill_threshold_tokens >= 0, "prefill_threshold_tokens", "must be >= 0")
 
 

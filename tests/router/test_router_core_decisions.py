@@ -120,3 +120,12 @@ def test_start_and_finish_drive_least_request():
     c.finish(c.registry.by_name["e1"])
     routed = c.route(RequestInfo(prompt_text="next"), "unified", 1.0)
     assert routed.decision.endpoint.name == "e1"
+
+
+def test_default_weights_keep_affinity_under_small_load_and_balance_fresh_prompts():
+    c = core()  # capacity 10 each, default weights, guard abs 8 / rel 1.5
+    first = route(c, PROMPT).decision.endpoint
+    first.num_in_flight = 3  # queue 0.7 vs 1.0: less than the full prefix hit (1.0) it holds
+    assert route(c, PROMPT + "x").decision.endpoint is first
+    fresh = route(c, "unrelated text " * 10)  # no prefix anywhere: the least loaded wins
+    assert fresh.decision.endpoint is not first and fresh.decision.reason == "picked"

@@ -29,12 +29,17 @@ def with_slo(name, alpha=None, beta=None):
 
 
 @pytest.mark.parametrize("scorer, endpoints, context, expected", [
-    # queue: (max - q) / (max - min), q = router in-flight + engine load beyond it (last scrape)
-    ("queue", [ep("a", in_flight=0), ep("b", in_flight=5), ep("c", in_flight=10)], {},
-     [1.0, 0.5, 0.0]),
-    ("queue", [ep("a", in_flight=3), ep("b", in_flight=3)], {}, [1.0, 1.0]),
-    ("queue", [ep("a", in_flight=1, kv=0.0, running=4, waiting=5), ep("b", in_flight=3, kv=0.0)],
-     {}, [0.0, 1.0]),
+    # queue: max(0, 1 - q / capacity), q = router in-flight + engine load beyond it (last
+    # scrape); each endpoint on its own capacity-relative scale
+    ("queue", [ep("a", in_flight=0, capacity=10), ep("b", in_flight=5, capacity=10),
+               ep("c", in_flight=10, capacity=10)], {}, [1.0, 0.5, 0.0]),
+    ("queue", [ep("a", in_flight=3), ep("b", in_flight=3)], {}, [1 - 3 / 256, 1 - 3 / 256]),
+    # a: 1 own + (4 + 5 - 1) foreign = 9 of 10; b: 3 of 10 (stale scrape: own count only)
+    ("queue", [ep("a", in_flight=1, kv=0.0, running=4, waiting=5, capacity=10),
+               ep("b", in_flight=3, capacity=10)], {}, [0.1, 0.7]),
+    # the same depth weighs less on a bigger endpoint; beyond capacity (foreign load) is 0
+    ("queue", [ep("a", in_flight=8, capacity=16), ep("b", in_flight=8, capacity=64),
+               ep("c", in_flight=2, kv=0.0, running=30, capacity=16)], {}, [0.5, 0.875, 0.0]),
     # kv: 1 - usage; unknown (no fresh scrape) scores 0, never "idle"
     ("kv", [ep("a", kv=0.25), ep("b", kv=1.0), ep("c")], {}, [0.75, 0.0, 0.0]),
     # prefix: matched / prompt blocks
@@ -56,6 +61,18 @@ def test_scorer_table(scorer, endpoints, context, expected):
     got = SCORERS[scorer](cfg())(endpoints, ctx(**context))
     assert got == pytest.approx(expected, abs=1e-9)
     assert all(0.0 <= s <= 1.0 for s in got)
+
+
+def test_queue_score_keeps_its_meaning_as_the_fleet_grows():
+    a, b = ep("a", in_flight=4, capacity=8), ep("b", in_flight=5, capacity=8)
+    score = SCORERS["queue"](cfg())
+    two = score([a, b], ctx())
+    assert two == pytest.approx([0.5, 0.375])
+    assert two[0] - two[1] == pytest.approx(1 / 8)  # one request = 1/capacity, not [0, 1]
+    grown = score([a, b, ep("c", capacity=8), ep("d", in_flight=8, capacity=8)], ctx())
+    assert grown[:2] == pytest.approx(two)  # an idle (or a full) newcomer changes nothing
+    assert grown[2:] == pytest.approx([1.0, 0.0])
+    assert score([b], ctx()) == pytest.approx([0.375])  # alone, the same score
 
 
 def test_lower_is_better_edges():

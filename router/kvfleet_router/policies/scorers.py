@@ -3,7 +3,11 @@
 Registered by type name in SCORERS; each factory takes the RouterConfig.
 min-max(x) below means (max - x) / (max - min) over the candidates, 1.0 for all when equal.
 
-* queue:   min-max of q_i, q_i = max(router in-flight, engine running + waiting if fresh).
+* queue:   max(0, 1 - q_i / capacity_i), q_i = router in-flight + the engine's running +
+           waiting beyond it (last fresh scrape), capacity_i = the endpoint's configured
+           in-flight capacity. Capacity-relative, not min-max: an endpoint's score depends
+           on its own load only, so one request more is worth 1/capacity (not the whole
+           [0, 1] range) and adding an idle endpoint changes no other endpoint's score.
 * kv:      1 - kv_usage_i; 0 when the scrape is stale or missing (unknown is not idle).
 * prefix:  matched leading blocks / prompt blocks on endpoint i (ctx.prefix_fraction).
 * session: bounded-load rendezvous hashing: endpoints ordered by H(key, name); the first
@@ -41,8 +45,13 @@ def lower_is_better(values: Sequence[float]) -> list[float]:
     return [(hi - v) / (hi - lo) for v in values]
 
 
+def queue_score(depth: float, capacity: float) -> float:
+    """Free share of the endpoint's capacity: 1 idle, 0 at (or beyond) capacity."""
+    return max(0.0, 1.0 - depth / capacity)
+
+
 def queue(cfg: RouterConfig) -> Scorer:
-    return lambda eps, ctx: lower_is_better([e.queue_depth() for e in eps])
+    return lambda eps, ctx: [queue_score(e.queue_depth(), e.capacity) for e in eps]
 
 
 def kv(cfg: RouterConfig) -> Scorer:
