@@ -3,8 +3,9 @@
 Public API (pure unless marked async):
 
 - `parse_metrics(text) -> ReplicaSample`: Prometheus text from a vLLM or kvfleet engine
-  into one typed sample. Accepts current vLLM v1 names and the older ones in
-  `contract.LEGACY_NAMES`. Raises `MetricsParseError` on text that is not Prometheus.
+  into one typed sample, read by the contract's one `/metrics` parser
+  (`kvfleet_engine.contract.read_metrics`; current vLLM v1 names win over the older ones in
+  `contract.LEGACY_NAMES`). Raises `MetricsParseError` when no core gauge is usable.
 - `ScrapeLog`: per-replica history of `Scrape`s (a sample or a failure, stamped with the
   caller's clock). `add`, `forget`, `prune`. It is plain data; no clock inside.
 - `aggregate(log, roles, now, window_s, stale_after_s, num_held_requests=0,
@@ -31,7 +32,7 @@ from typing import Any
 
 from kvfleet_engine import contract as c
 
-Buckets = tuple[tuple[float, float], ...]  # (upper bound `le`, cumulative count), sorted by le
+Buckets = c.Buckets  # (upper bound `le`, cumulative count), sorted by le
 
 
 class MetricsParseError(ValueError):
@@ -87,51 +88,28 @@ _COUNTERS = {
 _HISTOGRAMS = {c.TIME_TO_FIRST_TOKEN: "ttft", c.INTER_TOKEN_LATENCY: "itl"}
 
 
-def _canonical(family: str) -> str:
-    """Current vLLM name for a family. Untyped exposition (no TYPE lines, e.g. rendered
-    from a Prometheus query) keeps `_total` on counters and `_bucket` on histograms."""
-    for suffix in ("_total", "_bucket"):
-        family = family.removesuffix(suffix)
-    return c.LEGACY_NAMES.get(family, family)
-
-
 def parse_metrics(text: str) -> ReplicaSample:
-    """Parse one `/metrics` body. Label sets of the same metric are summed (multi-model)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        families = list(text_string_to_metric_families(text))
-    except Exception as exc:  # the parser raises bare ValueError/TypeError/IndexError
-        raise MetricsParseError(f"not Prometheus text: {exc}") from None
-    # canonical name -> (is_legacy -> samples); untyped lines arrive as separate families.
-    grouped: dict[str, dict[bool, list[Any]]] = {}
-    for fam in families:
-        is_legacy = fam.name.removesuffix("_total").removesuffix("_bucket") in c.LEGACY_NAMES
-        grouped.setdefault(_canonical(fam.name), {}).setdefault(is_legacy, []).extend(fam.samples)
-    sample = ReplicaSample()
-    totals: dict[str, float] = {}
-    buckets: dict[str, dict[float, float]] = {}
-    for name, by_kind in grouped.items():
-        samples = by_kind.get(False) or by_kind.get(True) or []  # current names win
-        if name == c.ROLE_INFO:
-            for s in samples:
-                if s.value and "role" in s.labels:
-                    sample.role = s.labels["role"]
-        elif name in _GAUGES or name in _COUNTERS or name == c.DRAINING:
-            totals[name] = sum(s.value for s in samples if not s.name.endswith("_created"))
-        elif name in _HISTOGRAMS:
-            per_le = buckets.setdefault(name, {})
-            for s in samples:
-                if s.name.endswith("_bucket") and "le" in s.labels:
-                    le = float(s.labels["le"])
-                    per_le[le] = per_le.get(le, 0.0) + s.value
-    for name, attr in {**_GAUGES, **_COUNTERS}.items():
-        if name in totals:
-            setattr(sample, attr, float(totals[name]))
-    sample.is_draining = totals.get(c.DRAINING, 0.0) > 0
+    """One `/metrics` body through the contract's reader (`kvfleet_engine.contract`, whose
+    docstring has the rules: bad lines skipped and counted, current names over legacy ones,
+    label sets summed, KV usage averaged). A body with no usable core gauge raises
+    MetricsParseError, so its scrape fails and the replica is unknown, never idle."""
+    m = c.read_metrics(text)
+    if not m.is_usable:
+        detail = f"; first bad line: {m.first_bad_line[:80]!r}" if m.num_bad_lines else ""
+        raise MetricsParseError(
+            f"no running/waiting/KV-usage gauge in the scrape ({m.num_bad_lines} bad lines"
+            f"{detail})"
+        )
+    sample = ReplicaSample(role=m.role, is_draining=m.is_draining)
+    for name, attr in _GAUGES.items():
+        if name in m.gauges:
+            setattr(sample, attr, m.gauges[name])
+    for name, attr in _COUNTERS.items():
+        if name in m.counters:
+            setattr(sample, attr, m.counters[name])
     for name, attr in _HISTOGRAMS.items():
-        if name in buckets:
-            setattr(sample, attr, tuple(sorted(buckets[name].items())))
+        if name in m.histograms:
+            setattr(sample, attr, m.histograms[name])
     return sample
 
 
@@ -344,7 +322,8 @@ def samples_from_prometheus(result: Any, replica_label: str = "pod") -> dict[str
     """A Prometheus instant-query `data.result` vector -> one sample per replica.
 
     Series are rendered back to exposition text and read by `parse_metrics`, so names
-    (current and legacy) are handled in one place. Raises MetricsParseError on junk."""
+    (current and legacy) are handled in one place. A replica without a usable core gauge
+    is left out (it ages into unknown). Raises MetricsParseError on a malformed result."""
     if not isinstance(result, list):
         raise MetricsParseError("Prometheus result must be a vector (a list of series)")
     lines: dict[str, list[str]] = {}
@@ -361,7 +340,13 @@ def samples_from_prometheus(result: Any, replica_label: str = "pod") -> dict[str
         if replica is None:
             continue  # not attributable to a replica
         lines.setdefault(str(replica), []).append(_exposition_line(name, labels, value))
-    return {r: parse_metrics("\n".join(ls) + "\n") for r, ls in lines.items()}
+    samples: dict[str, ReplicaSample] = {}
+    for replica, exposition in lines.items():
+        try:
+            samples[replica] = parse_metrics("\n".join(exposition) + "\n")
+        except MetricsParseError:
+            continue  # no core gauge for this replica: left out, so it ages into unknown
+    return samples
 
 
 async def query_prometheus(

@@ -23,8 +23,10 @@ def test_parse_current_names():
 
 
 def test_engine_draining_gauge():
-    assert parse_metrics('kvfleet:draining{model_name="a"} 1.0\n', now=1.0).is_draining
-    assert not parse_metrics('kvfleet:draining{model_name="a"} 0.0\n', now=1.0).is_draining
+    running = 'vllm:num_requests_running{model_name="a"} 1.0\n'
+    assert parse_metrics(running + 'kvfleet:draining{model_name="a"} 1.0\n', now=1.0).is_draining
+    assert not parse_metrics(running + 'kvfleet:draining{model_name="a"} 0.0\n',
+                             now=1.0).is_draining
     assert not parse_metrics(CURRENT, now=1.0).is_draining
 
 

@@ -1,13 +1,45 @@
-"""The engine's public contract: metric names and the KV-event wire shape.
+"""What travels between engines and their readers: metric names, KV events, P/D fields.
 
-This module is the only part of the engine that the router and the operator may import.
 Names follow vLLM v1 so that readers treat vLLM pods and kvfleet engines alike.
+Import it as `kvfleet_engine.contract`, which re-exports everything here.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+__all__ = [
+    "CACHE_CONFIG_INFO",
+    "DO_REMOTE_DECODE",
+    "DO_REMOTE_PREFILL",
+    "DRAINING",
+    "E2E_REQUEST_LATENCY",
+    "ENGINE_TOKEN_ENV",
+    "GENERATION_TOKENS",
+    "INTER_TOKEN_LATENCY",
+    "KVEvent",
+    "KVEventType",
+    "KV_CACHE_USAGE_PERC",
+    "KV_TRANSFER_PARAMS",
+    "LEGACY_NAMES",
+    "MODEL_LABEL",
+    "NUM_PREEMPTIONS",
+    "NUM_REQUESTS_RUNNING",
+    "NUM_REQUESTS_WAITING",
+    "NUM_WAITING_PROMPT_TOKENS",
+    "PREFIX_CACHE_HITS",
+    "PREFIX_CACHE_QUERIES",
+    "PROMPT_TOKENS",
+    "REMOTE_BLOCK_IDS",
+    "REMOTE_HANDLE",
+    "REMOTE_HOST",
+    "REMOTE_PORT",
+    "REQUEST_QUEUE_TIME",
+    "ROLES",
+    "ROLE_INFO",
+    "TIME_TO_FIRST_TOKEN",
+]
 
 # --- Prometheus metric names (vLLM v1). Counters are exposed with a `_total` suffix. ---
 NUM_REQUESTS_RUNNING = "vllm:num_requests_running"

@@ -1,0 +1,41 @@
+"""The engine's public contract: the only part of the engine the router and operator import.
+
+- `wire`: metric names (vLLM v1, legacy names mapped), the KV-event shape, P/D field names;
+- `metrics_text`: the one `/metrics` reader (its docstring states the parsing rules).
+
+Both are re-exported here, so readers write `from kvfleet_engine import contract` and
+`contract.read_gauges(text)`. Neither imports torch, aiohttp or the rest of the engine.
+"""
+
+from __future__ import annotations
+
+from kvfleet_engine.contract.metrics_text import (
+    CORE_GAUGES,
+    COUNTERS,
+    GAUGES,
+    HISTOGRAMS,
+    Buckets,
+    EngineMetrics,
+    MetricSample,
+    ParsedText,
+    parse_text,
+    read_gauges,
+    read_metrics,
+)
+from kvfleet_engine.contract.wire import *  # noqa: F403
+from kvfleet_engine.contract.wire import __all__ as _wire_all
+
+__all__ = [
+    *_wire_all,
+    "COUNTERS",
+    "CORE_GAUGES",
+    "GAUGES",
+    "HISTOGRAMS",
+    "Buckets",
+    "EngineMetrics",
+    "MetricSample",
+    "ParsedText",
+    "parse_text",
+    "read_gauges",
+    "read_metrics",
+]
