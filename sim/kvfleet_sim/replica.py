@@ -55,8 +55,12 @@ class Finished:
 
 class SimReplica:
     def __init__(self, name: str, config: EngineConfig, profile: str, started_at: float,
-                 ready_at: float, measure_from: float = 0.0) -> None:  # fmt: skip
+                 ready_at: float, measure_from: float = 0.0,
+                 role: str = "unified") -> None:  # fmt: skip
         self.name = name
+        self.role = role
+        self.state = "starting"  # a reconcile phase, set by the simulated runtime
+        self.num_restarts = 0
         self.clock = VirtualClock(started_at)
         runner = SimulatedRunner(
             profile, num_blocks=config.num_blocks, block_size=config.block_size,
@@ -65,8 +69,6 @@ class SimReplica:
         self.engine = LLMEngine(config, runner, tokenizer=None, eos_token_ids=(), clock=self.clock)
         self.started_at = started_at
         self.ready_at = ready_at
-        self.drain_started_at: float | None = None
-        self.stopped_at: float | None = None
         self.is_stepping = False
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
@@ -75,6 +77,10 @@ class SimReplica:
         self._arrival: dict[str, float] = {}
         self._first: dict[str, float] = {}
         self._last: dict[str, float] = {}
+
+    @property
+    def address(self) -> str:
+        return f"http://sim.{self.name}:8000"
 
     @property
     def num_in_flight(self) -> int:
@@ -139,6 +145,6 @@ class SimReplica:
             num_prefix_hits=float(s.prefix_cache_hits),
             ttft=self.ttft.cumulative(),
             itl=self.itl.cumulative(),
-            role="unified",
-            is_draining=self.drain_started_at is not None,
+            role=self.role,
+            is_draining=self.state == "draining",
         )

@@ -1,7 +1,7 @@
 """Scaling policies the simulator compares, registered by name in `SCALERS`.
 
-Each factory takes the pool spec and returns an object with
-`decide(stable, panic, current, now) -> (desired per role, reason)`.
+Each factory takes the pool spec and returns a `SimScaler`: the control loop's `Scaler`
+(stable, panic, current, history, now) -> Decision, and where the fleet starts.
 
 * kvfleet:   kvfleet's autoscaler (`autoscaler.decide`) with the pool's own settings.
 * fixed-max: every role at its max, always (provisioned for the peak).
@@ -15,57 +15,48 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
 
 from kvfleet_operator.api.spec import PoolSpec
-from kvfleet_operator.autoscaler import AutoscalerConfig, History, RoleTargets, decide
+from kvfleet_operator.autoscaler import AutoscalerConfig, Decision, History, RoleTargets, decide
 from kvfleet_operator.autoscaler_spec import config_from_pool
+from kvfleet_operator.loop.control_loop import Scaler
 from kvfleet_operator.signals import Signals
 
 NO_PANIC = 1e12  # a panic threshold no demand reaches
 
 
-class Scaler(Protocol):
-    def decide(
-        self, stable: Signals, panic: Signals, current: dict[str, int], now: float
-    ) -> tuple[dict[str, int], str]: ...
+@dataclass(slots=True)
+class SimScaler:
+    scaler: Scaler
+    initial: dict[str, int] | None = None  # None: the pool's own initial replicas
 
 
-class DecideScaler:
-    """Any AutoscalerConfig through kvfleet's decide(), keeping the History between calls."""
+def _with_config(config: AutoscalerConfig) -> SimScaler:
+    def scaler(stable: Signals, panic: Signals, current: dict[str, int], history: History,
+               now: float) -> Decision:  # fmt: skip
+        return decide(stable, panic, current, config, history, now)
 
-    def __init__(self, config: AutoscalerConfig) -> None:
-        self.config = config
-        self.history = History()
-
-    def decide(
-        self, stable: Signals, panic: Signals, current: dict[str, int], now: float
-    ) -> tuple[dict[str, int], str]:
-        d = decide(stable, panic, current, self.config, self.history, now)
-        self.history = d.history
-        return d.desired, d.reason
+    return SimScaler(scaler)
 
 
-class FixedScaler:
-    def __init__(self, replicas: dict[str, int]) -> None:
-        self.replicas = replicas
-        self.initial = dict(replicas)  # the fleet starts fully provisioned
+def _fixed(replicas: dict[str, int]) -> SimScaler:
+    def scaler(stable: Signals, panic: Signals, current: dict[str, int], history: History,
+               now: float) -> Decision:  # fmt: skip
+        return Decision(dict(replicas), {r: "fixed" for r in replicas}, {}, history)
 
-    def decide(
-        self, stable: Signals, panic: Signals, current: dict[str, int], now: float
-    ) -> tuple[dict[str, int], str]:
-        return dict(self.replicas), "fixed"
+    return SimScaler(scaler, initial=dict(replicas))  # the fleet starts fully provisioned
 
 
-def _waiting_rule(spec: PoolSpec, per_replica: float = 5.0) -> DecideScaler:
+def _waiting_rule(spec: PoolSpec, per_replica: float = 5.0) -> SimScaler:
     base = config_from_pool(spec)
     only_waiting = {role: RoleTargets(num_waiting=per_replica) for role in base.roles}
-    return DecideScaler(dataclasses.replace(base, targets=only_waiting, panic_threshold=NO_PANIC))
+    return _with_config(dataclasses.replace(base, targets=only_waiting, panic_threshold=NO_PANIC))
 
 
-SCALERS: dict[str, Callable[[PoolSpec], Scaler]] = {
-    "kvfleet": lambda spec: DecideScaler(config_from_pool(spec)),
-    "fixed-max": lambda spec: FixedScaler(
+SCALERS: dict[str, Callable[[PoolSpec], SimScaler]] = {
+    "kvfleet": lambda spec: _with_config(config_from_pool(spec)),
+    "fixed-max": lambda spec: _fixed(
         {name: r.replicas.max for name, r in spec.topology.roles().items()}
     ),
     "waiting-5": _waiting_rule,

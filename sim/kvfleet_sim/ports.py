@@ -1,0 +1,186 @@
+"""The control loop's ports in virtual time: the simulator runs the same `ControlLoop.tick()`
+that `kvfleet up` runs, over these instead of processes and HTTP.
+
+- `SimClock`: the virtual now, shared by the loop and the data plane.
+- `SimRuntime`: replicas are `SimReplica`s; start-up takes `startup_s` of virtual time
+  (a fleet provisioned before the trace starts is ready at once); a deleted replica leaves
+  the router, finishes what it holds, and is cut off after its grace period.
+- `SimRouter`: the router's endpoint states and policy; `push` applies a config as the
+  admin API would; its view is the endpoints' in-flight counts; held requests wait in it.
+- `SimMetrics`: a replica's engine stats read directly (no network, never stale).
+- `SimStore` keeps state in memory; `SimEvents` records every event with its time.
+- `drive(coro)`: run a coroutine that never suspends (every port here is synchronous).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from kvfleet_engine.core.config import EngineConfig
+from kvfleet_operator.api.spec import PoolSpec
+from kvfleet_operator.api.status import PoolStatus
+from kvfleet_operator.loop.events import Event
+from kvfleet_operator.loop.ports import EndpointView, Replica, RouterView, Saved
+from kvfleet_operator.loop.state import LoopState
+from kvfleet_operator.reconcile import RolePlan
+from kvfleet_operator.signals import Scrape
+from kvfleet_router.config import RouterConfig
+from kvfleet_router.endpoint import EndpointState
+from kvfleet_router.policies import Policy, build_policy
+
+from kvfleet_sim.replica import Finished, SimReplica
+
+T = TypeVar("T")
+
+
+def drive(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("a simulated port suspended; virtual-time ports must not await I/O")
+
+
+@dataclass(slots=True)
+class SimClock:
+    t: float = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class SimRuntime:
+    def __init__(self, config: EngineConfig, profile: str, startup_s: float, measure_from_s: float,
+                 clock: SimClock, schedule: Callable[[float, str, str], None]) -> None:  # fmt: skip
+        self.config = config
+        self.profile = profile
+        self.startup_s = startup_s
+        self.measure_from_s = measure_from_s
+        self.clock = clock
+        self.schedule = schedule  # (t, kind, replica name): the fleet's event queue
+        self.by_name: dict[str, SimReplica] = {}
+        self.is_provisioned_before_start = True  # until the trace starts
+        self.retired: list[tuple[SimReplica, float]] = []  # (replica, when it stopped)
+        self.cut_off: list[Finished] = []  # requests still running when a grace period ended
+        self._next_id = 0
+
+    async def supervise(self) -> None:
+        now = self.clock()
+        for r in self.by_name.values():
+            if r.state == "starting" and now >= r.ready_at:
+                r.state = "ready"
+
+    def replicas(self) -> Sequence[Replica]:
+        return list(self.by_name.values())
+
+    async def create(self, spec: PoolSpec, plan: RolePlan) -> None:
+        now = self.clock()
+        ready_at = now if self.is_provisioned_before_start else now + self.startup_s
+        name = f"{plan.role}-{self._next_id}"
+        self._next_id += 1
+        replica = SimReplica(name, self.config, self.profile, now, ready_at, self.measure_from_s,
+                             role=plan.role)  # fmt: skip
+        replica.state = "ready" if ready_at <= now else "starting"
+        self.by_name[name] = replica
+
+    async def mark_draining(self, name: str) -> None:
+        self.by_name[name].state = "draining"
+
+    async def mark_ready(self, name: str) -> None:
+        self.by_name[name].state = "ready"
+
+    async def delete(self, name: str, grace_s: float) -> None:
+        replica = self.by_name[name]
+        replica.state = "stopping"
+        if replica.engine.has_unfinished_requests():
+            self.schedule(self.clock() + grace_s, "kill", name)
+        else:
+            self.remove(name)
+
+    def remove(self, name: str) -> None:
+        replica = self.by_name.pop(name, None)
+        if replica is not None:
+            self.retired.append((replica, self.clock()))
+
+    def kill(self, name: str) -> None:
+        """The grace period is over: what is still running is cut off (counted as failed)."""
+        replica = self.by_name.get(name)
+        if replica is not None and replica.state == "stopping":
+            self.cut_off += replica.abort_all(self.clock())
+            self.remove(name)
+
+
+@dataclass(slots=True)
+class HeldRequest:
+    request_id: str
+    prompt: list[int]
+    num_output: int
+    arrival: float
+
+
+class SimRouter:
+    def __init__(self, seed: int, sees_held: bool = True) -> None:
+        self.endpoints: dict[str, EndpointState] = {}
+        self.policy: Policy | None = None
+        self.version = 0
+        self.held: list[HeldRequest] = []
+        self.rng = random.Random(seed)
+        self.sees_held = sees_held  # whether the scaler is told about held requests
+        self.on_config: Callable[[], None] = lambda: None  # the fleet re-dispatches held ones
+
+    async def push(self, config: dict[str, Any]) -> None:
+        cfg = RouterConfig.from_dict(config)
+        if self.policy is None:
+            self.policy = build_policy(cfg.policy.name, cfg)
+        keep: dict[str, EndpointState] = {}
+        for ep_cfg in cfg.endpoints:
+            state = self.endpoints.get(ep_cfg.name)
+            if state is None:
+                state = EndpointState.from_config(ep_cfg, cfg.health)
+            else:
+                state.apply_config(ep_cfg)
+            keep[ep_cfg.name] = state
+        self.endpoints = keep
+        self.version = cfg.version
+        self.on_config()
+
+    async def view(self) -> RouterView | None:
+        return RouterView(self.version, {
+            name: EndpointView(name, e.state_name(), e.num_in_flight, True)
+            for name, e in self.endpoints.items()
+        })  # fmt: skip
+
+    async def num_held(self) -> int:
+        return len(self.held) if self.sees_held else 0
+
+
+class SimMetrics:
+    def __init__(self, runtime: SimRuntime) -> None:
+        self.runtime = runtime
+
+    async def sample(self, replicas: Sequence[Replica], now: float) -> dict[str, Scrape]:
+        return {r.name: Scrape(now, self.runtime.by_name[r.name].sample()) for r in replicas}
+
+
+@dataclass(slots=True)
+class SimStore:
+    saved: Saved | None = None
+
+    def load(self) -> Saved | None:
+        return self.saved
+
+    async def save(self, status: PoolStatus, loop: LoopState, view: dict[str, Any]) -> None:
+        self.saved = Saved(status, loop)
+
+
+@dataclass(slots=True)
+class SimEvents:
+    clock: SimClock
+    events: list[tuple[float, Event]] = field(default_factory=list)
+
+    def emit(self, event: Event) -> None:
+        self.events.append((self.clock(), event))
