@@ -24,7 +24,8 @@ read scrapes through here and only map the result onto their own types. The rule
    (running, waiting, waiting prompt tokens, counters, histogram buckets per `le`) are
    summed; the KV-usage fraction is their mean; draining is true when the sum is > 0.
    The role is the `role` label of a nonzero `kvfleet:role` sample; the block size is the
-   `block_size` label of `vllm:cache_config_info`.
+   `block_size` label of `vllm:cache_config_info`. A bucket whose `le` is not a number
+   (or is NaN) is ignored.
 7. **Kinds.** Counters are read from `<name>_total`, histograms from cumulative
    `<name>_bucket{le=...}` samples; `_created`, `_count` and `_sum` samples are not read.
 
@@ -209,7 +210,7 @@ def _reduce(parsed: ParsedText) -> EngineMetrics:
             per_le: dict[float, float] = {}
             for s in samples:
                 le = _parse_float(s.labels.get("le", ""))
-                if le is not None and math.isfinite(s.value):
+                if le is not None and not math.isnan(le) and math.isfinite(s.value):
                     per_le[le] = per_le.get(le, 0.0) + s.value
             if per_le:
                 out.histograms[family] = tuple(sorted(per_le.items()))
