@@ -19,17 +19,12 @@ from __future__ import annotations
 import hmac
 import json
 import time
-from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from kvfleet_router.config import ConfigError, RouterConfig
+from kvfleet_router.config_store import ConfigStore, StaleVersion
 from kvfleet_router.errors import error_response
-
-if TYPE_CHECKING:
-    from kvfleet_router.app import RouterApp
-
-ROUTER_KEY: web.AppKey[Any] = web.AppKey("kvfleet_router")
 
 
 def is_authorized(header: str | None, token: str | None) -> bool:
@@ -40,63 +35,60 @@ def is_authorized(header: str | None, token: str | None) -> bool:
                                                               token.encode())
 
 
-@web.middleware
-async def admin_auth(request: web.Request, handler):  # type: ignore[no-untyped-def]
-    if request.path == "/admin" or request.path.startswith("/admin/"):
-        app: RouterApp = request.app[ROUTER_KEY]
-        if not is_authorized(request.headers.get("Authorization"), app.admin_token):
-            return error_response("missing or invalid admin bearer token", 401,
-                                  code="unauthorized",
-                                  headers={"WWW-Authenticate": "Bearer"})
-    return await handler(request)
-
-
-def config_status(app: RouterApp) -> dict[str, object]:
-    core = app.core
+def config_status(store: ConfigStore) -> dict[str, object]:
+    cfg = store.current
     now = time.monotonic()
     return {
-        "version": core.cfg.version,
-        "config": core.cfg.to_dict(),
+        "version": cfg.version,
+        "config": cfg.to_dict(),
         "endpoints": [
             {"name": e.name, "url": e.url, "role": e.role, "state": e.state_name(),
              "num_in_flight": e.num_in_flight, "is_healthy": e.is_healthy(now)}
-            for e in core.registry.all_endpoints()
+            for e in store.endpoints()
         ],
     }
 
 
-async def get_config(request: web.Request) -> web.Response:
-    return web.json_response(config_status(request.app[ROUTER_KEY]))
+class AdminAPI:
+    """/admin/config over a ConfigStore, behind a bearer token; nothing else of the app."""
 
+    def __init__(self, store: ConfigStore, token: str | None) -> None:
+        self.store = store
+        self.token = token
 
-async def put_config(request: web.Request) -> web.Response:
-    app: RouterApp = request.app[ROUTER_KEY]
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        return error_response("config body too large", 413)
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        return error_response(f"config is not valid JSON: {exc}", 400)
-    try:
-        cfg = RouterConfig.from_dict(data)
-    except ConfigError as exc:
-        return error_response(str(exc), 400, param=str(exc).split(":", 1)[0],
-                              code="invalid_config")
-    async with app.config_lock:
-        current = app.core.cfg
-        if cfg.version == current.version and cfg.to_dict() == current.to_dict():
-            return web.json_response({"version": cfg.version, "applied": False})
-        if cfg.version <= current.version:
-            return error_response(
-                f"stale config version {cfg.version}; current is {current.version}", 409,
-                param="version", code="stale_version")
-        app.apply_config(cfg)
-    return web.json_response({"version": cfg.version, "applied": True})
+    @web.middleware
+    async def auth(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
+        if request.path == "/admin" or request.path.startswith("/admin/"):
+            if not is_authorized(request.headers.get("Authorization"), self.token):
+                return error_response("missing or invalid admin bearer token", 401,
+                                      code="unauthorized",
+                                      headers={"WWW-Authenticate": "Bearer"})
+        return await handler(request)
 
+    async def get_config(self, request: web.Request) -> web.Response:
+        return web.json_response(config_status(self.store))
 
-def add_routes(webapp: web.Application) -> None:
-    webapp.router.add_get("/admin/config", get_config)
-    webapp.router.add_put("/admin/config", put_config)
-    webapp.router.add_post("/admin/config", put_config)
+    async def put_config(self, request: web.Request) -> web.Response:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return error_response("config body too large", 413)
+        try:
+            data = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return error_response(f"config is not valid JSON: {exc}", 400)
+        try:
+            cfg = RouterConfig.from_dict(data)
+        except ConfigError as exc:
+            return error_response(str(exc), 400, param=str(exc).split(":", 1)[0],
+                                  code="invalid_config")
+        try:
+            applied = await self.store.push(cfg)
+        except StaleVersion as exc:
+            return error_response(str(exc), 409, param="version", code="stale_version")
+        return web.json_response({"version": cfg.version, "applied": applied})
+
+    def add_routes(self, webapp: web.Application) -> None:
+        webapp.router.add_get("/admin/config", self.get_config)
+        webapp.router.add_put("/admin/config", self.put_config)
+        webapp.router.add_post("/admin/config", self.put_config)

@@ -10,21 +10,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 from multidict import CIMultiDict
 
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.errors import error_response
-from kvfleet_router.proxy import BackendFailure, Outcome
+from kvfleet_router.feedback import HealthFeedback
+from kvfleet_router.metrics import RouterMetrics
+from kvfleet_router.proxy import BackendFailure, Forwarder, Outcome
 from kvfleet_router.request_info import RequestInfo
-from kvfleet_router.router_core import Routed
-from kvfleet_router.scorers_feedback import learn
-from kvfleet_router.wait_queue import QueueFull
-
-if TYPE_CHECKING:
-    from kvfleet_router.app import RouterApp
+from kvfleet_router.router_core import Routed, RouterCore
+from kvfleet_router.wait_queue import QueueFull, WaitQueue
 
 _POLL_S = 0.05  # how often a queued head re-checks for capacity without a wake-up
 
@@ -36,19 +33,27 @@ class Rejected(Exception):
 
 
 class Dispatcher:
-    def __init__(self, app: RouterApp) -> None:
-        self.app = app
+    """Built from what it uses: the routing core, the wait queue, the metrics, the
+    forwarder and the health feedback (which it shares with the P/D prefill leg)."""
+
+    def __init__(self, core: RouterCore, queue: WaitQueue, metrics: RouterMetrics,
+                 forwarder: Forwarder, feedback: HealthFeedback) -> None:
+        self.core = core
+        self.queue = queue
+        self.metrics = metrics
+        self.forwarder = forwarder
+        self.feedback = feedback
         self._request_counters: dict[tuple[str, str], object] = {}
 
     def try_route(self, info: RequestInfo, role: str, policy: str | None,
                   exclude: frozenset[str]) -> Routed:
-        core, metrics = self.app.core, self.app.metrics
+        core, metrics = self.core, self.metrics
         t0 = time.perf_counter()
         routed = core.route(info, role, time.monotonic(), policy, exclude)
         e = routed.decision.endpoint
         if e is not None:
             core.start(routed)
-            e.breaker.on_attempt(routed.ctx.now)
+            self.feedback.attempt(e, routed.ctx.now)
         metrics.decision_seconds.observe(time.perf_counter() - t0)
         if e is not None:
             key = (e.name, routed.policy_name)
@@ -60,8 +65,8 @@ class Dispatcher:
         return routed
 
     def _reject(self, reason: str) -> Rejected:
-        cfg = self.app.core.cfg
-        self.app.metrics.rejected.labels(reason).inc()
+        cfg = self.core.cfg
+        self.metrics.rejected.labels(reason).inc()
         if reason == "no-endpoint":
             return Rejected(error_response("no healthy endpoint can serve this request", 503,
                                            code="no_endpoint"))
@@ -72,7 +77,7 @@ class Dispatcher:
     async def acquire(self, info: RequestInfo, role: str, policy: str | None,
                       exclude: frozenset[str]) -> Routed:
         """Route now, or wait in the bounded priority queue; raises Rejected."""
-        queue, qcfg = self.app.queue, self.app.core.cfg.queue
+        queue, qcfg = self.queue, self.core.cfg.queue
         reason = "saturated"
         if len(queue) == 0 or exclude:  # never overtake requests already waiting
             routed = self.try_route(info, role, policy, exclude)
@@ -111,32 +116,18 @@ class Dispatcher:
             queue.leave(fut)
 
     def release(self, e: EndpointState) -> None:
-        self.app.core.finish(e)
-        self.app.queue.wake()
+        self.core.finish(e)
+        self.queue.wake()
 
     def _on_outcome(self, e: EndpointState, routed: Routed, outcome: Outcome) -> None:
-        now = time.monotonic()
-        if outcome.is_broken:
-            self._failure(e, "midstream", now)
-        elif outcome.is_client_gone:
-            e.breaker.release_trial()
-        else:
-            e.breaker.record_success()
-            learn(e, routed, outcome, self.app.core.cfg.policy.ttft_ref_s)
-
-    def _failure(self, e: EndpointState, kind: str, now: float) -> None:
-        self.app.metrics.backend_errors.labels(e.name, kind).inc()
-        if kind == "busy":  # an overloaded endpoint is not an outlier
-            e.breaker.release_trial()
-        elif e.breaker.record_failure(now):
-            self.app.metrics.ejections.labels(e.name).inc()
+        self.feedback.exchange_done(e, routed, outcome, time.monotonic())
 
     async def serve(self, request: web.Request, raw: bytes, info: RequestInfo, role: str,
                     policy: str | None, first: Routed | None = None,
                     headers: CIMultiDict[str] | None = None) -> web.StreamResponse:
         """Forward with retries; `first` is an already-acquired decision (P/D decode leg)."""
         tried: set[str] = set()
-        attempts = self.app.core.cfg.retries.max_attempts
+        attempts = self.core.cfg.retries.max_attempts
         last: BackendFailure | None = None
         for attempt in range(attempts):
             if first is not None and attempt == 0:
@@ -151,14 +142,14 @@ class Dispatcher:
             e = routed.decision.endpoint
             assert e is not None
             try:
-                return await self.app.forwarder.forward(
+                return await self.forwarder.forward(
                     request, e, raw, functools.partial(self._on_outcome, e, routed), headers)
             except BackendFailure as exc:
                 last = exc
                 tried.add(e.name)
-                self._failure(e, exc.kind, time.monotonic())
+                self.feedback.failure(e, exc.kind, time.monotonic())
                 if attempt + 1 < attempts:
-                    self.app.metrics.retries.inc()
+                    self.metrics.retries.inc()
             finally:
                 self.release(e)
         assert last is not None

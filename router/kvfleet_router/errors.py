@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 
 from aiohttp import web
+
+log = logging.getLogger(__name__)
 
 
 class RequestError(ValueError):
@@ -40,3 +43,19 @@ def sse_error_event(message: str, status: int = 502, code: str = "backend_error"
     """The event a broken stream ends with; the openai client raises APIError on it."""
     return b"data: " + json.dumps(error_body(message, status, None, code)).encode() + \
         b"\n\ndata: [DONE]\n\n"
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler):  # type: ignore[no-untyped-def]
+    """Every error, a bug included, answers in OpenAI's shape (and a bug is logged)."""
+    try:
+        return await handler(request)
+    except RequestError as exc:
+        return error_response(str(exc), exc.status, exc.param, exc.code)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.reason, exc.status)
+    except Exception:
+        log.exception("unexpected error serving %s", request.path)
+        return error_response("internal router error", 500, code="internal_error")

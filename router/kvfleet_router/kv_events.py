@@ -13,9 +13,34 @@ import os
 import aiohttp
 from kvfleet_engine.contract import ENGINE_TOKEN_ENV, KVEvent
 
+from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.prefix_index import PreciseKVIndex
 
 log = logging.getLogger(__name__)
+
+
+class KVEventFollowers:
+    """One `subscribe_forever` task per precise-mode endpoint, kept in step with the config."""
+
+    def __init__(self, session: aiohttp.ClientSession, index: PreciseKVIndex) -> None:
+        self._session = session
+        self._index = index
+        self._tasks: dict[str, tuple[str, asyncio.Task[None]]] = {}
+
+    def sync(self, endpoints: list[EndpointState]) -> None:
+        wanted = {e.name: e.url for e in endpoints if e.prefix_mode == "precise"}
+        for name, (url, task) in list(self._tasks.items()):
+            if wanted.get(name) != url:
+                task.cancel()
+                del self._tasks[name]
+        for name, url in wanted.items():
+            if name not in self._tasks:
+                task = asyncio.create_task(subscribe_forever(self._session, name, url,
+                                                             self._index))
+                self._tasks[name] = (url, task)
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return [task for _, task in self._tasks.values()]
 
 
 async def subscribe_forever(session: aiohttp.ClientSession, name: str, url: str,

@@ -66,9 +66,29 @@ def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
 
 
 class Forwarder:
-    def __init__(self, session: aiohttp.ClientSession, timeouts: TimeoutsConfig) -> None:
-        self.session = session
+    """Owns the one pooled keep-alive ClientSession that every backend call shares
+    (forwarding, and the probes, scrapes and KV-event streams that borrow `session`)."""
+
+    def __init__(self, timeouts: TimeoutsConfig) -> None:
+        self._session: aiohttp.ClientSession | None = None
         self.set_timeouts(timeouts)
+
+    async def open(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30,
+                                         ttl_dns_cache=300)
+        # No cookies between unrelated clients' requests, and no per-request jar work.
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                              cookie_jar=aiohttp.DummyCookieJar())
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        assert self._session is not None, "Forwarder.open() first (at app startup)"
+        return self._session
 
     def set_timeouts(self, t: TimeoutsConfig) -> None:
         self.first_byte_s = t.first_byte_s

@@ -73,6 +73,9 @@ class RouterCore:
         self.cfg, self.policies = cfg, policies
         return gone
 
+    def has_role(self, role: str) -> bool:
+        return any(e.role == role for e in self.registry.endpoints)
+
     def prefix_fractions(self, info: RequestInfo, hashes: list[int],
                          endpoints: list[EndpointState]) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -1,0 +1,113 @@
+"""The client-facing HTTP handlers: the OpenAI API (completions, chat, models), /health and
+/metrics. Built from what they use; the wiring into an aiohttp app is in app.py.
+
+A completion is parsed once (no tokenizer), checked (body size, policy override, model),
+then handed to the P/D orchestrator when the pool has decode endpoints, else to the
+dispatcher as a unified request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+from aiohttp import web
+
+from kvfleet_router.dispatch import Dispatcher
+from kvfleet_router.errors import RequestError, error_response
+from kvfleet_router.metrics import RouterMetrics
+from kvfleet_router.pd import Disaggregator
+from kvfleet_router.policies.policy import POLICIES
+from kvfleet_router.proxy import Forwarder
+from kvfleet_router.request_info import parse_request
+from kvfleet_router.router_core import RouterCore
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None:
+        if request.content_length > limit:
+            raise RequestError(f"request body exceeds {limit} bytes", status=413,
+                               code="body_too_large")
+        return await request.read()  # the common case: one C-level read
+    chunks: list[bytes] = []  # chunked upload: count as it arrives
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(f"request body exceeds {limit} bytes", status=413,
+                               code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class OpenAIFront:
+    def __init__(self, core: RouterCore, dispatcher: Dispatcher, disaggregator: Disaggregator,
+                 forwarder: Forwarder) -> None:
+        self.core = core
+        self.dispatcher = dispatcher
+        self.disaggregator = disaggregator
+        self.forwarder = forwarder  # its pooled session also answers /v1/models
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        cfg = self.core.cfg
+        raw = await read_body(request, cfg.limits.max_body_bytes)
+        info = parse_request(raw, request.path, request.headers, cfg.session.header,
+                             cfg.session.use_user_field)
+        policy = None
+        if cfg.policy.allow_override:
+            policy = request.headers.get(cfg.policy.override_header) or None
+            if policy is not None and policy not in POLICIES:
+                raise RequestError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}",
+                                   param=cfg.policy.override_header)
+        if info.model and self._is_unknown_model(info.model):
+            raise RequestError(f"The model `{info.model}` does not exist.", param="model",
+                               status=404, code="model_not_found")
+        if self.core.has_role("decode"):
+            return await self.disaggregator.serve(request, raw, info, policy)
+        return await self.dispatcher.serve(request, raw, info, "unified", policy)
+
+    def _is_unknown_model(self, model: str) -> bool:
+        eps = self.core.registry.endpoints
+        return bool(eps) and all(e.models and model not in e.models for e in eps)
+
+    async def models(self, request: web.Request) -> web.Response:
+        session = self.forwarder.session
+        now = time.monotonic()
+        eps = [e for e in self.core.registry.endpoints if e.is_healthy(now)]
+
+        async def one(url: str) -> list[dict[str, object]]:
+            try:
+                async with session.get(url + "/v1/models",
+                                       timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    body = await resp.json()
+                    return [m for m in body.get("data", []) if isinstance(m, dict)]
+            except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+                return []
+
+        seen: dict[str, dict[str, object]] = {}
+        for items in await asyncio.gather(*(one(e.url) for e in eps)):
+            for m in items:
+                seen.setdefault(str(m.get("id")), m)
+        if not seen and not eps:
+            return error_response("no healthy endpoint", 503, code="no_endpoint")
+        return web.json_response({"object": "list", "data": list(seen.values())})
+
+
+class StatusFront:
+    """/health (always 200 while running) and the router's own /metrics."""
+
+    def __init__(self, core: RouterCore, metrics: RouterMetrics) -> None:
+        self.core = core
+        self.metrics = metrics
+
+    async def health(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        eps = self.core.registry.endpoints
+        return web.json_response({"status": "ok", "config_version": self.core.cfg.version,
+                                  "num_endpoints": len(eps),
+                                  "num_healthy": sum(e.is_healthy(now) for e in eps)})
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": "text/plain; version=0.0.4"})
