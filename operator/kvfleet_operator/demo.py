@@ -69,7 +69,8 @@ def _fail_if_crash_looping(state: dict[str, Any], state_dir: Path) -> None:
 
 
 def _wait_ready(up: subprocess.Popen, state_dir: Path, roles: list[str]) -> str:
-    """The fleet's endpoint once every role has a ready replica."""
+    """The fleet's endpoint once `up` says it serves (every role has a ready replica in the
+    router's config)."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if up.poll() is not None:
@@ -77,7 +78,7 @@ def _wait_ready(up: subprocess.Popen, state_dir: Path, roles: list[str]) -> str:
         state = _read_state(state_dir)
         _fail_if_crash_looping(state, state_dir)
         ready = {r["role"] for r in state.get("replicas", []) if r.get("state") == "ready"}
-        if state.get("endpoint") and all(role in ready for role in roles):
+        if state.get("is_serving") and all(role in ready for role in roles):
             return str(state["endpoint"])
         time.sleep(0.5)
     raise DemoError(f"the fleet was not ready after {READY_TIMEOUT_S:.0f}s "

@@ -106,8 +106,8 @@ def _builtin_args(spec: PoolSpec, role: str, host: str, port: int) -> list[str]:
         args += ["--num-blocks", str(e.num_blocks)]
     if e.max_model_len is not None:
         args += ["--max-model-len", str(e.max_model_len)]
-    # kvfleet's engine always caches prefixes (it has no switch); enablePrefixCaching: false
-    # only reaches vLLM.
+    if not e.enable_prefix_caching:
+        args.append("--no-enable-prefix-caching")
     return args + list(e.args)
 
 

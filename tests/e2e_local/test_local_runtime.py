@@ -4,6 +4,7 @@
 import asyncio
 import sys
 
+from kvfleet_operator.loop.events import EventReason
 from kvfleet_operator.runtimes.backoff import Backoff
 from kvfleet_operator.runtimes.local import LocalRuntime
 from kvfleet_operator.runtimes.state_dir import StateDir
@@ -24,6 +25,17 @@ def _health_server(port):
     return [sys.executable, "-c", HEALTH_SERVER, str(port)]
 
 
+class Recorder:
+    def __init__(self):
+        self.events = []
+
+    def emit(self, event):
+        self.events.append(event)
+
+    def messages(self):
+        return [e.message for e in self.events]
+
+
 async def _until(runtime, predicate, timeout_s=20.0):
     for _ in range(int(timeout_s / 0.05)):
         await runtime.supervise()
@@ -34,13 +46,13 @@ async def _until(runtime, predicate, timeout_s=20.0):
 
 
 def test_ready_on_health_then_crash_restarts_on_the_same_port(tmp_path):
-    events = []
+    recorder = Recorder()
 
     async def scenario():
         sd = StateDir(tmp_path)
         sd.create()
         backoff = Backoff(base_s=0.2, max_s=1.0)
-        async with LocalRuntime(sd, backoff=backoff, on_event=events.append) as rt:
+        async with LocalRuntime(sd, backoff=backoff, events=recorder) as rt:
             child = rt.add_replica("unified", _health_server)
             assert child.state == "starting"
             assert await rt.wait_ready(child.name, 20)
@@ -52,13 +64,32 @@ def test_ready_on_health_then_crash_restarts_on_the_same_port(tmp_path):
             assert child.num_restarts == 1 and child.port == port and child.pid != pid
             status = rt.status()[0]
             assert status["num_restarts"] == 1 and status["last_exit_code"] == -9
-            rt.stop_replica(child.name)
+            await rt.delete(child.name, grace_s=30.0)
             assert await _until(rt, lambda: child.name not in rt.children)
         return port
 
     asyncio.run(scenario())
+    events = recorder.messages()
     assert any("exited with -9; restart in 0.2s" in e for e in events), events
     assert any(e.startswith("stopped unified-0") for e in events), events
+    crashed = [e for e in recorder.events if e.reason == EventReason.REPLICA_CRASHED]
+    assert crashed and crashed[0].type == "Warning"
+
+
+def test_a_deleted_replica_that_ignores_sigterm_is_killed_after_its_grace(tmp_path):
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+
+    async def scenario():
+        sd = StateDir(tmp_path)
+        sd.create()
+        async with LocalRuntime(sd) as rt:
+            child = rt.add_replica("unified", lambda port: [sys.executable, "-c", stubborn])
+            await asyncio.sleep(0.5)  # let it install its handler
+            await rt.delete(child.name, grace_s=0.5)
+            assert await _until(rt, lambda: child.name not in rt.children, timeout_s=10)
+            return child.last_exit_code
+
+    assert asyncio.run(scenario()) == -9
 
 
 def test_crash_loop_backs_off_exponentially(tmp_path):
@@ -81,19 +112,19 @@ def test_crash_loop_backs_off_exponentially(tmp_path):
 
 
 def test_a_starter_that_never_gets_healthy_is_killed_and_retried(tmp_path):
-    events = []
+    recorder = Recorder()
 
     async def scenario():
         sd = StateDir(tmp_path)
         sd.create()
         async with LocalRuntime(sd, backoff=Backoff(base_s=5.0), startup_timeout_s=0.5,
-                                on_event=events.append) as rt:
+                                events=recorder) as rt:
             child = rt.add_replica("unified", lambda port: ["sleep", "60"])
             assert await _until(rt, lambda: child.state == "failed", timeout_s=10)
             assert child.last_exit_code == -9
 
     asyncio.run(scenario())
-    assert "unified-0 not healthy after 0.5s; killing it" in events, events
+    assert "unified-0 not healthy after 0.5s; killing it" in recorder.messages()
 
 
 def test_shutdown_stops_everything(tmp_path):
