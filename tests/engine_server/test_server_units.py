@@ -89,6 +89,14 @@ def test_resolve_sampling_rejects_what_cannot_fit(max_tokens, num_prompt, param)
     assert (err.value.status, err.value.param) == (400, param)
 
 
+def test_resolve_sampling_carries_the_sampling_knobs():
+    body = {"prompt": "x", "temperature": 0.3, "top_p": 0.8, "top_k": 5, "seed": 9}
+    params = resolve_sampling(parse_request(body, is_chat=False), 1, max_model_len=64)
+    assert (params.temperature, params.top_p, params.top_k, params.seed) == (0.3, 0.8, 5, 9)
+    greedy = parse_request({"prompt": "x", "temperature": 0}, is_chat=False)
+    assert resolve_sampling(greedy, 1, max_model_len=64).is_greedy
+
+
 def test_chat_stream_chunks_carry_role_first():
     ids = ResponseIds(is_chat=True, model="m")
     first = chunk(ids, "a", is_first=True)
