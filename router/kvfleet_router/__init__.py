@@ -1,8 +1,11 @@
 """kvfleet_router: the cache-aware router in front of engine replicas (see router/README.md).
 
-Pure parts, importable without I/O (benchmarks and the simulator use them):
+Pure parts, no I/O (the simulator uses policies/ and endpoint today):
   config (schema kvfleet.io/router/v1), endpoint, registry, breaker, prefix_index,
-  policies/ (filters, scorers, pickers, named policies), router_core (route + record).
-I/O at the edges: app (aiohttp), proxy, dispatch (queue + retries), pd, admin, signals,
-  health, kv_events, metrics, cli (`kvfleet router`).
+  policies/ (filters, scorers, pickers, named policies), router_core (route + record),
+  scorers_feedback (what an exchange teaches), pd_deciders (when P/D runs a prefill leg).
+Pieces of the server, each built from what it uses (app.py wires them, nothing else):
+  feedback (HealthFeedback), dispatch (queue + retries), pd (Disaggregator), config_store,
+  admin (AdminAPI), front (OpenAI, /health, /metrics handlers), proxy (Forwarder),
+  wait_queue, metrics, signals, health, kv_events; cli (`kvfleet router`).
 """

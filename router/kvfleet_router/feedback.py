@@ -7,7 +7,7 @@ them explicitly; nothing reaches into another piece's internals to record a fail
     fb.attempt(e, now)                    # a decision sent a request there (breaker trial)
     fb.failure(e, "connect", now)         # before the first byte: counts, may eject
     fb.success(e)                         # a non-streamed side call went well
-    fb.exchange_done(e, routed, outcome)  # a forwarded exchange ended: breaker + learning
+    fb.exchange_done(e, routed, outcome, now)   # an exchange ended: breaker + learning
 
 Only the endpoint's own faults count against it: "busy" (429/503) releases a half-open
 trial without counting, a client that went away teaches nothing. A good exchange feeds

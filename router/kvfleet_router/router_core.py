@@ -1,6 +1,9 @@
 """The routing brain without I/O: registry + prefix indexes + policies.
 
-Benchmarks and the simulator drive this directly:
+It is built from a RouterConfig alone: no aiohttp app, no event loop, no sockets, no
+clocks of its own (`now` is passed in). The router's dispatcher and P/D orchestrator
+call it for every decision; anything else can drive it the same way (the router's
+decision tests do; a replay or the simulator could):
 
     core = RouterCore(RouterConfig.from_dict({...}), rng=random.Random(0))
     info = RequestInfo(prompt_text="...", max_tokens=64)
@@ -10,9 +13,11 @@ Benchmarks and the simulator drive this directly:
     routed.matched_fraction         # estimated prefix hit fraction on the chosen endpoint
     core.finish(e)                  # when the request ends (in-flight drives the load scorers)
 
-`core.record(routed)` alone remembers the prompt without touching in-flight counts.
-
-The app calls the same methods, so replays measure the code that serves traffic.
+`core.record(routed)` alone remembers the prompt without touching in-flight counts, and
+`core.apply(cfg)` swaps in a new config (what an admin push does). What the server adds
+around these calls (health feedback, learning, the wait queue) lives in feedback.py and
+dispatch.py, so a driver that wants the adaptive policies to learn calls
+`HealthFeedback.exchange_done` after each exchange, as the dispatcher does.
 """
 
 from __future__ import annotations

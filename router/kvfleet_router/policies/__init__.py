@@ -5,8 +5,7 @@ Entry point for benchmarks and the simulator:
     from kvfleet_router.config import RouterConfig, EndpointConfig
     from kvfleet_router.endpoint import EndpointState
     from kvfleet_router.policies import build_policy, RouteContext
-    from kvfleet_router.prefix_index import ApproxPrefixIndex
-    from kvfleet_router.router_core import prefix_fractions
+    from kvfleet_router.router_core import RouterCore   # registry + prefix indexes + these
 
 See filters.py, scorers.py, pickers.py (each docstring lists formulas) and policy.py.
 """
