@@ -19,6 +19,7 @@ import contextlib
 import functools
 import json
 import math
+import random
 import socket
 import sys
 import time
@@ -186,8 +187,10 @@ async def closed_loop(
     duration_s: float,
     warmup_s: float = 0.5,
     timeout_s: float = 60.0,
+    think_s: float = 0.0,
 ) -> ClosedLoopStats:
-    """C workers, each looping on one request at a time; worker i uses urls[i % len]."""
+    """C workers, each looping on one request at a time; worker i uses urls[i % len].
+    With `think_s`, each worker waits uniform(0, 2 x think_s) before every request."""
     results: list[RequestResult] = []
     t0 = time.perf_counter()
     t_measure, t_end = t0 + warmup_s, t0 + warmup_s + duration_s
@@ -195,7 +198,10 @@ async def closed_loop(
     async def worker(i: int, session: aiohttp.ClientSession) -> None:
         url = urls[i % len(urls)]
         n = 0
+        rng = random.Random(i)
         while time.perf_counter() < t_end:
+            if think_s > 0:
+                await asyncio.sleep(rng.uniform(0, 2 * think_s))
             result = await send(session, url, make_body(i * 1_000_003 + n), is_stream)
             n += 1
             if result.start_s >= t_measure:

