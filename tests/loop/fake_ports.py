@@ -24,10 +24,10 @@ class FakeReplica:
     state: str = "starting"
     started_at: float = 0.0
     num_restarts: int = 0
+    address: str = ""
 
-    @property
-    def address(self) -> str:
-        return f"http://fake.{self.name}:8000"
+    def __post_init__(self) -> None:
+        self.address = self.address or f"http://fake.{self.name}:8000"
 
 
 class FakeRuntime:
