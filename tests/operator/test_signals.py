@@ -339,3 +339,11 @@ async def test_query_prometheus_against_a_real_http_server():
             assert await query_prometheus(session, "http://127.0.0.1:1", "", now=7.0) == {}
     finally:
         await runner.cleanup()
+
+
+def test_samples_from_prometheus_leaves_out_replicas_without_a_core_gauge():
+    from kvfleet_operator.signals import samples_from_prometheus
+
+    result = [prom_series("kvfleet:role", 1, pod="pool-c", role="decode"), *PROM_RESULT]
+    got = samples_from_prometheus(result)
+    assert set(got) == {"pool-a", "pool-b"}  # pool-c ages into unknown, never idle
