@@ -44,9 +44,9 @@ RESULTS_DIR = procs.BENCH_DIR / "results"
 DEFAULT_TARGETS = [
     "kvfleet:cache-aware",
     "kvfleet:prefix-cache",
-    "kvfleet:least-request",
     "kvfleet:round-robin",
     "sglang:cache_aware",
+    "vllm:cache_aware",
 ]
 MODEL = "fake-model"
 
@@ -66,6 +66,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-output-tokens", type=int, default=1024)
     p.add_argument("--window-s", type=float, default=1.0, help="imbalance window, compressed")
     p.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported")
+    p.add_argument("--size-kvfleet-prefix", action="store_true",
+                   help="size kvfleet's prefix index to the backends' caches (default: every "
+                        "router at its shipped defaults)")
     p.add_argument("--router-cpu", default="0")
     p.add_argument("--client-cpu", default="1")
     p.add_argument("--no-pin", action="store_true")
@@ -94,7 +97,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def router_options(args: argparse.Namespace) -> dict[str, dict]:
-    """Size each router's prefix memory like the backends' caches, as an operator would."""
+    """Every router at its shipped defaults, unless --size-kvfleet-prefix sizes kvfleet's
+    prefix index like the backends' caches (an operator's tuning the peers do not get)."""
+    if not args.size_kvfleet_prefix:
+        return {}
     block_bytes = 64
     return {
         "kvfleet": {
@@ -105,8 +111,24 @@ def router_options(args: argparse.Namespace) -> dict[str, dict]:
                 }
             }
         },
-        "sglang": {"extra_args": []},  # its cache_aware defaults, as shipped
     }
+
+
+def git_state() -> dict[str, Any]:
+    """The commit measured, and whether router/ differed from it in the working tree (other
+    engineers edit it concurrently): a hash of `git diff HEAD -- router/` pins that too."""
+    import hashlib
+    import subprocess
+
+    def git(*a: str) -> str:
+        proc = subprocess.run(["git", *a], capture_output=True, text=True, cwd=procs.REPO_DIR)
+        return proc.stdout if proc.returncode == 0 else ""
+
+    diff = git("diff", "HEAD", "--", "router/")
+    return {"commit": git("rev-parse", "HEAD").strip(),
+            "router_last_commit": git("log", "-1", "--format=%h %s", "--", "router/").strip(),
+            "router_tree_differs": bool(diff),
+            "router_diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:12] if diff else ""}
 
 
 def start_backends(args: argparse.Namespace, workdir: Path):
@@ -223,31 +245,99 @@ MEDIAN_FIELDS = ("hit_fraction", "hit_fraction_from_responses", "mean_backends_p
 
 
 def summarise_reps(reps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over repetitions (imbalance field by field); errors add up."""
+    """Medians and [min, max] over repetitions (imbalance field by field); errors add up."""
     out: dict[str, Any] = {k: statistics.median(r[k] for r in reps) for k in MEDIAN_FIELDS}
     out["imbalance"] = {k: statistics.median(r["imbalance"][k] for r in reps)
                         for k in reps[0]["imbalance"]}
+    out["spread"] = {k: [min(r[k] for r in reps), max(r[k] for r in reps)]
+                     for k in MEDIAN_FIELDS}
+    out["spread"]["window_max"] = [min(r["imbalance"]["window_max"] for r in reps),
+                                   max(r["imbalance"]["window_max"] for r in reps)]
+    out["spread"]["window_mean"] = [min(r["imbalance"]["window_mean"] for r in reps),
+                                    max(r["imbalance"]["window_mean"] for r in reps)]
     out["num_requests"] = reps[0]["num_requests"]
     out["num_errors"] = sum(r["num_errors"] for r in reps)
     out["reps"] = reps
     return out
 
 
-def acceptance(results: dict[str, dict]) -> dict[str, Any]:
-    """kvfleet cache-aware hit fraction >= sglang cache_aware's, with lower max imbalance."""
-    ours, theirs = results.get("kvfleet:cache-aware"), results.get("sglang:cache_aware")
-    if not ours or not theirs:
-        return {"compared": False, "why": "needs both kvfleet:cache-aware and sglang:cache_aware"}
-    return {
-        "compared": True,
-        "hit_fraction": {"kvfleet": ours["hit_fraction"], "sglang": theirs["hit_fraction"]},
-        "window_max_imbalance": {"kvfleet": ours["imbalance"]["window_max"],
-                                 "sglang": theirs["imbalance"]["window_max"]},
-        "is_hit_fraction_ge": ours["hit_fraction"] >= theirs["hit_fraction"],
-        "is_max_imbalance_lower": (
-            ours["imbalance"]["window_max"] < theirs["imbalance"]["window_max"]
-        ),
-    }
+def compare(results: dict[str, dict]) -> dict[str, Any]:
+    """kvfleet's cache-aware policy against each peer's cache-aware policy, per repetition
+    (both measured in the same repetition) and as ranges, so a gap smaller than the spread
+    is shown as such."""
+    ours = results.get("kvfleet:cache-aware")
+    peers = {t: r for t, r in results.items()
+             if t.split(":")[0] in ("sglang", "vllm") and "cache" in t}
+    if not ours or not peers:
+        return {"compared": False,
+                "why": "needs kvfleet:cache-aware and a peer's cache_aware policy"}
+    out: dict[str, Any] = {"compared": True}
+    for t, theirs in peers.items():
+        diffs = [a["hit_fraction"] - b["hit_fraction"]
+                 for a, b in zip(ours["reps"], theirs["reps"], strict=True)]
+        imb = [a["imbalance"]["window_max"] - b["imbalance"]["window_max"]
+               for a, b in zip(ours["reps"], theirs["reps"], strict=True)]
+        lo, hi = ours["spread"]["hit_fraction"]
+        plo, phi = theirs["spread"]["hit_fraction"]
+        out[t] = {
+            "hit_fraction": {"kvfleet": ours["hit_fraction"], "peer": theirs["hit_fraction"]},
+            "hit_fraction_ranges_overlap": not (lo > phi or hi < plo),
+            "hit_fraction_diff_per_rep": diffs,
+            "is_hit_fraction_higher_every_rep": all(d > 0 for d in diffs),
+            "is_hit_fraction_lower_every_rep": all(d < 0 for d in diffs),
+            "window_max_imbalance": {"kvfleet": ours["imbalance"]["window_max"],
+                                     "peer": theirs["imbalance"]["window_max"]},
+            "window_max_imbalance_diff_per_rep": imb,
+        }
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    meta, res = result["meta"], result["results"]
+    git = meta.get("git", {})
+    dirty = (f"; router/ differed from that commit in the working tree (diff sha1 "
+             f"{git['router_diff_sha1']})" if git.get("router_tree_differs") else
+             "; router/ clean at that commit")
+    lines = [f"Run: `{meta['command'].strip()}`, started {meta['started_utc']}, "
+             f"{meta['reps']} repetitions, {meta['trace_shape'].get('num_requests', '?')} requests "
+             f"replayed at x{meta['speedup']:g}, {meta['num_backends']} backends x "
+             f"{meta['cache_blocks_per_backend']} blocks; routers "
+             f"{'at defaults' if not meta['router_options'] else meta['router_options']}; "
+             f"commit {git.get('commit', '?')[:10]} (router: {git.get('router_last_commit', '?')})"
+             f"{dirty}. Pooled-cache ceiling {result['pooled_cache_hit_fraction']:.3f}. Cells: "
+             "median (min–max) over repetitions.", "",
+             "| target | hit fraction | backends per shared prefix | imbalance, 1 s windows: "
+             "mean / max | latency p50 / p99 (ms) | errors |", "|---|---|---|---|---|---|"]
+
+    def cell(r: dict, k: str, digits: int) -> str:
+        lo, hi = r["spread"][k]
+        v = r["imbalance"][k] if k.startswith("window_") else r[k]
+        return f"{v:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
+
+    for t, r in res.items():
+        lines.append(f"| {t} | {cell(r, 'hit_fraction', 3)} | "
+                     f"{cell(r, 'mean_backends_per_shared_prefix', 2)} | "
+                     f"{cell(r, 'window_mean', 2)} / {cell(r, 'window_max', 2)} | "
+                     f"{r['latency_p50_ms']:.0f} / {r['latency_p99_ms']:.0f} | "
+                     f"{r['num_errors']} |")
+    lines.append("")
+    lines.append("Per repetition (hit fraction, window max imbalance): " + "; ".join(
+        f"{t} " + ", ".join(f"({x['hit_fraction']:.3f}, {x['imbalance']['window_max']:.2f})"
+                            for x in r["reps"]) for t, r in res.items()) + ".")
+    cmp_ = result.get("comparison", {})
+    for t, c in cmp_.items():
+        if not isinstance(c, dict):
+            continue
+        d = c["hit_fraction_diff_per_rep"]
+        verdict = ("higher in every repetition" if c["is_hit_fraction_higher_every_rep"] else
+                   "lower in every repetition" if c["is_hit_fraction_lower_every_rep"] else
+                   "not consistently higher or lower")
+        lines.append(f"kvfleet:cache-aware vs {t}: hit fraction difference per repetition "
+                     f"{', '.join(f'{x:+.3f}' for x in d)} ({verdict}; ranges "
+                     f"{'overlap' if c['hit_fraction_ranges_overlap'] else 'do not overlap'}); "
+                     f"window-max imbalance difference "
+                     f"{', '.join(f'{x:+.2f}' for x in c['window_max_imbalance_diff_per_rep'])}.")
+    return "\n".join(lines)
 
 
 def plot(results: dict[str, dict], reference: float, path: Path) -> None:
@@ -330,19 +420,22 @@ def main(argv: list[str] | None = None) -> int:
             "prefill_ms_per_block": args.prefill_ms_per_block,
             "ms_per_output_token": args.ms_per_output_token,
             "router_options": router_options(args),
+            "git": git_state(),
             "skipped": skipped,
         },
         "pooled_cache_hit_fraction": reference,
         "results": results,
-        "acceptance": acceptance(results),
+        "comparison": compare(results),
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     if not args.no_plot and results:
         plot(results, reference, out.with_suffix(".png"))
-    print(json.dumps(result["acceptance"], indent=1))
-    print(f"wrote {out}")
+    text = markdown(result)
+    out.with_suffix(".md").write_text(text + "\n")
+    print(text)
+    print(f"wrote {out} (+ .md, .png)")
     return 0
 
 

@@ -48,6 +48,7 @@ DEFAULT_TARGETS = [
     "sglang:round_robin",
     "sglang:cache_aware",
     "vllm:round_robin",
+    "vllm:cache_aware",
 ]
 PEERS = ("sglang", "vllm")
 # The peers run without admission limits (see routers.py); kvfleet's endpoints get a

@@ -277,7 +277,16 @@ def test_router_cache_hits_quick(tmp_path):
         assert sum(row["reps"][0]["requests_per_backend"].values()) == row["num_requests"] == 400
         assert 1.0 <= row["mean_backends_per_shared_prefix"] <= 4.0
         assert row["imbalance"]["window_max"] >= row["imbalance"]["window_mean"] >= 0.0
-    assert result["acceptance"]["compared"] == (HAS_KVFLEET_ROUTER and HAS_PEERS)
+    assert result["comparison"]["compared"] == (HAS_KVFLEET_ROUTER and HAS_PEERS)
+    if result["comparison"]["compared"]:
+        diffs = result["comparison"]["sglang:cache_aware"]["hit_fraction_diff_per_rep"]
+        assert len(diffs) == 1
+    assert result["meta"]["router_options"] == {}  # every router at its defaults
+    assert len(result["meta"]["git"]["commit"]) == 40
+    for row in result["results"].values():
+        lo, hi = row["spread"]["hit_fraction"]
+        assert lo <= row["hit_fraction"] <= hi
+    assert "hit fraction" in (tmp_path / "router_cache_hits.md").read_text()
 
 
 def test_engine_breakdown_accounts_for_every_step():
