@@ -47,6 +47,15 @@ class Fleet:
         for _ in range(num_ticks):
             await self.tick()
 
+    async def drain_one(self, in_flight: int) -> str:
+        """Two ready replicas with `in_flight` requests each; scale to one: the victim."""
+        await self.settle()
+        self.routers.in_flight = {"unified-0": in_flight, "unified-1": in_flight}
+        self.scaler.desired = {"unified": 1}
+        await self.tick()
+        (victim,) = [n for n, s in self.runtime.states().items() if s == "draining"]
+        return victim
+
 
 async def test_scales_up_and_pushes_every_ready_replica_to_every_router():
     fleet = Fleet(num=3)
@@ -91,11 +100,7 @@ async def test_a_failed_router_push_leaves_every_victim_serving():
 
 async def test_drained_replicas_stop_when_the_routers_report_nothing_in_flight():
     fleet = Fleet(num=2)
-    await fleet.settle()
-    fleet.routers.in_flight = {"unified-0": 3, "unified-1": 3}
-    fleet.scaler.desired = {"unified": 1}
-    await fleet.tick()
-    (victim,) = [n for n, s in fleet.runtime.states().items() if s == "draining"]
+    victim = await fleet.drain_one(in_flight=3)
     await fleet.tick()
     assert fleet.runtime.deleted == []  # still busy in some router
     fleet.routers.in_flight[victim] = 0
@@ -106,11 +111,7 @@ async def test_drained_replicas_stop_when_the_routers_report_nothing_in_flight()
 
 async def test_an_unreadable_router_means_unknown_in_flight_so_only_the_timeout_stops():
     fleet = Fleet(num=2)
-    await fleet.settle()
-    fleet.routers.in_flight = {"unified-0": 1, "unified-1": 1}
-    fleet.scaler.desired = {"unified": 1}
-    await fleet.tick()
-    (victim,) = [n for n, s in fleet.runtime.states().items() if s == "draining"]
+    victim = await fleet.drain_one(in_flight=1)
     started = fleet.loop.state.drain_started[victim]
     fleet.routers.is_view_broken = True  # nobody can say what is in flight
     fleet.routers.in_flight[victim] = 0
@@ -124,11 +125,7 @@ async def test_an_unreadable_router_means_unknown_in_flight_so_only_the_timeout_
 
 async def test_a_restarted_loop_keeps_drain_start_times_and_history():
     first = Fleet(num=2)
-    await first.settle()
-    first.routers.in_flight = {"unified-0": 2, "unified-1": 2}  # a long request each
-    first.scaler.desired = {"unified": 1}
-    await first.tick()
-    (victim,) = [n for n, s in first.runtime.states().items() if s == "draining"]
+    victim = await first.drain_one(in_flight=2)  # a long request each
     started = first.loop.state.drain_started[victim]
     history = first.loop.state.history.to_dict()
     version = first.loop.state.router_config["version"]
