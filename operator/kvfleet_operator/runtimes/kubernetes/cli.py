@@ -1,0 +1,118 @@
+"""`kvfleet operator render pool.yaml [--namespace NS]`: print every child manifest the
+operator would own for a pool, as multi-document YAML, for review, `kubectl diff` and
+GitOps previews. Tokens are placeholders, never real secrets. Only `render` exists in this
+build: the running operator (`kvfleet operator run`) is not here yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, TextIO
+
+import yaml
+
+from kvfleet_operator.api.errors import SpecError
+from kvfleet_operator.api.pool import load_pool
+
+from .children import build_children
+from .options import KVFLEET_IMAGE, BuildOptions, Tokens
+
+PLACEHOLDER_TOKEN = "PLACEHOLDER-generated-by-the-operator-not-a-secret"
+PLACEHOLDER_TOKENS = Tokens(admin=PLACEHOLDER_TOKEN, engine=PLACEHOLDER_TOKEN)
+# Owner references need the pool's uid, which only the cluster knows; pass --pool-uid for
+# a clean `kubectl diff` against a live pool.
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+PROG = "kvfleet operator"
+ONLY_RENDER = f"{PROG}: only `render` exists in this build (the running operator is not " \
+              "here yet); see `kvfleet operator --help`"
+SECRET_NOTE = ("# PLACEHOLDER token: the operator generates the real one and keeps it;\n"
+               "# never apply this Secret as is (--without-secrets leaves it out).\n")
+
+
+class RenderError(Exception):
+    """A one-line reason, printed as `kvfleet operator render: ...`, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise RenderError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="The Kubernetes operator's tools. Only `render` "
+                "exists in this build; the running operator is not here yet.")
+    sub = p.add_subparsers(dest="command", metavar="render")
+    r = sub.add_parser("render", help="print the child manifests of a pool (multi-document "
+                       "YAML)", description="Print every child manifest the operator would "
+                       "own for a pool. Tokens are placeholders.")
+    r.add_argument("pool", help="an InferencePool YAML file")
+    r.add_argument("--namespace", "-n", help="the pool's namespace (default: its "
+                   "metadata.namespace, else default)")
+    r.add_argument("--pool-uid", help="the live pool's metadata.uid, for owner references "
+                   f"(default: {PLACEHOLDER_UID})")
+    r.add_argument("--image", default=KVFLEET_IMAGE,
+                   help=f"kvfleet's image for the router and builtin engines (default: "
+                   f"{KVFLEET_IMAGE}, not published yet)")
+    r.add_argument("--without-secrets", action="store_true",
+                   help="leave the two token Secrets out")
+    r.add_argument("--hf-token-secret", metavar="NAME",
+                   help="a Secret with key `token` holding the HF token for hf:// models")
+    return p
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None  # preStop scripts and the router config
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(children: list[dict[str, Any]]) -> str:
+    parts = []
+    for child in children:
+        note = SECRET_NOTE if child["kind"] == "Secret" else ""
+        parts.append("---\n" + note + yaml.dump(child, Dumper=_Dumper, sort_keys=False))
+    return "".join(parts)
+
+
+def render(args: argparse.Namespace) -> list[dict[str, Any]]:
+    try:
+        pool = load_pool(args.pool)
+    except SpecError as exc:
+        text = str(exc)
+        raise RenderError(text if str(args.pool) in text else f"{args.pool}: {text}") from None
+    if args.namespace is not None:
+        pool.namespace = args.namespace
+    pool.uid = args.pool_uid or PLACEHOLDER_UID
+    options = BuildOptions(hf_token_secret=args.hf_token_secret)
+    try:
+        children = build_children(pool, tokens=PLACEHOLDER_TOKENS, image=args.image,
+                                  options=options)
+    except SpecError as exc:
+        raise RenderError(f"{args.pool}: {exc}") from None
+    if args.without_secrets:
+        children = [c for c in children if c["kind"] != "Secret"]
+    return children
+
+
+def main(argv: list[str], out: TextIO = sys.stdout) -> int:
+    if not argv or argv[0] not in ("render", "-h", "--help"):
+        print(ONLY_RENDER, file=sys.stderr)
+        return 2
+    try:
+        try:
+            args = _parser().parse_args(argv)
+        except SystemExit as exc:  # --help
+            return int(exc.code or 0)
+        text = to_yaml(render(args))
+    except RenderError as exc:
+        print(f"{PROG} render: {exc}", file=sys.stderr)
+        return 2
+    out.write(text)
+    return 0

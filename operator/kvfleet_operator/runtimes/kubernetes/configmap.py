@@ -1,0 +1,27 @@
+"""The router's bootstrap config: policy, weights, session header, P/D threshold, and no
+endpoints (version 0). The operator's first push (version 1) brings the ready pods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from kvfleet_operator.api.pool import InferencePool
+from kvfleet_operator.router_desired import build_router_config
+
+from . import meta
+
+ROUTER_CONFIG_KEY = "router.yaml"
+BOOTSTRAP_VERSION = 0
+
+
+def build_router_configmap(pool: InferencePool) -> dict[str, Any]:
+    config = build_router_config(pool.spec, [], BOOTSTRAP_VERSION)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": meta.object_meta(pool, meta.router_config_name(pool), meta.ROUTER_APP,
+                                     meta.ROUTER, meta.ROUTER),
+        "data": {ROUTER_CONFIG_KEY: yaml.safe_dump(config, sort_keys=True)},
+    }

@@ -1,0 +1,58 @@
+"""Deployments: one per engine role, and the router's (`routing.replicas`).
+
+The operator owns `replicas` (the control loop's desired count; `reconcile.initial_replicas`
+when none is given), so these children never live in Git and GitOps has nothing to fight
+over. Rollouts add one new pod before removing an old one (maxSurge 1, maxUnavailable 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvfleet_operator.api.pool import InferencePool
+
+from . import meta
+from .engine_pod import GRACE_MARGIN_S, STARTUP_BUDGET_S, engine_pod_template
+from .options import BuildOptions
+from .router_pod import router_pod_template
+
+ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+REVISION_HISTORY = 3
+
+
+def _deployment(
+    metadata: dict[str, Any], replicas: int, match: dict[str, str], template: dict[str, Any],
+    progress_deadline_s: int,
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": match},
+            "strategy": ROLLING,
+            "revisionHistoryLimit": REVISION_HISTORY,
+            "progressDeadlineSeconds": progress_deadline_s,
+            "template": template,
+        },
+    }
+
+
+def build_engine_deployment(
+    pool: InferencePool, role: str, replicas: int, image: str, options: BuildOptions
+) -> dict[str, Any]:
+    metadata = meta.object_meta(pool, meta.engine_name(pool, role), meta.engine_app(pool),
+                                meta.ENGINE, role)
+    template = engine_pod_template(pool, role, image, options)
+    deadline = STARTUP_BUDGET_S[pool.spec.engine.kind] + GRACE_MARGIN_S * 10
+    return _deployment(metadata, replicas, meta.selector(pool, meta.ENGINE, role), template,
+                       deadline)
+
+
+def build_router_deployment(pool: InferencePool, image: str) -> dict[str, Any]:
+    metadata = meta.object_meta(pool, meta.router_name(pool), meta.ROUTER_APP, meta.ROUTER,
+                                meta.ROUTER)
+    return _deployment(metadata, pool.spec.routing.replicas,
+                       meta.selector(pool, meta.ROUTER, meta.ROUTER),
+                       router_pod_template(pool, image), 600)

@@ -1,0 +1,42 @@
+"""Services: a headless one per engine role (stable per-pod DNS; the router is programmed
+with pod IPs by the operator, not through it) and the router's, the pool's endpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvfleet_operator.api.pool import InferencePool
+from kvfleet_operator.engine_args import NIXL_SIDE_CHANNEL_PORT
+
+from . import meta
+from .engine_pod import ENGINE_PORT
+from .router_pod import ROUTER_PORT
+
+
+def _port(name: str, port: int) -> dict[str, Any]:
+    return {"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
+
+
+def build_engine_service(pool: InferencePool, role: str) -> dict[str, Any]:
+    ports = [_port("http", ENGINE_PORT)]
+    if pool.spec.engine.kind == "vllm" and role in ("prefill", "decode"):
+        ports.append(_port("nixl", NIXL_SIDE_CHANNEL_PORT))
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta.object_meta(pool, meta.engine_name(pool, role), meta.engine_app(pool),
+                                     meta.ENGINE, role),
+        "spec": {"clusterIP": "None", "selector": meta.selector(pool, meta.ENGINE, role),
+                 "ports": ports, "publishNotReadyAddresses": False},
+    }
+
+
+def build_router_service(pool: InferencePool) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta.object_meta(pool, meta.router_name(pool), meta.ROUTER_APP,
+                                     meta.ROUTER, meta.ROUTER),
+        "spec": {"type": "ClusterIP", "selector": meta.selector(pool, meta.ROUTER, meta.ROUTER),
+                 "ports": [_port("http", ROUTER_PORT)]},
+    }

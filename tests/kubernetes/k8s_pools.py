@@ -1,0 +1,84 @@
+"""Pools for the Kubernetes builder tests: every example, plus variants that reach the
+other model sources and a builtin prefill/decode pool."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kvfleet_operator.api import InferencePool, parse_pool
+from kvfleet_operator.runtimes.kubernetes import Tokens, build_children
+
+ROOT = Path(__file__).parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+TOKENS = Tokens(admin="admin-token-value-1", engine="engine-token-value-2")
+UID = "6f1c7a52-0d3e-4d1c-9a57-2b8c1e0f4a11"
+
+
+def manifest(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
+    return data
+
+
+def pool_from(data: dict[str, Any]) -> InferencePool:
+    pool = parse_pool(data)
+    pool.uid = UID
+    return pool
+
+
+def example(name: str) -> dict[str, Any]:
+    return manifest(ROOT / "examples" / name)
+
+
+def variants() -> dict[str, dict[str, Any]]:
+    """Manifests beyond the examples: s3, gs, a builtin pvc:// model, builtin P/D."""
+    out: dict[str, dict[str, Any]] = {}
+    s3 = example("vllm-unified.yaml")
+    s3["metadata"]["name"] = "s3-pool"
+    s3["spec"]["model"]["source"] = "s3://models/llama3-8b"
+    out["vllm-s3"] = s3
+    gs = copy.deepcopy(s3)
+    gs["metadata"]["name"] = "gs-pool"
+    gs["spec"]["model"]["source"] = "gs://models/llama3-8b"
+    out["vllm-gs"] = gs
+    pvc = example("local-cpu.yaml")
+    pvc["metadata"]["name"] = "gguf-pool"
+    pvc["spec"]["model"]["source"] = "pvc://models/smollm2/model.gguf"
+    out["builtin-pvc"] = pvc
+    pd = example("local-sim.yaml")
+    pd["metadata"]["name"] = "sim-pd"
+    unified = pd["spec"]["topology"].pop("unified")
+    pd["spec"]["topology"] = {"prefill": copy.deepcopy(unified), "decode": unified}
+    out["builtin-pd"] = pd
+    return out
+
+
+def all_pools() -> dict[str, InferencePool]:
+    pools = {p.stem: pool_from(manifest(p)) for p in EXAMPLES}
+    pools.update({k: pool_from(v) for k, v in variants().items()})
+    return pools
+
+
+def children(pool: InferencePool) -> list[dict[str, Any]]:
+    return build_children(pool, tokens=TOKENS)
+
+
+def pod_specs(objs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(o["metadata"]["name"], o["spec"]["template"]["spec"])
+            for o in objs if o["kind"] == "Deployment"]
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def deployment(objs: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    [found] = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == name]
+    return found
+
+
+def engine_container(objs: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    container: dict[str, Any] = deployment(objs, name)["spec"]["template"]["spec"]["containers"][0]
+    return container
