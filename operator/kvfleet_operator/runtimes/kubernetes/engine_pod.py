@@ -88,7 +88,9 @@ def resources(role: RoleSpec) -> dict[str, Any]:
 
 
 def _env(pool: InferencePool, role: str, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    env = [{"name": k, "value": v} for k, v in engine_env(pool.spec, role).items()]
+    env: list[dict[str, Any]] = [
+        {"name": k, "value": v} for k, v in engine_env(pool.spec, role).items()
+    ]
     env += cache_env() + extra
     if pool.spec.engine.is_builtin:  # guards its KV events and KV transfer (as `kvfleet up`)
         env.append({"name": ENGINE_TOKEN_ENV, "valueFrom": {"secretKeyRef": {
