@@ -17,10 +17,10 @@ listed with state "removed" until its in-flight count reaches 0.
 from __future__ import annotations
 
 import hmac
-import json
 import time
 
 from aiohttp import web
+from kvfleet_engine.contract.http_limits import JSONRejected, strict_loads
 
 from kvfleet_router.config import ConfigError, RouterConfig
 from kvfleet_router.config_store import ConfigStore, StaleVersion
@@ -74,9 +74,9 @@ class AdminAPI:
         except web.HTTPRequestEntityTooLarge:
             return error_response("config body too large", 413)
         try:
-            data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return error_response(f"config is not valid JSON: {exc}", 400)
+            data = strict_loads(raw)
+        except JSONRejected as exc:
+            return error_response(f"config refused: {exc}", 400, code=exc.code)
         try:
             cfg = RouterConfig.from_dict(data)
         except ConfigError as exc:

@@ -87,17 +87,14 @@ def main(argv: list[str]) -> int:
     if token is None:
         logging.getLogger("kvfleet_router").warning(
             "no admin token configured: /admin answers 401")
-    from aiohttp import web
-
     from kvfleet_router.app import RouterApp
+    from kvfleet_router.http_protocol import serve
 
     raise_fd_limit()
     loop = new_loop()
     asyncio.set_event_loop(loop)
     try:
-        web.run_app(RouterApp(cfg, token).build(), host=args.host, port=args.port,
-                    access_log=None, print=None, loop=loop, shutdown_timeout=30,
-                    backlog=4096)  # bursts of thousands of clients connect at once
+        loop.run_until_complete(serve(RouterApp(cfg, token).build(), args.host, args.port))
     except OSError as exc:
         print(f"kvfleet router: cannot listen on {args.host}:{args.port}: {exc.strerror}",
               file=sys.stderr)

@@ -35,8 +35,14 @@ timeouts: {connect_s: 10.0, first_byte_s: 60.0, idle_s: 60.0}   # connect: SYN r
 retries: {max_attempts: 2}       # total tries per request, only before the client saw a byte
 pd: {decider: uncached-tokens,       # when a separate prefill leg runs (pd_deciders.py)
      prefill_threshold_tokens: 128}   # uncached prompt tokens above which it does
-limits: {max_body_bytes: 4194304}
+limits: {max_body_bytes: 4194304,   # client bodies; larger is 413
+         body_read_timeout_s: 30.0,  # a whole client body must arrive within (else 408)
+         max_uploads_per_client: 32} # unfinished client bodies per address (else 429)
 ```
+
+Every number has a range (`num(...)` below; NaN and infinities are never in one), and a
+number outside it is refused with the field and the range: `health.probe_interval_s: must be
+a finite number in [0.1, 3600], got 1e-09`. All policy weights zero is refused too.
 
 `RouterConfig.from_dict(data)` checks everything and raises `ConfigError` whose message starts
 with the field path (`endpoints[1].role: must be one of ...`). `to_dict()` is the inverse.
@@ -45,9 +51,15 @@ with the field path (`endpoints[1].role: must be one of ...`). `to_dict()` is th
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
+
+from kvfleet_engine.contract.http_limits import (
+    DEFAULT_BODY_READ_TIMEOUT_S,
+    DEFAULT_MAX_UPLOADS_PER_CLIENT,
+)
 
 SCHEMA = "kvfleet.io/router/v1"
 ROLES = ("unified", "prefill", "decode")
@@ -71,8 +83,41 @@ def _check(cond: bool, path: str, message: str) -> None:
         raise ConfigError(f"{path}: {message}")
 
 
-def _positive(value: float, path: str) -> None:
-    _check(value > 0, path, f"must be > 0, got {value!r}")
+@dataclass(frozen=True, slots=True)
+class Range:
+    low: float
+    high: float
+    is_low_open: bool = False  # (low, high] instead of [low, high]
+
+    def __str__(self) -> str:
+        low, high = (int(x) if float(x).is_integer() else x for x in (self.low, self.high))
+        return f"{'(' if self.is_low_open else '['}{low}, {high}]"
+
+    def contains(self, value: float) -> bool:
+        if not math.isfinite(value) or value > self.high:
+            return False
+        return value > self.low if self.is_low_open else value >= self.low
+
+
+def num(default: float, low: float, high: float, *, is_low_open: bool = False) -> Any:
+    """A numeric config field with its range (checked by `check_ranges`)."""
+    return field(default=default, metadata={"range": Range(low, high, is_low_open)})
+
+
+def check_ranges(obj: Any) -> None:
+    """Every numeric field of a config dataclass lies in its declared range."""
+    for f in dataclasses.fields(obj):
+        rng = f.metadata.get("range")
+        if rng is None:
+            continue
+        value = getattr(obj, f.name)
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        kind = "an integer" if f.type == "int" else "a finite number"
+        _check(is_number and rng.contains(value), f.name, f"must be {kind} in {rng}, got {value!r}")
+
+
+HOUR_S = 3600.0
+MAX_WEIGHT = 1000.0
 
 
 @dataclass(slots=True)
@@ -81,7 +126,7 @@ class EndpointConfig:
     url: str
     role: str = "unified"
     state: str = "active"
-    capacity: int = 256
+    capacity: int = num(256, 1, 1_000_000)
     models: list[str] = field(default_factory=list)
     prefix_mode: str = "approximate"
 
@@ -93,7 +138,7 @@ class EndpointConfig:
         self.url = self.url.rstrip("/")
         _check(self.role in ROLES, "role", f"must be one of {', '.join(ROLES)}")
         _check(self.state in STATES, "state", f"must be one of {', '.join(STATES)}")
-        _positive(self.capacity, "capacity")
+        check_ranges(self)
         _check(self.prefix_mode in PREFIX_MODES, "prefix_mode",
                f"must be one of {', '.join(PREFIX_MODES)}")
 
@@ -104,24 +149,21 @@ class EndpointConfig:
 
 @dataclass(slots=True)
 class ImbalanceConfig:
-    abs_threshold: float = 8.0
-    rel_threshold: float = 1.5
+    abs_threshold: float = num(8.0, 0, 1_000_000)
+    rel_threshold: float = num(1.5, 1, 1000)
 
     def __post_init__(self) -> None:
-        _check(self.abs_threshold >= 0, "abs_threshold", "must be >= 0")
-        _check(self.rel_threshold >= 1, "rel_threshold", "must be >= 1")
+        check_ranges(self)
 
 
 @dataclass(slots=True)
 class SloConfig:
-    prefill_s_per_token: float = 0.0005  # prior for alpha until measured
-    decode_s_per_token: float = 0.02  # prior for beta until measured
-    ewma_alpha: float = 0.2
+    prefill_s_per_token: float = num(0.0005, 0, 10, is_low_open=True)  # prior for alpha
+    decode_s_per_token: float = num(0.02, 0, 60, is_low_open=True)  # prior for beta
+    ewma_alpha: float = num(0.2, 0, 1, is_low_open=True)
 
     def __post_init__(self) -> None:
-        _positive(self.prefill_s_per_token, "prefill_s_per_token")
-        _positive(self.decode_s_per_token, "decode_s_per_token")
-        _check(0 < self.ewma_alpha <= 1, "ewma_alpha", "must be in (0, 1]")
+        check_ranges(self)
 
 
 def _default_weights() -> dict[str, float]:
@@ -139,8 +181,8 @@ class PolicyConfig:
     allow_override: bool = False
     override_header: str = "x-kvfleet-policy"
     imbalance: ImbalanceConfig = field(default_factory=ImbalanceConfig)
-    ucb_c: float = 1.0
-    ttft_ref_s: float = 0.5
+    ucb_c: float = num(1.0, 0, 100)
+    ttft_ref_s: float = num(0.5, 0, HOUR_S, is_low_open=True)
     slo: SloConfig = field(default_factory=SloConfig)
 
     def __post_init__(self) -> None:
@@ -149,10 +191,12 @@ class PolicyConfig:
         for key, weight in self.weights.items():
             _check(key in SCORER_NAMES, f"weights.{key}",
                    f"unknown scorer; known: {', '.join(SCORER_NAMES)}")
-            _check(isinstance(weight, int | float) and weight >= 0, f"weights.{key}",
-                   "must be a number >= 0")
-        _check(self.ucb_c >= 0, "ucb_c", "must be >= 0")
-        _positive(self.ttft_ref_s, "ttft_ref_s")
+            _check(isinstance(weight, int | float) and not isinstance(weight, bool) and
+                   math.isfinite(weight) and 0 <= weight <= MAX_WEIGHT, f"weights.{key}",
+                   f"must be a finite number in [0, {MAX_WEIGHT:g}], got {weight!r}")
+        _check(any(self.weights.values()), "weights",
+               "at least one weight must be > 0 (all zero ranks every endpoint the same)")
+        check_ranges(self)
         _check(bool(self.override_header), "override_header", "must not be empty")
 
 
@@ -160,115 +204,107 @@ class PolicyConfig:
 class SessionConfig:
     header: str = "x-session-id"
     use_user_field: bool = True
-    load_factor: float = 1.25  # bounded-load consistent hashing: cap = factor * mean load
+    load_factor: float = num(1.25, 1, 100)  # bounded-load hashing: cap = factor * mean load
 
     def __post_init__(self) -> None:
-        _check(self.load_factor >= 1, "load_factor", "must be >= 1")
+        check_ranges(self)
 
 
 @dataclass(slots=True)
 class PrefixConfig:
-    block_bytes: int = 64
-    max_blocks_per_endpoint: int = 20000
-    chars_per_token: float = 4.0  # estimate prompt tokens from text without a tokenizer
+    block_bytes: int = num(64, 1, 1 << 20)
+    max_blocks_per_endpoint: int = num(20000, 1, 10_000_000)
+    chars_per_token: float = num(4.0, 0.1, 64)  # prompt tokens from text, no tokenizer
 
     def __post_init__(self) -> None:
-        _positive(self.block_bytes, "block_bytes")
-        _positive(self.max_blocks_per_endpoint, "max_blocks_per_endpoint")
-        _positive(self.chars_per_token, "chars_per_token")
+        check_ranges(self)
 
 
 @dataclass(slots=True)
 class SaturationConfig:
-    max_waiting: int = 0  # engine-reported waiting requests; 0 disables
-    max_kv_usage: float = 0.98
+    max_waiting: int = num(0, 0, 1_000_000)  # engine-reported waiting requests; 0 disables
+    max_kv_usage: float = num(0.98, 0, 1, is_low_open=True)
 
     def __post_init__(self) -> None:
-        _check(self.max_waiting >= 0, "max_waiting", "must be >= 0")
-        _check(0 < self.max_kv_usage <= 1, "max_kv_usage", "must be in (0, 1]")
+        check_ranges(self)
 
 
 @dataclass(slots=True)
 class QueueConfig:
-    max_size: int = 256
-    timeout_s: float = 5.0
-    retry_after_s: int = 1
+    max_size: int = num(256, 0, 100_000)
+    timeout_s: float = num(5.0, 0, HOUR_S)
+    retry_after_s: int = num(1, 0, HOUR_S)
 
     def __post_init__(self) -> None:
-        _check(self.max_size >= 0, "max_size", "must be >= 0")
-        _check(self.timeout_s >= 0, "timeout_s", "must be >= 0")
-        _check(self.retry_after_s >= 0, "retry_after_s", "must be >= 0")
+        check_ranges(self)
 
 
 @dataclass(slots=True)
 class HealthConfig:
-    probe_interval_s: float = 2.0
-    probe_timeout_s: float = 1.0
-    eject_after_errors: int = 3
-    eject_base_s: float = 2.0
-    eject_max_s: float = 30.0
+    probe_interval_s: float = num(2.0, 0.1, HOUR_S)
+    probe_timeout_s: float = num(1.0, 0.01, 600)
+    eject_after_errors: int = num(3, 1, 1000)
+    eject_base_s: float = num(2.0, 0.01, HOUR_S)
+    eject_max_s: float = num(30.0, 0.01, 24 * HOUR_S)
 
     def __post_init__(self) -> None:
-        _positive(self.probe_interval_s, "probe_interval_s")
-        _positive(self.probe_timeout_s, "probe_timeout_s")
-        _check(self.eject_after_errors >= 1, "eject_after_errors", "must be >= 1")
-        _positive(self.eject_base_s, "eject_base_s")
+        check_ranges(self)
         _check(self.eject_max_s >= self.eject_base_s, "eject_max_s", "must be >= eject_base_s")
 
 
 @dataclass(slots=True)
 class SignalsConfig:
-    poll_interval_s: float = 1.0
-    stale_after_s: float = 5.0
+    poll_interval_s: float = num(1.0, 0.1, HOUR_S)
+    stale_after_s: float = num(5.0, 0.1, 24 * HOUR_S)
 
     def __post_init__(self) -> None:
-        _positive(self.poll_interval_s, "poll_interval_s")
+        check_ranges(self)
         _check(self.stale_after_s >= self.poll_interval_s, "stale_after_s",
                "must be >= poll_interval_s")
 
 
 @dataclass(slots=True)
 class TimeoutsConfig:
-    connect_s: float = 10.0  # a refused connect fails at once; this covers SYN retransmits
-    first_byte_s: float = 60.0
-    idle_s: float = 60.0
+    connect_s: float = num(10.0, 0.01, 600)  # a refused connect fails at once; SYN retries
+    first_byte_s: float = num(60.0, 0.01, HOUR_S)
+    idle_s: float = num(60.0, 0.01, HOUR_S)
 
     def __post_init__(self) -> None:
-        _positive(self.connect_s, "connect_s")
-        _positive(self.first_byte_s, "first_byte_s")
-        _positive(self.idle_s, "idle_s")
+        check_ranges(self)
 
 
 @dataclass(slots=True)
 class RetriesConfig:
-    max_attempts: int = 2
+    max_attempts: int = num(2, 1, 10)
 
     def __post_init__(self) -> None:
-        _check(self.max_attempts >= 1, "max_attempts", "must be >= 1")
+        check_ranges(self)
 
 
 @dataclass(slots=True)
 class PDConfig:
     decider: str = "uncached-tokens"
-    prefill_threshold_tokens: int = 128
+    prefill_threshold_tokens: int = num(128, 0, 10_000_000)
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         _check(self.decider in PD_DECIDER_NAMES, "decider",
                f"must be one of {', '.join(PD_DECIDER_NAMES)}")
-        _check(self.prefill_threshold_tokens >= 0, "prefill_threshold_tokens", "must be >= 0")
 
 
 @dataclass(slots=True)
 class LimitsConfig:
-    max_body_bytes: int = 4 * 1024 * 1024
+    max_body_bytes: int = num(4 * 1024 * 1024, 1, 64 * 1024 * 1024)
+    body_read_timeout_s: float = num(DEFAULT_BODY_READ_TIMEOUT_S, 0.1, HOUR_S)
+    max_uploads_per_client: int = num(DEFAULT_MAX_UPLOADS_PER_CLIENT, 1, 100_000)
 
     def __post_init__(self) -> None:
-        _positive(self.max_body_bytes, "max_body_bytes")
+        check_ranges(self)
 
 
 @dataclass(slots=True)
 class RouterConfig:
-    version: int = 0
+    version: int = num(0, 0, 2**63 - 1)
     endpoints: list[EndpointConfig] = field(default_factory=list)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
@@ -285,7 +321,7 @@ class RouterConfig:
 
     def __post_init__(self) -> None:
         _check(self.schema == SCHEMA, "schema", f"must be {SCHEMA!r}")
-        _check(self.version >= 0, "version", "must be >= 0")
+        check_ranges(self)
         seen: set[str] = set()
         for i, ep in enumerate(self.endpoints):
             _check(ep.name not in seen, f"endpoints[{i}].name", f"duplicate name {ep.name!r}")
@@ -325,7 +361,13 @@ def _coerce(value: Any, type_name: str, path: str) -> Any:
         if type_name in ("int", "float") and isinstance(value, bool):
             ok = False
         _check(ok, path, f"must be {type_name}, got {type(value).__name__}")
-        return float(value) if type_name == "float" else value
+        if type_name == "float":
+            try:
+                return float(value)
+            except OverflowError:  # an int too large for a double
+                raise ConfigError(f"{path}: must be a finite number, got an integer of "
+                                  f"{len(str(abs(value)))} digits") from None
+        return value
     if type_name == "list[str]":
         _check(isinstance(value, list) and all(isinstance(v, str) for v in value), path,
                "must be a list of strings")
@@ -333,8 +375,9 @@ def _coerce(value: Any, type_name: str, path: str) -> Any:
     if type_name == "dict[str, float]":
         _check(isinstance(value, dict), path, "must be a mapping")
         for key, item in value.items():
-            _check(isinstance(item, int | float) and not isinstance(item, bool),
-                   _join(path, str(key)), "must be a number")
+            _check(isinstance(item, int | float) and not isinstance(item, bool) and
+                   abs(item) <= MAX_WEIGHT, _join(path, str(key)),
+                   f"must be a number in [0, {MAX_WEIGHT:g}]")
         return {str(k): float(v) for k, v in value.items()}
     raise AssertionError(f"unhandled type {type_name}")  # a schema bug, not bad input
 

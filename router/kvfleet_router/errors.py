@@ -14,15 +14,19 @@ class RequestError(ValueError):
     """A client mistake, reported as a 400 (or `status`)."""
 
     def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 code: str | None = None) -> None:
+                 code: str | None = None, headers: dict[str, str] | None = None,
+                 is_closing: bool = False) -> None:
         super().__init__(message)
         self.param = param
         self.status = status
         self.code = code
+        self.headers = headers
+        self.is_closing = is_closing  # close the connection after answering (body unread)
 
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          409: "conflict_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+          408: "invalid_request_error", 409: "conflict_error", 413: "invalid_request_error",
+          429: "rate_limit_error"}
 
 
 def error_body(message: str, status: int, param: str | None = None,
@@ -51,7 +55,10 @@ async def json_errors(request: web.Request, handler):  # type: ignore[no-untyped
     try:
         return await handler(request)
     except RequestError as exc:
-        return error_response(str(exc), exc.status, exc.param, exc.code)
+        resp = error_response(str(exc), exc.status, exc.param, exc.code, exc.headers)
+        if exc.is_closing:
+            resp.force_close()
+        return resp
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

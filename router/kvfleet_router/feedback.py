@@ -9,8 +9,9 @@ them explicitly; nothing reaches into another piece's internals to record a fail
     fb.success(e)                         # a non-streamed side call went well
     fb.exchange_done(e, routed, outcome, now)   # an exchange ended: breaker + learning
 
-Only the endpoint's own faults count against it: "busy" (429/503) releases a half-open
-trial without counting, a client that went away teaches nothing. A good exchange feeds
+Only the endpoint's own faults count against it (the rule is `fault.classify`): "busy"
+(429/503) releases a half-open trial without counting; a client that went away, a 4xx and
+a 5xx the request itself caused teach nothing. A good exchange feeds
 `scorers_feedback.learn` (the latency, UCB and SLO scorers' state).
 """
 
@@ -50,8 +51,8 @@ class HealthFeedback:
                       now: float) -> None:
         if outcome.is_broken:
             self.failure(e, "midstream", now)
-        elif outcome.is_client_gone:
-            e.breaker.release_trial()
+        elif outcome.is_client_gone or outcome.is_client_fault:
+            e.breaker.release_trial()  # no verdict on the endpoint (fault.py)
         else:
             e.breaker.record_success()
             learn(e, routed, outcome, self._cfg().policy.ttft_ref_s)

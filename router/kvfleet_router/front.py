@@ -9,11 +9,15 @@ dispatcher as a unified request.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from kvfleet_engine.contract.http_limits import UploadSlots
 
+from kvfleet_router.config import LimitsConfig
 from kvfleet_router.dispatch import Dispatcher
 from kvfleet_router.errors import RequestError, error_response
 from kvfleet_router.metrics import RouterMetrics
@@ -23,22 +27,52 @@ from kvfleet_router.proxy import Forwarder
 from kvfleet_router.request_info import parse_request
 from kvfleet_router.router_core import RouterCore
 
+log = logging.getLogger(__name__)
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+
+async def _read(request: web.Request, limit: int) -> bytes:
+    too_large = RequestError(f"request body exceeds {limit} bytes", status=413,
+                             code="body_too_large", is_closing=True)
     if request.content_length is not None:
         if request.content_length > limit:
-            raise RequestError(f"request body exceeds {limit} bytes", status=413,
-                               code="body_too_large")
+            raise too_large
         return await request.read()  # the common case: one C-level read
     chunks: list[bytes] = []  # chunked upload: count as it arrives
     size = 0
     async for chunk in request.content.iter_any():
         size += len(chunk)
         if size > limit:
-            raise RequestError(f"request body exceeds {limit} bytes", status=413,
-                               code="body_too_large")
+            raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def read_body(request: web.Request, limits: LimitsConfig, uploads: UploadSlots) -> bytes:
+    """The raw body, within limits: at most `max_uploads_per_client` unfinished per client
+    address (429 at once, body unread), `max_body_bytes` (413), `body_read_timeout_s` for
+    all of it (408). A client gone mid-body or a malformed chunked body is a 400 that
+    closes the connection, logged as one DEBUG line."""
+    addr = request.remote or ""
+    uploads.max_per_client = limits.max_uploads_per_client  # follows config reloads
+    if not uploads.acquire(addr):
+        raise RequestError(f"more than {limits.max_uploads_per_client} unfinished uploads from "
+                           "this address", status=429, code="too_many_uploads",
+                           headers={"Retry-After": "1"}, is_closing=True)
+    try:
+        async with asyncio.timeout(limits.body_read_timeout_s):
+            return await _read(request, limits.max_body_bytes)
+    except TimeoutError:
+        raise RequestError(f"request body not received within {limits.body_read_timeout_s}s",
+                           status=408, code="body_timeout", is_closing=True) from None
+    except ConnectionResetError:
+        log.debug("client %s went away mid-body", addr)
+        raise RequestError("client closed the connection mid-body", code="client_gone",
+                           is_closing=True) from None
+    except (web.RequestPayloadError, HttpProcessingError) as exc:
+        raise RequestError(f"malformed request body: {exc}", code="bad_body",
+                           is_closing=True) from None
+    finally:
+        uploads.release(addr)
 
 
 class OpenAIFront:
@@ -48,10 +82,11 @@ class OpenAIFront:
         self.dispatcher = dispatcher
         self.disaggregator = disaggregator
         self.forwarder = forwarder  # its pooled session also answers /v1/models
+        self.uploads = UploadSlots(core.cfg.limits.max_uploads_per_client)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         cfg = self.core.cfg
-        raw = await read_body(request, cfg.limits.max_body_bytes)
+        raw = await read_body(request, cfg.limits, self.uploads)
         info = parse_request(raw, request.path, request.headers, cfg.session.header,
                              cfg.session.use_user_field)
         policy = None

@@ -25,6 +25,7 @@ from multidict import CIMultiDict
 from kvfleet_router.config import TimeoutsConfig
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.errors import sse_error_event
+from kvfleet_router.fault import BUSY, BUSY_STATUSES, CLIENT, ENDPOINT_STATUSES, classify
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,7 @@ _DROP_REQUEST_HEADERS = frozenset({
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te",
     "upgrade", "proxy-authorization", "proxy-connection", "accept-encoding", "expect"})
 _KEEP_RESPONSE_HEADERS = ("Content-Type", "Content-Encoding", "X-Request-Id")
-RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
-BUSY_STATUSES = frozenset({429, 503})  # overloaded, not broken: retry elsewhere, never eject
+RETRYABLE_STATUSES = BUSY_STATUSES | ENDPOINT_STATUSES  # answers read whole, then judged
 
 
 class BackendFailure(Exception):
@@ -55,6 +55,7 @@ class Outcome:
     is_stream: bool
     is_broken: bool = False  # backend broke mid-stream (client got an error event)
     is_client_gone: bool = False
+    is_client_fault: bool = False  # a 4xx, or a 5xx the request caused (fault.py): no verdict
 
 
 def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
@@ -105,10 +106,13 @@ class Forwarder:
                                                timeout=self.client_timeout)
                 is_sse = resp.content_type == "text/event-stream"
                 if resp.status in RETRYABLE_STATUSES:
-                    await resp.read()
-                    kind = "busy" if resp.status in BUSY_STATUSES else "status"
-                    raise BackendFailure(kind, f"{e.name} answered {resp.status}",
-                                         resp.status)
+                    body = await resp.read()
+                    verdict = classify(resp.status, body)
+                    if verdict != CLIENT:  # the endpoint's own fault, or busy: next one
+                        kind = "busy" if verdict == BUSY else "status"
+                        raise BackendFailure(kind, f"{e.name} answered {resp.status}",
+                                             resp.status)
+                    return resp, body, False  # the request's own fault: pass it on
                 first = await (resp.content.readany() if is_sse else resp.read())
             return resp, first, is_sse
         except BackendFailure:
@@ -141,7 +145,8 @@ class Forwarder:
         kept = {k: resp.headers[k] for k in _KEEP_RESPONSE_HEADERS if k in resp.headers}
         if not is_sse:
             resp.release()
-            on_outcome(Outcome(ttft, ttft, 0, False))
+            on_outcome(Outcome(ttft, ttft, 0, False,
+                               is_client_fault=classify(resp.status, first) == CLIENT))
             return web.Response(status=resp.status, body=first, headers=kept)
         if not first:  # the stream ended before any byte: nothing sent yet, retryable
             resp.close()

@@ -6,9 +6,10 @@ which must add `kv_transfer_params`, so it keeps the parsed dict too).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from kvfleet_engine.contract.http_limits import JSONRejected, strict_loads
 
 from kvfleet_router.errors import RequestError
 
@@ -63,9 +64,10 @@ def _prompt(prompt: Any) -> tuple[str, list[int] | None]:
 def parse_request(raw: bytes, path: str, headers: Any, session_header: str,
                   use_user_field: bool) -> RequestInfo:
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestError(f"request body is not valid JSON: {exc}") from None
+        body = strict_loads(raw)  # depth, digits and NaN refused before parsing
+    except JSONRejected as exc:
+        what = "is not valid JSON" if exc.code == "invalid_json" else "refused"
+        raise RequestError(f"request body {what}: {exc}", code=exc.code) from None
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
     info = RequestInfo(body=body)

@@ -27,7 +27,10 @@ async def openai_errors(request: web.Request, handler: Handler) -> web.StreamRes
     try:
         return await handler(request)
     except APIError as exc:
-        return web.json_response(exc.to_dict(), status=exc.status, headers=exc.headers)
+        resp = web.json_response(exc.to_dict(), status=exc.status, headers=exc.headers)
+        if exc.is_closing:
+            resp.force_close()
+        return resp
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

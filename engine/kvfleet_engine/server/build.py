@@ -61,6 +61,8 @@ def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettin
         max_num_seqs=args.max_num_seqs,
         max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes,
+        body_read_timeout_s=args.body_read_timeout,
+        max_uploads_per_client=args.max_uploads_per_client,
         drain_timeout_s=args.drain_timeout,
         kv_handle_ttl_s=args.kv_handle_ttl,
         kv_transfer_timeout_s=args.kv_transfer_timeout,
@@ -82,7 +84,8 @@ def _default_advertise_host(host: str) -> str:
 def _check_flags(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
-    for flag in ("max_num_seqs", "max_num_batched_tokens", "max_body_bytes"):
+    for flag in ("max_num_seqs", "max_num_batched_tokens", "max_body_bytes",
+                 "max_uploads_per_client"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1")
     if args.max_model_len is not None and args.max_model_len < 2:
@@ -91,6 +94,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError("--max-queue must be >= 0")
     if args.drain_timeout < 0:
         raise ValueError("--drain-timeout must be >= 0")
+    if not 0 < args.body_read_timeout <= 3600:
+        raise ValueError("--body-read-timeout must be in (0, 3600] seconds")
     if args.kv_handle_ttl <= 0 or args.kv_transfer_timeout <= 0:
         raise ValueError("--kv-handle-ttl and --kv-transfer-timeout must be positive")
     if args.runner == "torch":

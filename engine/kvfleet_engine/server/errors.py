@@ -7,7 +7,12 @@ and anything unexpected) into that shape, so a client never sees a traceback.
 from __future__ import annotations
 
 import hmac
+import logging
 from typing import Any
+
+from kvfleet_engine.contract.http_limits import REQUEST_CAUSED_CODE
+
+log = logging.getLogger(__name__)
 
 # error `type` values, as OpenAI's API and client use them
 INVALID_REQUEST = "invalid_request_error"
@@ -33,8 +38,10 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        is_closing: bool = False,  # close the connection after answering (body left unread)
     ) -> None:
         super().__init__(message)
+        self.is_closing = is_closing
         self.status = status
         self.message = message
         self.type = type
@@ -54,6 +61,16 @@ def error_body(
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def request_caused(exc: BaseException) -> APIError:
+    """A 500 that this request's own content caused (an unexpected error while reading,
+    validating or tokenizing it, before it reached the engine): the reply carries
+    `code: "caused_by_request"`, so a router never counts it against this replica."""
+    log.warning("request refused by an unexpected %s: %s", type(exc).__name__, exc)
+    log.debug("traceback of the refused request", exc_info=exc)
+    return APIError(500, f"this request could not be processed ({type(exc).__name__})",
+                    type=SERVER_ERROR, code=REQUEST_CAUSED_CODE)
 
 
 def check_bearer(authorization: str | None, token: str) -> None:

@@ -8,16 +8,17 @@ handler cancelled, error) aborts the request, so its KV blocks are freed at once
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
+from kvfleet_engine.contract.http_limits import JSONRejected, strict_loads
 from kvfleet_engine.server import pd
-from kvfleet_engine.server.errors import SERVER_ERROR, APIError, bad_request
+from kvfleet_engine.server.errors import SERVER_ERROR, APIError, bad_request, request_caused
 from kvfleet_engine.server.metrics import RequestTimer
 from kvfleet_engine.server.protocol import (
     GenerationRequest,
@@ -49,21 +50,47 @@ async def handle_chat(request: web.Request) -> web.StreamResponse:
     return await _generate(request, is_chat=True)
 
 
-async def read_json_body(request: web.Request, max_bytes: int) -> Any:
-    """The decoded JSON body; 413 past max_bytes (checked while reading), 400 if malformed."""
-    too_large = APIError(413, f"request body exceeds {max_bytes} bytes", code="request_too_large")
+async def read_json_body(request: web.Request, state: ServerState) -> Any:
+    """The decoded JSON body, refused early: 429 when this client address already has
+    `max_uploads_per_client` bodies unfinished, 413 past max_body_bytes (checked while
+    reading), 408 when it takes longer than body_read_timeout_s, 400 when malformed or
+    pathological (contract.http_limits: depth, digits, NaN). A client gone mid-body is
+    one DEBUG line."""
+    settings = state.settings
+    max_bytes = settings.max_body_bytes
+    too_large = APIError(413, f"request body exceeds {max_bytes} bytes", code="request_too_large",
+                         is_closing=True)
     if request.content_length is not None and request.content_length > max_bytes:
         raise too_large
+    addr = request.remote or ""
+    if not state.uploads.acquire(addr):
+        raise APIError(429, f"more than {settings.max_uploads_per_client} unfinished uploads "
+                       "from this address", code="too_many_uploads", is_closing=True,
+                       headers={"Retry-After": str(settings.retry_after_s)})
     parts, size = [], 0
-    async for part in request.content.iter_chunked(64 * 1024):
-        size += len(part)
-        if size > max_bytes:
-            raise too_large
-        parts.append(part)
     try:
-        return json.loads(b"".join(parts))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"malformed JSON body: {exc}", code="invalid_json") from None
+        async with asyncio.timeout(settings.body_read_timeout_s):
+            async for part in request.content.iter_chunked(64 * 1024):
+                size += len(part)
+                if size > max_bytes:
+                    raise too_large
+                parts.append(part)
+    except TimeoutError:
+        raise APIError(408, f"request body not received within {settings.body_read_timeout_s}s",
+                       code="body_timeout", is_closing=True) from None
+    except ConnectionResetError:
+        log.debug("client %s went away mid-body", addr)
+        raise APIError(400, "client closed the connection mid-body", code="client_gone",
+                       is_closing=True) from None
+    except (web.RequestPayloadError, HttpProcessingError) as exc:
+        raise APIError(400, f"malformed request body: {exc}", code="bad_body",
+                       is_closing=True) from None
+    finally:
+        state.uploads.release(addr)
+    try:
+        return strict_loads(b"".join(parts))
+    except JSONRejected as exc:
+        raise bad_request(str(exc), code=exc.code) from None
 
 
 def tokenize_prompt(tokenizer: Any, req: GenerationRequest) -> list[int]:
@@ -84,12 +111,11 @@ def _prompt_size(req: GenerationRequest) -> int:
     return len(req.prompt_text or "")
 
 
-async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
-    arrival = time.monotonic()  # TTFT and E2E count from here, as the client sees them
-    state: ServerState = request.app[STATE_KEY]
+async def _prepare(request: web.Request, state: ServerState,
+                   is_chat: bool) -> tuple[GenerationRequest, str, list[int], Any, bool]:
+    """Read, validate and tokenize: everything that depends on the request alone."""
     settings = state.settings
-    state.check_admission()  # cheap early 503 before reading the body
-    req = parse_request(await read_json_body(request, settings.max_body_bytes), is_chat=is_chat)
+    req = parse_request(await read_json_body(request, state), is_chat=is_chat)
     model = check_model(req.model, settings.served_model_names)
     if _prompt_size(req) > LARGE_PROMPT_CHARS:  # keep the loop free for other streams
         prompt_ids = await asyncio.to_thread(tokenize_prompt, state.tokenizer, req)
@@ -98,6 +124,19 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
     check_token_ids(prompt_ids, settings.vocab_size, "messages" if is_chat else "prompt")
     params = resolve_sampling(req, len(prompt_ids), settings.max_model_len)
     params, hold_kv = pd.plan_prefill(req, params)
+    return req, model, prompt_ids, params, hold_kv
+
+
+async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamResponse:
+    arrival = time.monotonic()  # TTFT and E2E count from here, as the client sees them
+    state: ServerState = request.app[STATE_KEY]
+    state.check_admission()  # cheap early 503 before reading the body
+    try:
+        req, model, prompt_ids, params, hold_kv = await _prepare(request, state, is_chat)
+    except APIError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a function of this request alone: say so
+        raise request_caused(exc) from None
     state.check_admission()
     ids = ResponseIds(is_chat=is_chat, model=model)
     request_id = ids.id

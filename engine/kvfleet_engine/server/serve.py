@@ -16,10 +16,12 @@ from typing import Any
 
 from aiohttp import web
 
+from kvfleet_engine.contract import ENGINE_TOKEN_ENV
 from kvfleet_engine.core.kv_transfer import HandleStore
 from kvfleet_engine.server import pd
 from kvfleet_engine.server.app import build_app
 from kvfleet_engine.server.engine_thread import EngineThread
+from kvfleet_engine.server.http_protocol import JSONErrorRunner
 from kvfleet_engine.server.kv_events import KVEventHub
 from kvfleet_engine.server.metrics import ServerMetrics
 from kvfleet_engine.server.state import ServerSettings, ServerState
@@ -49,9 +51,10 @@ async def serve_async(engine: Any, tokenizer: Any, settings: ServerSettings) -> 
     state.metrics = ServerMetrics(settings.served_model_names[0], settings.role,
                                   block_size=stats.block_size, num_gpu_blocks=stats.num_gpu_blocks,
                                   read_stats=lambda: state.engine.stats)
+    warn_if_open_kv_events(settings)
     state.engine.start()  # before listening, so /health never sees a stopped engine
-    runner = web.AppRunner(build_app(state), handler_cancellation=True, access_log=None,
-                           shutdown_timeout=2.0)
+    runner = JSONErrorRunner(build_app(state), handler_cancellation=True, access_log=None,
+                             shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, settings.host, settings.port)
     try:
@@ -94,6 +97,21 @@ async def serve_async(engine: Any, tokenizer: Any, settings: ServerSettings) -> 
         return 1
     print("kvfleet engine stopped", file=sys.stderr, flush=True)
     return 0
+
+
+LOOPBACK_HOSTS = ("localhost", "::1")
+
+
+def warn_if_open_kv_events(settings: ServerSettings) -> bool:
+    """Warn (and say True) when a replica reachable beyond this machine has no token:
+    then anyone who can reach it reads its KV events and KV blocks (prompt token ids)."""
+    is_loopback = settings.host in LOOPBACK_HOSTS or settings.host.startswith("127.")
+    if settings.internal_token or is_loopback:
+        return False
+    log.warning("listening on %s without %s: /v1/kv_events and /v1/kv_transfer (prompt token "
+                "ids) are open to anyone who can reach this port; set the token for every "
+                "replica and router of the fleet", settings.host, ENGINE_TOKEN_ENV)
+    return True
 
 
 async def _wait_drained(state: ServerState, stop: asyncio.Event) -> None:

@@ -15,6 +15,11 @@ from typing import Any
 from aiohttp import web
 
 from kvfleet_engine.contract import ROLES
+from kvfleet_engine.contract.http_limits import (
+    DEFAULT_BODY_READ_TIMEOUT_S,
+    DEFAULT_MAX_UPLOADS_PER_CLIENT,
+    UploadSlots,
+)
 from kvfleet_engine.server.drain import DrainState
 from kvfleet_engine.server.errors import OVERLOADED, SERVER_ERROR, APIError
 
@@ -32,6 +37,8 @@ class ServerSettings:
     max_num_seqs: int = 64
     max_queue: int = 256  # requests beyond the running batch before 503
     max_body_bytes: int = 1 << 20
+    body_read_timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S  # a whole body must arrive within
+    max_uploads_per_client: int = DEFAULT_MAX_UPLOADS_PER_CLIENT  # unfinished bodies per address
     drain_timeout_s: float = 30.0
     kv_handle_ttl_s: float = 60.0
     kv_transfer_timeout_s: float = 30.0
@@ -45,13 +52,14 @@ class ServerSettings:
             raise ValueError("at least one non-empty served model name is required")
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}")
-        for name in ("max_model_len", "vocab_size", "block_size", "max_num_seqs", "max_body_bytes"):
+        for name in ("max_model_len", "vocab_size", "block_size", "max_num_seqs", "max_body_bytes",
+                     "max_uploads_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_queue < 0:
             raise ValueError("max_queue must be >= 0")
-        for name in ("kv_handle_ttl_s", "kv_transfer_timeout_s"):
-            if getattr(self, name) <= 0:
+        for name in ("kv_handle_ttl_s", "kv_transfer_timeout_s", "body_read_timeout_s"):
+            if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
         if self.drain_timeout_s < 0:
             raise ValueError("drain_timeout_s must be >= 0")
@@ -81,6 +89,7 @@ class ServerState:
         self.tokenizer = tokenizer
         self.drain = DrainState(settings.drain_timeout_s)
         self.streams: dict[str, RequestStream] = {}
+        self.uploads = UploadSlots(settings.max_uploads_per_client)
         self.num_busy_transfers = 0  # KV pulls being served to decoders
         self.is_engine_crashed = False  # set by the watchdog; the process then exits 1
         # set at startup, once the loop exists

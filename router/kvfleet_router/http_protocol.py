@@ -1,0 +1,66 @@
+"""The router's answer to HTTP that never reaches a handler, and its serving loop.
+
+aiohttp's protocol answers a request line or header over 8 KB, a malformed chunked body
+or TLS spoken to the HTTP port by itself: plain text, plus a traceback at ERROR per
+connection, so any unauthenticated client could fill the log. Here those get OpenAI's
+error shape (`errors.error_body`), the connection closes, and the log gets one DEBUG line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+
+from aiohttp import web, web_protocol, web_server
+
+from kvfleet_router.errors import error_body
+
+log = logging.getLogger(__name__)
+
+
+class _Protocol(web_protocol.RequestHandler):
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        is_bug = status >= 500  # raised past every middleware: ours, not the client's
+        log.log(logging.ERROR if is_bug else logging.DEBUG, "HTTP error from %s: %s",
+                request.remote, message or exc, exc_info=exc if is_bug else None)
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started")
+        text = "internal router error" if is_bug else f"bad HTTP request: {message or ''}"[:200]
+        resp = web.Response(status=status, content_type="application/json",
+                            text=json.dumps(error_body(text, status, code="bad_http")))
+        resp.force_close()
+        return resp
+
+
+class _Server(web_server.Server):
+    def __call__(self) -> web_protocol.RequestHandler:
+        return _Protocol(self, loop=self._loop, **self._kwargs)
+
+
+class Runner(web.AppRunner):
+    """An AppRunner whose connections use `_Protocol`."""
+
+    async def _make_server(self) -> web_server.Server:
+        server = await super()._make_server()
+        server.__class__ = _Server  # same state, another protocol factory
+        return server
+
+
+async def serve(webapp: web.Application, host: str, port: int) -> None:
+    """Listen until SIGINT/SIGTERM, then shut down (in-flight requests get 30 s)."""
+    runner = Runner(webapp, access_log=None, shutdown_timeout=30)
+    await runner.setup()
+    try:
+        # bursts of thousands of clients connect at once
+        await web.TCPSite(runner, host, port, backlog=4096).start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
