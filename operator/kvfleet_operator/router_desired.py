@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvfleet_router.config import PolicyConfig
-
 from kvfleet_operator.api.spec import PoolSpec
 
 # The router learns prefix locality by hashing prompt text; precise KV-event indexing is
@@ -40,19 +38,6 @@ def capacity(spec: PoolSpec) -> int:
     return 2 * spec.engine.max_num_seqs
 
 
-def weights(spec: PoolSpec) -> dict[str, float] | None:
-    """The spec's weights over the router's defaults (the router replaces the whole map)."""
-    w = spec.routing.weights
-    if w is None:
-        return None
-    merged = dict(PolicyConfig().weights)
-    for name in w.__slots__:
-        value = getattr(w, name)
-        if value is not None:
-            merged[name] = float(value)
-    return dict(sorted(merged.items()))
-
-
 def build_router_config(
     spec: PoolSpec, endpoints: Sequence[RouterEndpoint], version: int
 ) -> dict[str, Any]:
@@ -64,7 +49,7 @@ def build_router_config(
             "rel_threshold": float(r.imbalance.rel_threshold),
         },
     }
-    if (w := weights(spec)) is not None:
+    if (w := r.effective_weights()) is not None:
         policy["weights"] = w
     config: dict[str, Any] = {
         "version": version,

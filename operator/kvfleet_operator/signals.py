@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvfleet_engine import contract as c
-
-Buckets = c.Buckets  # (upper bound `le`, cumulative count), sorted by le
+from kvfleet_engine.contract import Buckets  # (upper bound `le`, cumulative count), by le
 
 
 class MetricsParseError(ValueError):

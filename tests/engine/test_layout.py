@@ -70,3 +70,12 @@ def test_package_data_ships_with_the_rooms():
     assert {"attention.cpp", "gemm.cpp", "kernels.cpp", "kernels.h"} <= {
         p.name for p in csrc.iterdir()
     }
+
+
+def test_the_contract_names_every_builtin_model_and_profile():
+    from kvfleet_engine import contract
+    from kvfleet_engine.model.registry import MODELS
+    from kvfleet_engine.runners.cost_model import list_profiles
+
+    assert tuple(sorted(MODELS)) == contract.BUILTIN_MODELS
+    assert tuple(sorted(list_profiles())) == contract.BUILTIN_PROFILES

@@ -8,6 +8,7 @@ import typing
 
 import pytest
 from kvfleet_operator import api
+from kvfleet_operator.api.errors import UnservableSpecError
 from kvfleet_operator.api.fields import QUANTITY_PATTERN, camel, field_rule
 from kvfleet_operator.crd_validate import apply_defaults, cel_violations, validate_manifest
 from pool_corpus import (
@@ -104,12 +105,17 @@ def test_every_spec_field_agrees_with_the_crd():
 def test_corpus_is_big_enough_and_ids_unique():
     ids = [c["id"] for c in CASES]
     assert len(ids) >= 40 and len(set(ids)) == len(ids)
-    assert {c["layer"] for c in CASES} == {"schema", "cel"}
+    assert {c["layer"] for c in CASES} == {"schema", "cel", "operator"}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c["id"])
 def test_bad_pool_rejected_by_crd(case):
     violations = validate_manifest(build_case(BASE, case), CRD)
+    if case["layer"] == "operator":  # beyond what the apiserver can know: parse_pool's job
+        assert violations == [], [str(v) for v in violations]
+        with pytest.raises(UnservableSpecError):
+            api.parse_pool(build_case(BASE, case))
+        return
     assert violations, "the CRD accepted it"
     assert {v.layer for v in violations} == {case["layer"]}, [str(v) for v in violations]
 

@@ -10,6 +10,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 __all__ = [
+    "BUILTIN_MODELS",
+    "BUILTIN_PROFILES",
+    "OWNED_ENGINE_FLAGS",
     "CACHE_CONFIG_INFO",
     "DO_REMOTE_DECODE",
     "DO_REMOTE_PREFILL",
@@ -75,6 +78,14 @@ MODEL_LABEL = "model_name"
 ENGINE_TOKEN_ENV = "KVFLEET_ENGINE_TOKEN"
 
 ROLES = ("unified", "prefill", "decode")
+
+# What a builtin engine can serve by name (`--model NAME`, the pool's builtin://NAME with the
+# torch runner) and the cost profiles its simulated runner ships (`--profile NAME`), so the
+# operator can reject a pool up front. Tests keep both equal to the engine's registries.
+BUILTIN_MODELS = ("smollm2-135m", "tiny-random")
+BUILTIN_PROFILES = ("cpu-tiny", "h100-llama3-8b")
+# Arguments the control plane sets on every engine; a pool's engine.args must not.
+OWNED_ENGINE_FLAGS = ("--host", "--port")
 
 # --- KV events, streamed as NDJSON from GET /v1/kv_events ---
 KVEventType = Literal["BlockStored", "BlockRemoved", "AllBlocksCleared"]

@@ -13,7 +13,13 @@ class SpecError(ValueError):
 
     def under(self, prefix: str) -> SpecError:
         """The same error seen from a parent object (`min` -> `replicas.min`)."""
-        return SpecError(join_path(prefix, self.path), self.message)
+        return type(self)(join_path(prefix, self.path), self.message)
+
+
+class UnservableSpecError(SpecError):
+    """A pool the CRD accepts but that can never run: it names something this kvfleet
+    release does not have (a builtin model or profile), or settings no scorer can use.
+    The apiserver cannot know these; the parser rejects them up front."""
 
 
 def join_path(prefix: str, path: str) -> str:

@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import SpecError
+from kvfleet_engine import contract
+from kvfleet_router.config import PolicyConfig
+
+from .errors import SpecError, UnservableSpecError
 from .fields import Rule, spec_field
 
 ENGINE_KINDS = ("vllm", "builtin")
@@ -26,6 +29,7 @@ SOURCE_HELP = "builtin://NAME, hf://ORG/REPO, pvc://CLAIM/PATH, s3://BUCKET/KEY,
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 HEADER_PATTERN = r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$"
 GPU_RESOURCE = "nvidia.com/gpu"
+MIN_KV_TOKENS = 256  # the least KV room a pool without maxModelLen may leave (one short turn)
 
 
 @dataclass(slots=True)
@@ -75,6 +79,24 @@ class EngineSpec:
                 "maxNumBatchedTokens",
                 f"must be >= maxNumSeqs ({self.max_num_batched_tokens} < {self.max_num_seqs})",
             )
+        owned = [a for a in self.args if a.split("=", 1)[0] in contract.OWNED_ENGINE_FLAGS]
+        if owned:
+            flag = owned[0].split("=", 1)[0]
+            raise SpecError("args", f"must not set {flag}: the operator sets the engine's address")
+        if self.num_blocks is not None:
+            usable = (self.num_blocks - 1) * self.block_size
+            need = self.max_model_len or MIN_KV_TOKENS
+            what = "maxModelLen" if self.max_model_len else "the minimum without maxModelLen"
+            if usable < need:
+                raise SpecError(
+                    "numBlocks",
+                    f"{self.num_blocks} blocks of {self.block_size} tokens hold {usable} tokens "
+                    f"(block 0 is reserved), less than one max-length sequence ({need}: {what})",
+                )
+        if self.runner == "simulated" and self.profile not in contract.BUILTIN_PROFILES:
+            known = ", ".join(contract.BUILTIN_PROFILES)
+            raise UnservableSpecError("profile",
+                                      f"unknown profile {self.profile!r}; known: {known}")
 
     @property
     def is_builtin(self) -> bool:
@@ -194,6 +216,25 @@ class RoutingSpec:
     replicas: int = spec_field(1, minimum=1, maximum=32)
     pd_threshold_tokens: int = spec_field(128, minimum=0, maximum=1048576)
 
+    def __post_init__(self) -> None:
+        merged = self.effective_weights()
+        if merged is not None and not any(merged.values()):
+            raise UnservableSpecError(
+                "weights", "are all zero, so no scorer would count; leave them unset for the "
+                "router's defaults")
+
+    def effective_weights(self) -> dict[str, float] | None:
+        """The spec's weights over the router's defaults (the router replaces the whole map),
+        or None to keep the router's defaults."""
+        if self.weights is None:
+            return None
+        merged = dict(PolicyConfig().weights)
+        for name in self.weights.__slots__:
+            value = getattr(self.weights, name)
+            if value is not None:
+                merged[name] = float(value)
+        return dict(sorted(merged.items()))
+
 
 def _target(maximum: float) -> dict[str, Any]:
     # Autoscaling targets: open lower bound at 0, checked by CEL rules in the CRD.
@@ -271,6 +312,13 @@ class PoolSpec:
     def __post_init__(self) -> None:
         if self.model.scheme == "builtin" and self.engine.kind != "builtin":
             raise SpecError("model.source", "builtin:// models need engine.kind: builtin")
+        builtin_name = (self.model.source or "").removeprefix("builtin://")
+        if self.model.scheme == "builtin" and self.engine.runner == "torch" \
+                and builtin_name not in contract.BUILTIN_MODELS:  # fmt: skip
+            known = ", ".join(contract.BUILTIN_MODELS)
+            raise UnservableSpecError(
+                "model.source",
+                f"unknown builtin model {builtin_name!r} for the torch runner; known: {known}")
         roles = self.topology.roles()
         for name, role in roles.items():
             if role.replicas.min == 0 and not self.autoscaling.scale_to_zero.enabled:
