@@ -2,7 +2,8 @@
 
 Each subcommand lives in the package that owns it and exposes `main(argv) -> int`.
 The dispatcher imports it lazily, so `kvfleet --help` stays fast. Only subcommands that
-exist are listed; the Kubernetes operator (`kvfleet operator`) is not in this build yet.
+exist are listed; of the Kubernetes operator, only `kvfleet operator render` is in this
+build.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "status": ("kvfleet_operator.status_cmd", "show the state of a local fleet started by `up`"),
     "engine": ("kvfleet_engine.cli", "serve one engine replica (OpenAI API, vLLM metrics)"),
     "router": ("kvfleet_router.cli", "run the cache-aware router in front of engine replicas"),
+    "operator": ("kvfleet_operator.runtimes.kubernetes.cli",
+                 "Kubernetes: `render` a pool's child manifests (the operator itself: not yet)"),
     "sim": ("kvfleet_sim.cli", "replay a trace through a simulated fleet in virtual time"),
 }
 

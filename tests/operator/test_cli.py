@@ -14,9 +14,11 @@ def test_help_lists_every_subcommand_and_each_one_answers_help(capsys):
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, (name, proc.stderr[-500:])
         assert "usage" in proc.stdout.lower(), name
-    for name in ("operator", "bench"):  # not in this build: unknown, one line, exit 2
+    for name in ("bench",):  # not in this build: unknown, one line, exit 2
         assert cli.main([name]) == 2
         assert "unknown command" in capsys.readouterr().err
+    assert cli.main(["operator"]) == 2  # only `render` so far: one line, exit 2
+    assert "only `render` exists" in capsys.readouterr().err
 
 
 def test_unknown_subcommand_is_one_line_error(capsys):

@@ -101,7 +101,7 @@ def render(args: argparse.Namespace) -> list[dict[str, Any]]:
     return children
 
 
-def main(argv: list[str], out: TextIO = sys.stdout) -> int:
+def main(argv: list[str], out: TextIO | None = None) -> int:
     if not argv or argv[0] not in ("render", "-h", "--help"):
         print(ONLY_RENDER, file=sys.stderr)
         return 2
@@ -114,5 +114,5 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
     except RenderError as exc:
         print(f"{PROG} render: {exc}", file=sys.stderr)
         return 2
-    out.write(text)
+    (out or sys.stdout).write(text)
     return 0
