@@ -5,6 +5,7 @@
 Answers /v1/completions and /v1/chat/completions (streaming or not) with text that names
 the backend, so a test can tell who served. `max_tokens` sets the number of stream chunks.
 Control plane for tests (plain JSON): POST /_fake/control {"status": 500, "num_bad": 2,
+"error_code": "caused_by_request" (the injected error's code),
 "running": 3, "waiting": 1, "kv": 0.4, "legacy": true, "healthy": false,
 "stall_after_chunks": 2}; POST
 /_fake/kv_events [KVEvent dicts] publishes to GET /v1/kv_events readers; GET /_fake/log
@@ -45,7 +46,8 @@ class Fake:
         if self.control["num_bad"] > 0:
             self.control["num_bad"] -= 1
             return web.json_response({"error": {"message": "injected", "type": "server_error",
-                                                "param": None, "code": 500}},
+                                                "param": None,
+                                                "code": self.control.get("error_code", 500)}},
                                      status=self.control["status"])
         n = int(req.get("max_tokens", 4))
         params = req.get("kv_transfer_params") or {}
