@@ -66,6 +66,7 @@ class ObservedReplica:
     num_restarts: int = 0
     num_in_flight: int = 0  # from the router's admin view
     prefix_hit_tokens_per_s: float = 0.0  # what its warm prefix cache is worth
+    last_error: str = ""  # why it last failed, in its own words (a failed replica's reason)
     started_at: float = 0.0
     drain_started_at: float | None = None
 
@@ -221,9 +222,11 @@ def _set_conditions(
         progressing = (FALSE, Reason.RECONCILED, "desired state reached")
     status.set_condition(ConditionType.PROGRESSING, *progressing, now=wall)
 
-    failed = [r.name for r in observed.replicas if r.phase == "failed"]
+    failed = sorted((r for r in observed.replicas if r.phase == "failed"), key=lambda r: r.name)
     if failed:
-        degraded = (TRUE, Reason.REPLICA_FAILED, f"restarting: {', '.join(sorted(failed))}")
+        detail = "; ".join(f"{r.name}: {r.last_error}" if r.last_error else r.name
+                           for r in failed)  # fmt: skip
+        degraded = (TRUE, Reason.REPLICA_FAILED, f"restarting {detail}")
     elif observed.num_unknown_signals:
         num = observed.num_unknown_signals
         degraded = (TRUE, Reason.SIGNALS_STALE, f"{num} replica(s) with stale or failed metrics")

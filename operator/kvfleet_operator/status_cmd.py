@@ -1,7 +1,9 @@
 """`kvfleet status [POOL] [--state-dir DIR] [--json]`: a local fleet, seen from another terminal.
 
 It reads the state file that `kvfleet up` keeps in the state dir (default
-./.kvfleet/<pool-name>/). With no POOL and one fleet under ./.kvfleet, that one is shown.
+./.kvfleet/<pool-name>/). Fleets are found under ./.kvfleet and, from any directory, in the
+per-user registry `kvfleet up` writes (`runtimes/registry.py`). With no POOL: the only
+fleet found, else the only running one. A fleet whose `up` is gone shows as stopped.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from kvfleet_operator.runtimes import registry
 from kvfleet_operator.runtimes.procs import is_pid_alive
 from kvfleet_operator.runtimes.progress import render_status
 from kvfleet_operator.runtimes.state_dir import STATE_FILE, StateDir
@@ -24,20 +27,42 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _is_running(state_dir: Path) -> bool:
+    state = StateDir(state_dir).read_state() or {}
+    pid = state.get("pid")
+    return isinstance(pid, int) and not state.get("is_stopped") and is_pid_alive(pid)
+
+
+def known_fleets() -> list[registry.Entry]:
+    """Fleets under ./.kvfleet, then those in the registry, each state dir once."""
+    local = [registry.Entry(p.parent.name, p.parent)
+             for p in sorted((Path.cwd() / ".kvfleet").glob(f"*/{STATE_FILE}"))]  # fmt: skip
+    seen: set[Path] = set()
+    out = []
+    for entry in local + registry.entries():
+        key = entry.state_dir.resolve()
+        if key not in seen:
+            seen.add(key)
+            out.append(entry)
+    return out
+
+
 def find_state_dir(pool: str | None, state_dir: Path | None) -> Path:
     """The state dir to read, or ValueError with a one-line reason."""
     if state_dir is not None:
         return state_dir
-    root = Path.cwd() / ".kvfleet"
-    if pool is not None:
-        return root / pool
-    found = sorted(p.parent for p in root.glob(f"*/{STATE_FILE}"))
+    found = [e for e in known_fleets() if pool is None or e.pool == pool]
     if not found:
-        raise ValueError("no local fleet found under ./.kvfleet; start one with `kvfleet up`")
+        what = f"no local fleet named {pool!r}" if pool else "no local fleet found"
+        raise ValueError(f"{what} (under ./.kvfleet or in the registry); start one with "
+                         "`kvfleet up`, or pass --state-dir")  # fmt: skip
     if len(found) > 1:
-        names = ", ".join(p.name for p in found)
-        raise ValueError(f"several fleets under ./.kvfleet ({names}); name one")
-    return found[0]
+        running = [e for e in found if _is_running(e.state_dir)]
+        if len(running) == 1:
+            return running[0].state_dir
+        names = ", ".join(f"{e.pool} ({e.state_dir})" for e in found)
+        raise ValueError(f"several fleets: {names}; name one or pass --state-dir")
+    return found[0].state_dir
 
 
 def main(argv: list[str]) -> int:
@@ -54,7 +79,5 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(state, indent=1, sort_keys=True))
         return 0
-    pid = state.get("pid")
-    is_running = isinstance(pid, int) and is_pid_alive(pid)
-    print("\n".join(render_status(state, is_running)))
+    print("\n".join(render_status(state, _is_running(path))))
     return 0

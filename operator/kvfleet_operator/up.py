@@ -17,6 +17,7 @@ import shutil
 import signal
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,10 +26,11 @@ from kvfleet_engine.contract import ENGINE_TOKEN_ENV
 
 from kvfleet_operator.api.errors import SpecError
 from kvfleet_operator.api.pool import InferencePool, load_pool
+from kvfleet_operator.api.status import FALSE, ConditionType, Reason
 from kvfleet_operator.engine_args import engine_command
 from kvfleet_operator.loop import events as ev
 from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
-from kvfleet_operator.runtimes import procs
+from kvfleet_operator.runtimes import procs, registry
 from kvfleet_operator.runtimes.backoff import Backoff
 from kvfleet_operator.runtimes.local import HOST, LocalRuntime, kvfleet_argv
 from kvfleet_operator.runtimes.local_spec import unhonoured_fields
@@ -124,6 +126,7 @@ def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir]:
         state_dir.create()
     except OSError as exc:
         raise UpError(f"cannot create state dir {state_dir.path}: {exc.strerror}") from None
+    registry.register(pool.name, state_dir.path)  # so `kvfleet status` finds it from anywhere
     return pool, state_dir
 
 
@@ -206,6 +209,9 @@ async def run_fleet(
             progress.say(f"stopping {len(runtime.children)} processes")
             await runtime.shutdown(grace_s=grace_s)
             base.update(is_stopped=True, is_serving=False)
+            pool.status.set_condition(ConditionType.READY, FALSE, Reason.STOPPED,
+                                      "`kvfleet up` stopped; nothing serves",
+                                      datetime.now(UTC))  # fmt: skip
             await store.save(pool.status, loop.state, loop.snapshot())
     progress.say("stopped; no process left")
     return 0

@@ -61,6 +61,7 @@ class SimReplica:
         self.role = role
         self.state = "starting"  # a reconcile phase, set by the simulated runtime
         self.num_restarts = 0
+        self.last_error = ""
         self.clock = VirtualClock(started_at)
         runner = SimulatedRunner(
             profile, num_blocks=config.num_blocks, block_size=config.block_size,

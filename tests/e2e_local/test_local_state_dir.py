@@ -78,7 +78,7 @@ def test_status_of_a_stopped_fleet(tmp_path, capsys):
     sd = StateDir(tmp_path)
     sd.write_state(_state(2**22 + 12345))
     assert status_cmd.main(["--state-dir", str(tmp_path)]) == 0
-    assert "not running" in capsys.readouterr().out
+    assert "up        stopped" in capsys.readouterr().out
 
 
 def test_status_without_fleet_is_one_line_error(tmp_path, capsys, monkeypatch):
@@ -88,3 +88,46 @@ def test_status_without_fleet_is_one_line_error(tmp_path, capsys, monkeypatch):
     assert len(err) == 1 and "no local fleet" in err[0]
     assert status_cmd.main(["--state-dir", str(tmp_path / "nope")]) == 1
     assert "no fleet state" in capsys.readouterr().err
+
+
+def test_status_finds_a_running_fleet_from_any_directory(tmp_path, capsys, monkeypatch):
+    from kvfleet_operator.runtimes import registry
+
+    sd = StateDir(tmp_path / "somewhere" / "demo")
+    sd.create()
+    sd.write_state({**_state(os.getpid()), "state_dir": str(sd.path)})
+    registry.register("demo", sd.path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert status_cmd.main([]) == 0
+    assert f"state     {sd.path}" in capsys.readouterr().out
+    assert status_cmd.main(["demo"]) == 0
+    assert status_cmd.main(["other"]) == 1
+    assert "no local fleet named 'other'" in capsys.readouterr().err
+
+
+def test_a_stopped_fleet_says_stopped_and_not_ready(tmp_path, capsys):
+    sd = StateDir(tmp_path)
+    state = _state(os.getpid())
+    state["status"]["conditions"][0] = {"type": "Ready", "status": "True",
+                                        "reason": "AllReplicasReady"}  # fmt: skip
+    sd.write_state({**state, "pid": 2**22 + 12345})  # its `up` is gone (killed)
+    assert status_cmd.main(["--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "stopped (its `kvfleet up` is gone)" in out
+    status_line = next(line for line in out.splitlines() if line.startswith("status"))
+    assert status_line.startswith("status    stopped; when it last ran: Ready=True")
+    assert "unified-0" not in out  # its replicas died with it
+    assert "(not serving)" in out
+
+
+def test_draining_replicas_are_shown_as_draining(tmp_path, capsys):
+    sd = StateDir(tmp_path)
+    state = _state(os.getpid())
+    state["replicas"][2]["state"] = "draining"
+    state["desired"] = {"unified": 1}
+    sd.write_state(state)
+    assert status_cmd.main(["--state-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "unified 1/1 (1 draining) [" in out and "not ready" not in out

@@ -25,6 +25,7 @@ class FakeReplica:
     started_at: float = 0.0
     num_restarts: int = 0
     address: str = ""
+    last_error: str = ""
 
     def __post_init__(self) -> None:
         self.address = self.address or f"http://fake.{self.name}:8000"

@@ -38,6 +38,7 @@ class Reason:
     REPLICAS_NOT_READY = "ReplicasNotReady"
     ROUTER_NOT_READY = "RouterNotReady"
     SCALED_TO_ZERO = "ScaledToZero"
+    STOPPED = "Stopped"  # a local fleet whose `kvfleet up` has stopped
     # Progressing
     RECONCILING = "Reconciling"
     SCALING_UP = "ScalingUp"
@@ -80,7 +81,7 @@ DECISION_REASONS = (
 REASONS_BY_TYPE: dict[str, tuple[str, ...]] = {
     ConditionType.READY: (
         Reason.ALL_REPLICAS_READY, Reason.REPLICAS_NOT_READY, Reason.ROUTER_NOT_READY,
-        Reason.SCALED_TO_ZERO, Reason.INVALID_SPEC,
+        Reason.SCALED_TO_ZERO, Reason.INVALID_SPEC, Reason.STOPPED,
     ),
     ConditionType.PROGRESSING: (
         Reason.RECONCILING, Reason.SCALING_UP, Reason.SCALING_DOWN, Reason.DRAINING,

@@ -60,6 +60,7 @@ def observe(
             phase=r.state,
             url=r.address,
             num_restarts=r.num_restarts,
+            last_error=r.last_error,
             num_in_flight=num_in_flight(view, r.name, r.state),
             prefix_hit_tokens_per_s=prefix_hit_tokens_per_s(scrapes, r.name),
             started_at=r.started_at,

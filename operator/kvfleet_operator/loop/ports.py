@@ -36,6 +36,8 @@ class Replica(Protocol):
     def started_at(self) -> float: ...
     @property
     def num_restarts(self) -> int: ...
+    @property
+    def last_error(self) -> str: ...  # why it last failed (its one-line reason), or ""
 
 
 class ReplicaRuntime(Protocol):

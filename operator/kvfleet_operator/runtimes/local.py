@@ -62,6 +62,8 @@ class Child:
     restart_at: float | None = None
     kill_at: float | None = None  # a stopping child still alive then gets SIGKILL
     last_exit_code: int | None = None
+    last_error: str = ""  # why it last failed: its own last log line, or the start-up timeout
+    kill_reason: str = ""  # set when we kill it ourselves, for this run only
 
     @property
     def address(self) -> str:
@@ -80,6 +82,7 @@ class Child:
             "state": self.state,
             "num_restarts": self.num_restarts,
             "last_exit_code": self.last_exit_code,
+            "last_error": self.last_error,
             "uptime_s": round(now - self.started_at, 1) if self.state == READY else 0.0,
             "restart_in_s": (
                 round(max(0.0, self.restart_at - now), 1) if self.restart_at is not None else None
@@ -129,6 +132,7 @@ class LocalRuntime:
         child.state = STARTING
         child.started_at = self.clock()
         child.restart_at = None
+        child.kill_reason = ""
 
     def start_router(
         self, argv_for: Callable[[int], list[str]], port: int | None = None,
@@ -211,12 +215,18 @@ class LocalRuntime:
         uptime = now - child.started_at
         child.num_recent_crashes = self.backoff.recent_crashes(child.num_recent_crashes, uptime)
         delay = self.backoff.delay(child.num_recent_crashes)
+        is_starting = child.state == STARTING
+        line = procs.last_line(self.state_dir.log_file(child.name))
+        child.last_error = child.kill_reason or (
+            f"exited with {child.last_exit_code}" + (f": {line}" if line else ""))
         child.state = CRASHED
         child.restart_at = now + delay
+        during = " during start-up" if is_starting else ""
         self._say(
             ev.EventReason.REPLICA_CRASHED,
-            f"{child.name} exited with {child.last_exit_code}; restart in {delay:.1f}s "
-            f"(see {self.state_dir.log_file(child.name)})",
+            f"{child.name} exited with {child.last_exit_code}{during}; restart in {delay:.1f}s "
+            f"(see {self.state_dir.log_file(child.name)})"
+            + (f": {child.last_error}" if is_starting else ""),
             is_warning=True,
         )
 
@@ -249,9 +259,11 @@ class LocalRuntime:
                 continue
             if is_healthy:
                 child.state = READY
+                child.last_error = ""
                 self._say(ev.EventReason.REPLICA_READY, f"{child.name} ready on {child.address}")
             elif self.clock() - child.started_at > self.startup_timeout_s:
                 limit = self.startup_timeout_s
+                child.kill_reason = f"not healthy after {limit:g}s of start-up"
                 self._say(ev.EventReason.REPLICA_START_TIMEOUT,
                           f"{child.name} not healthy after {limit:g}s; killing it",
                           is_warning=True)  # fmt: skip

@@ -25,27 +25,30 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def role_counts(state: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
-    """role -> (ready, total alive, desired)."""
-    counts: dict[str, tuple[int, int, int]] = {}
+def role_counts(state: dict[str, Any]) -> dict[str, tuple[int, int, int, int]]:
+    """role -> (ready, draining or stopping, total alive, desired)."""
+    counts: dict[str, tuple[int, int, int, int]] = {}
     desired: dict[str, int] = state.get("desired", {})
     for role in desired:
-        counts[role] = (0, 0, int(desired[role]))
+        counts[role] = (0, 0, 0, int(desired[role]))
     for rep in state.get("replicas", []):
         role = rep["role"]
         if role == "router":
             continue
-        ready, alive, want = counts.get(role, (0, 0, int(desired.get(role, 0))))
-        counts[role] = (ready + (rep["state"] == "ready"), alive + 1, want)
+        ready, leaving, alive, want = counts.get(role, (0, 0, 0, int(desired.get(role, 0))))
+        is_leaving = rep["state"] in ("draining", "stopping")
+        counts[role] = (ready + (rep["state"] == "ready"), leaving + is_leaving, alive + 1, want)
     return counts
 
 
 def summary_line(state: dict[str, Any]) -> str:
     parts = []
-    for role, (ready, alive, want) in sorted(role_counts(state).items()):
+    for role, (ready, leaving, alive, want) in sorted(role_counts(state).items()):
         text = f"{role} {ready}/{want}"
-        if alive != ready:
-            text += f" ({alive - ready} not ready)"
+        if leaving:
+            text += f" ({leaving} draining)"
+        if alive - ready - leaving:
+            text += f" ({alive - ready - leaving} not ready)"
         signals = state.get("signals", {}).get(role, {})
         shown = [
             f"{label} {_fmt(signals[key])}"
@@ -74,30 +77,44 @@ def conditions_line(state: dict[str, Any]) -> str:
 def render_status(state: dict[str, Any], is_running: bool, now: float | None = None) -> list[str]:
     now = time.time() if now is None else now
     age = now - float(state.get("updated_at", now))
+    if is_running:
+        up = f"running, pid {state.get('pid')}"
+        status = conditions_line(state)
+        endpoint = state.get("endpoint", "?")
+        if not state.get("is_serving", True):
+            endpoint += " (not serving yet: replicas are starting)"
+    else:  # what it said while it ran is no longer true
+        up = "stopped" if state.get("is_stopped") else "stopped (its `kvfleet up` is gone)"
+        status = f"stopped; when it last ran: {conditions_line(state)}"
+        endpoint = f"{state.get('endpoint', '?')} (not serving)"
     lines = [
         f"pool      {state.get('pool', '?')}",
-        f"endpoint  {state.get('endpoint', '?')}",
-        f"up        {'running, pid ' + str(state.get('pid')) if is_running else 'not running'}"
-        f" (state written {age:.0f}s ago)",
+        f"state     {state.get('state_dir', '?')}",
+        f"endpoint  {endpoint}",
+        f"up        {up} (state written {age:.0f}s ago)",
         f"router    config version {state.get('router', {}).get('config_version', '?')}",
-        f"replicas  {summary_line(state)}",
-        f"status    {conditions_line(state)}",
+        f"replicas  {summary_line(state) if is_running else 'none'}",
+        f"status    {status}",
     ]
     for role, rs in sorted(state.get("status", {}).get("roles", {}).items()):
         decision = rs.get("lastScaleDecision")
         if decision:
             lines.append(f"last {role} decision at {decision.get('time', '?')}: "
                          f"{decision.get('message', '')}")
-    lines += [
-        "",
-        f"{'NAME':<12} {'ROLE':<8} {'STATE':<9} {'ADDRESS':<24} {'RESTARTS':>8}  LAST EXIT",
-    ]
-    for rep in state.get("replicas", []):
+    replicas = state.get("replicas", []) if is_running else []
+    if replicas:
+        lines += [
+            "",
+            f"{'NAME':<12} {'ROLE':<8} {'STATE':<9} {'ADDRESS':<24} {'RESTARTS':>8}  LAST EXIT",
+        ]
+    for rep in replicas:
         exit_code = rep.get("last_exit_code")
         lines.append(
             f"{rep['name']:<12} {rep['role']:<8} {rep['state']:<9} {rep['address']:<24} "
             f"{rep.get('num_restarts', 0):>8}  {'' if exit_code is None else exit_code}"
         )
+        if rep.get("last_error") and rep.get("state") != "ready":
+            lines.append(f"{'':<12} why: {rep['last_error']}")
     events = state.get("events", [])[-10:]
     if events:
         lines += ["", "recent events:"]
