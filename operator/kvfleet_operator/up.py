@@ -24,6 +24,7 @@ from typing import Any, TextIO
 import aiohttp
 from kvfleet_engine.contract import ENGINE_TOKEN_ENV
 
+from kvfleet_operator.api.advice import odd_settings
 from kvfleet_operator.api.errors import SpecError
 from kvfleet_operator.api.pool import InferencePool, load_pool
 from kvfleet_operator.api.status import FALSE, ConditionType, Reason
@@ -179,6 +180,8 @@ async def run_fleet(
             return 1
         for line in unhonoured_fields(pool.spec):
             progress.emit(ev.warning(ev.EventReason.SPEC_NOT_HONOURED, line))
+        for line in odd_settings(pool.spec):
+            progress.emit(ev.warning(ev.EventReason.ODD_SETTING, line))
         progress.say(f"pool {pool.name}: starting replicas; the endpoint is announced once "
                      "the router can serve")
         http_timeout = aiohttp.ClientTimeout(total=timing.scrape_timeout_s)

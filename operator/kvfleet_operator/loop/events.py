@@ -29,6 +29,7 @@ class EventReason:
     LOOP_ERROR = "ControlLoopError"
     STATE_WRITE_FAILED = "StateWriteFailed"
     SPEC_NOT_HONOURED = "SpecNotHonoured"
+    ODD_SETTING = "OddSetting"
 
 
 @dataclass(slots=True, frozen=True)
