@@ -88,3 +88,29 @@ def test_router_bootstrap_config_is_accepted_by_the_router(name):
     cfg = RouterConfig.from_dict(yaml.safe_load(cm["data"]["router.yaml"]))
     assert cfg.version == 0 and not cfg.endpoints
     assert cfg.policy.name == pool.spec.routing.policy
+
+
+def test_apply_order_secrets_config_and_policy_before_pods():
+    kinds = [o["kind"] for o in children(POOLS["vllm-disaggregated"])]
+    first_deployment = kinds.index("Deployment")
+    for kind in ("Secret", "ConfigMap", "NetworkPolicy", "Service", "PodDisruptionBudget"):
+        assert max(i for i, k in enumerate(kinds) if k == kind) < first_deployment
+    assert kinds[-1] == "Deployment"
+
+
+def test_unservable_spec_becomes_degraded_invalid_spec_naming_the_field():
+    from datetime import UTC, datetime
+
+    from kvfleet_operator.api import PoolStatus, Reason
+    from kvfleet_operator.reconcile import invalid_spec_status
+    from kvfleet_operator.runtimes.kubernetes import UnservableSpec
+
+    pool = all_pools()["local-cpu"]
+    pool.spec.model.source = "file:///m.gguf"
+    with pytest.raises(UnservableSpec) as info:
+        build_children(pool, tokens=TOKENS)
+    status = invalid_spec_status(PoolStatus(), info.value, datetime.now(UTC))
+    degraded = status.condition("Degraded")
+    assert degraded is not None and degraded.status == "True"
+    assert degraded.reason == Reason.INVALID_SPEC
+    assert degraded.message.startswith("spec.model.source: file://")
