@@ -118,7 +118,7 @@ def engine_container(
                          args=args)
     else:
         container.update(image=spec.engine.image or VLLM_IMAGE, args=args)
-        volumes.append({"name": "shm", "emptyDir": {"sizeLimit": SHM_SIZE}})
+        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
         script = vllm_prestop_script(spec.autoscaling.drain_timeout_seconds)
         container["lifecycle"] = {"preStop": {"exec": {"command": ["python3", "-c", script]}}}
