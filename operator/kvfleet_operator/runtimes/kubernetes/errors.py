@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from kvfleet_operator.api.errors import SpecError
+from kvfleet_operator.api.errors import UnservableSpecError
 
 
-class UnservableSpec(SpecError):
-    """Raised by a builder; `path` names the field. The caller reports it as
-    `Degraded` (a `SpecError`, so `reconcile.invalid_spec_status` takes it as is)."""
+class UnservableSpec(UnservableSpecError):
+    """Raised by a builder; `path` names the field. A `SpecError`, so the caller reports it
+    as `Degraded` with reason `InvalidSpec` (`reconcile.invalid_spec_status`)."""
