@@ -47,18 +47,26 @@ def _render_messages(messages: Any) -> str:
     return "".join(parts)
 
 
+MAX_TOKEN_ID = 2**31 - 1  # no vocabulary is larger; the prefix index packs ids as int64
+
+
+def _is_token_ids(ids: list[Any]) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t <= MAX_TOKEN_ID
+               for t in ids)
+
+
 def _prompt(prompt: Any) -> tuple[str, list[int] | None]:
     if isinstance(prompt, str):
         return prompt, None
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
             return "".join(prompt), None
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if _is_token_ids(prompt):
             return "", list(prompt)
-        if isinstance(prompt[0], list) and all(isinstance(t, int) for t in prompt[0]):
+        if isinstance(prompt[0], list) and prompt[0] and _is_token_ids(prompt[0]):
             return "", list(prompt[0])  # batched token prompts: route by the first
-    raise RequestError("'prompt' must be a string, a list of strings or token ids",
-                       param="prompt")
+    raise RequestError("'prompt' must be a string, a list of strings or token ids "
+                       f"(integers in [0, {MAX_TOKEN_ID}])", param="prompt")
 
 
 def parse_request(raw: bytes, path: str, headers: Any, session_header: str,

@@ -94,6 +94,15 @@ async def read_json_body(request: web.Request, state: ServerState) -> Any:
 
 
 def tokenize_prompt(tokenizer: Any, req: GenerationRequest) -> list[int]:
+    try:
+        return _tokenize(tokenizer, req)
+    except UnicodeEncodeError:  # JSON may carry lone UTF-16 surrogates; UTF-8 cannot
+        raise bad_request("the prompt holds unpaired UTF-16 surrogates (\\ud800-\\udfff)",
+                          param="messages" if req.messages is not None else "prompt",
+                          code="invalid_text") from None
+
+
+def _tokenize(tokenizer: Any, req: GenerationRequest) -> list[int]:
     if req.prompt_token_ids is not None:
         return list(req.prompt_token_ids)
     if req.messages is not None:

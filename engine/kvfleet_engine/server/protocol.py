@@ -180,6 +180,11 @@ def _type_error(name: str, expected: str) -> APIError:
     return bad_request(f"`{name}` must be {expected}", param=name, code="invalid_type")
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -190,6 +195,8 @@ def _opt_int(body: dict[str, Any], name: str, *, minimum: int | None = None) -> 
         return None
     if not _is_int(value):
         raise _type_error(name, "an integer")
+    if not INT64_MIN <= value <= INT64_MAX:  # as vLLM: seeds and priorities are 64-bit
+        raise bad_request(f"`{name}` must fit in 64 bits", param=name)
     if minimum is not None and value < minimum:
         raise bad_request(f"`{name}` must be at least {minimum}, got {value}", param=name)
     return int(value)
@@ -320,6 +327,10 @@ def _stop(body: dict[str, Any]) -> list[str]:
         raise _type_error("stop", "a string or a list of strings")
     if any(not s for s in value):
         raise bad_request("`stop` strings must not be empty", param="stop")
+    if len(value) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in value):
+        # every output token is checked against every stop string, on the shared engine
+        raise bad_request(f"`stop` allows at most {MAX_STOP_STRINGS} strings of at most "
+                          f"{MAX_STOP_CHARS} characters", param="stop")
     return list(value)
 
 
