@@ -22,6 +22,7 @@ ROUTING_POLICIES = (
     "random", "session", "latency", "ucb", "slo",
 )
 ROLES = ("unified", "prefill", "decode")
+ROUTER_PLACEMENTS = ("deployment", "sidecar")
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SOURCE_SCHEMES = ("builtin", "hf", "pvc", "s3", "gs", "file")
 SOURCE_PATTERN = r"^(builtin|hf|pvc|s3|gs)://[^\s]+$|^file:///[^\s]*$"
@@ -215,6 +216,7 @@ class RoutingSpec:
     session_header: str = spec_field("x-session-id", pattern=HEADER_PATTERN, max_length=128)
     replicas: int = spec_field(1, minimum=1, maximum=32)
     pd_threshold_tokens: int = spec_field(128, minimum=0, maximum=1048576)
+    placement: str = spec_field("deployment", enum=ROUTER_PLACEMENTS)
 
     def __post_init__(self) -> None:
         merged = self.effective_weights()
