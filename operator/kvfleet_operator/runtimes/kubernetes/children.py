@@ -15,6 +15,7 @@ from .errors import UnservableSpec
 from .network_policy import build_network_policy
 from .options import KVFLEET_IMAGE, BuildOptions, Tokens
 from .pdb import build_engine_pdb, build_router_pdb
+from .placement import is_sidecar
 from .secret import build_admin_token_secret, build_engine_token_secret
 from .service import build_engine_service, build_router_service
 
@@ -46,8 +47,11 @@ def build_children(
     ]
     for role in roles:
         children += [build_engine_service(pool, role), build_engine_pdb(pool, role)]
-    children += [build_router_service(pool), build_router_pdb(pool)]
+    children.append(build_router_service(pool))
+    if not is_sidecar(pool):
+        children.append(build_router_pdb(pool))
     children += [build_engine_deployment(pool, role, counts[role], image, options)
                  for role in roles]
-    children.append(build_router_deployment(pool, image))
+    if not is_sidecar(pool):  # else every engine pod carries its router
+        children.append(build_router_deployment(pool, image))
     return children

@@ -26,10 +26,11 @@ from kvfleet_operator.engine_args import NIXL_SIDE_CHANNEL_PORT, engine_args, en
 from . import meta
 from .model_source import model_volumes
 from .options import VLLM_IMAGE, BuildOptions
+from .placement import ENGINE_PORT, engine_port, engine_port_name, is_sidecar
+from .router_pod import ROUTER_GRACE_S, router_container, router_volumes
 from .secret import TOKEN_KEY
 from .security import cache_env, container_security_context, pod_security_context, scratch_volumes
 
-ENGINE_PORT = 8000
 HEALTH_PATH = "/health"
 GRACE_MARGIN_S = 30  # after the drain: vLLM's own shutdown, or the builtin engine's exit
 PROBE_PERIOD_S = 10
@@ -62,15 +63,15 @@ def vllm_prestop_script(
     return _VLLM_PRESTOP.format(drain=drain_timeout_s, settle=settle_s, port=port)
 
 
-def _probe(failure_threshold: int, period_s: int, timeout_s: int = 5) -> dict[str, Any]:
-    return {"httpGet": {"path": HEALTH_PATH, "port": "http"}, "periodSeconds": period_s,
-            "timeoutSeconds": timeout_s, "failureThreshold": failure_threshold}
+def _probe(port: str, failure_threshold: int, period_s: int) -> dict[str, Any]:
+    return {"httpGet": {"path": HEALTH_PATH, "port": port}, "periodSeconds": period_s,
+            "timeoutSeconds": 5, "failureThreshold": failure_threshold}
 
 
-def probes(kind: str) -> dict[str, Any]:
-    startup = _probe(STARTUP_BUDGET_S[kind] // PROBE_PERIOD_S, PROBE_PERIOD_S)
-    return {"startupProbe": startup, "readinessProbe": _probe(2, 5),
-            "livenessProbe": _probe(6, PROBE_PERIOD_S)}
+def probes(kind: str, port: str = "http") -> dict[str, Any]:
+    startup = _probe(port, STARTUP_BUDGET_S[kind] // PROBE_PERIOD_S, PROBE_PERIOD_S)
+    return {"startupProbe": startup, "readinessProbe": _probe(port, 2, 5),
+            "livenessProbe": _probe(port, 6, PROBE_PERIOD_S)}
 
 
 def resources(role: RoleSpec) -> dict[str, Any]:
@@ -110,9 +111,10 @@ def engine_container(
     volumes, mounts = scratch_volumes()
     volumes += model.volumes
     mounts += model.mounts
-    ports = [{"name": "http", "containerPort": ENGINE_PORT, "protocol": "TCP"}]
+    port, port_name = engine_port(pool), engine_port_name(pool)
+    ports = [{"name": port_name, "containerPort": port, "protocol": "TCP"}]
     container: dict[str, Any] = {"name": "engine"}
-    args = engine_args(spec, role, host="0.0.0.0", port=ENGINE_PORT)
+    args = engine_args(spec, role, host="0.0.0.0", port=port)
     if spec.engine.is_builtin:
         container.update(image=spec.engine.image or image, command=["kvfleet", "engine"],
                          args=args)
@@ -120,7 +122,7 @@ def engine_container(
         container.update(image=spec.engine.image or VLLM_IMAGE, args=args)
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}})
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
-        script = vllm_prestop_script(spec.autoscaling.drain_timeout_seconds)
+        script = vllm_prestop_script(spec.autoscaling.drain_timeout_seconds, port=port)
         container["lifecycle"] = {"preStop": {"exec": {"command": ["python3", "-c", script]}}}
         if role in ("prefill", "decode"):
             ports.append({"name": "nixl", "containerPort": NIXL_SIDE_CHANNEL_PORT,
@@ -131,7 +133,7 @@ def engine_container(
         resources=resources(spec.topology.roles()[role]),
         volumeMounts=mounts,
         securityContext=container_security_context(),
-        **probes(spec.engine.kind),
+        **probes(spec.engine.kind, port_name),
     )
     return container, volumes
 
@@ -142,14 +144,19 @@ def engine_pod_template(
     spec = pool.spec
     role_spec = spec.topology.roles()[role]
     container, volumes = engine_container(pool, role, image, options)
-    pod: dict[str, Any] = {
-        "containers": [container],
+    grace_s = spec.autoscaling.drain_timeout_seconds + GRACE_MARGIN_S
+    pod: dict[str, Any] = {"containers": [container]}
+    if is_sidecar(pool):  # a native sidecar: up before the engine, down after it
+        pod["initContainers"] = [{**router_container(pool, image), "restartPolicy": "Always"}]
+        volumes += router_volumes(pool)
+        grace_s += ROUTER_GRACE_S
+    pod.update({
         "volumes": volumes,
         "securityContext": pod_security_context(),
-        "terminationGracePeriodSeconds": spec.autoscaling.drain_timeout_seconds + GRACE_MARGIN_S,
+        "terminationGracePeriodSeconds": grace_s,
         "automountServiceAccountToken": False,  # engines never call the API server
         "enableServiceLinks": False,  # a Service named vllm would set VLLM_PORT and break vLLM
-    }
+    })
     if options.service_account:
         pod["serviceAccountName"] = options.service_account
     if role_spec.node_selector:

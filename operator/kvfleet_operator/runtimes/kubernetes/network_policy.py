@@ -3,7 +3,11 @@
 - the pool's router pods (the OpenAI API and KV events, on the engine port),
 - the operator's pods (health and `/metrics` scrapes, on the engine port),
 - their own pool's engine pods, on any port (P/D KV transfer: kvfleet's HTTP pull, or
-  vLLM's NIXL side channel and its UCX transports on ports of their own).
+  vLLM's NIXL side channel and its UCX transports on ports of their own; with `placement:
+  sidecar`, also the sidecars routing to their peers' engines).
+
+With `placement: sidecar` the router sidecars are the pool's front door, so anyone may
+reach their port (8000); the engines behind them (8001) stay closed as above.
 
 NetworkPolicies add up: a Prometheus that scrapes engines needs one more policy of its own.
 """
@@ -15,19 +19,24 @@ from typing import Any
 from kvfleet_operator.api.pool import InferencePool
 
 from . import meta
-from .engine_pod import ENGINE_PORT
 from .options import BuildOptions
+from .placement import ROUTER_PORT, engine_port, is_sidecar
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 
 def build_network_policy(pool: InferencePool, options: BuildOptions) -> dict[str, Any]:
     engines = meta.selector(pool, meta.ENGINE)
-    engine_port = [{"protocol": "TCP", "port": ENGINE_PORT}]
+    engine_ports = [{"protocol": "TCP", "port": engine_port(pool)}]
     operator_peer = {
         "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: options.operator_namespace}},
         "podSelector": {"matchLabels": dict(options.operator_pod_labels)},
     }
+    if is_sidecar(pool):  # anyone may reach the router sidecars: they are the pool's front
+        front: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": ROUTER_PORT}]}
+    else:
+        routers = meta.selector(pool, meta.ROUTER, meta.ROUTER)
+        front = {"from": [{"podSelector": {"matchLabels": routers}}], "ports": engine_ports}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -36,11 +45,7 @@ def build_network_policy(pool: InferencePool, options: BuildOptions) -> dict[str
         "spec": {
             "podSelector": {"matchLabels": engines},
             "policyTypes": ["Ingress"],
-            "ingress": [
-                {"from": [{"podSelector": {"matchLabels": meta.selector(
-                    pool, meta.ROUTER, meta.ROUTER)}}], "ports": engine_port},
-                {"from": [operator_peer], "ports": engine_port},
-                {"from": [{"podSelector": {"matchLabels": dict(engines)}}]},
-            ],
+            "ingress": [front, {"from": [operator_peer], "ports": engine_ports},
+                        {"from": [{"podSelector": {"matchLabels": dict(engines)}}]}],
         },
     }

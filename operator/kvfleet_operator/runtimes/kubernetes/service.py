@@ -9,8 +9,7 @@ from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.engine_args import NIXL_SIDE_CHANNEL_PORT
 
 from . import meta
-from .engine_pod import ENGINE_PORT
-from .router_pod import ROUTER_PORT
+from .placement import ROUTER_PORT, engine_port, engine_port_name, is_sidecar
 
 
 def _port(name: str, port: int) -> dict[str, Any]:
@@ -18,7 +17,9 @@ def _port(name: str, port: int) -> dict[str, Any]:
 
 
 def build_engine_service(pool: InferencePool, role: str) -> dict[str, Any]:
-    ports = [_port("http", ENGINE_PORT)]
+    ports = [_port(engine_port_name(pool), engine_port(pool))]
+    if is_sidecar(pool):
+        ports.append(_port("http", ROUTER_PORT))
     if pool.spec.engine.kind == "vllm" and role in ("prefill", "decode"):
         ports.append(_port("nixl", NIXL_SIDE_CHANNEL_PORT))
     return {
@@ -32,11 +33,17 @@ def build_engine_service(pool: InferencePool, role: str) -> dict[str, Any]:
 
 
 def build_router_service(pool: InferencePool) -> dict[str, Any]:
+    """In front of the router pods, or with `placement: sidecar` of every engine pod's
+    router sidecar (port `http` of each)."""
+    if is_sidecar(pool):
+        selector = meta.selector(pool, meta.ENGINE)
+    else:
+        selector = meta.selector(pool, meta.ROUTER, meta.ROUTER)
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": meta.object_meta(pool, meta.router_name(pool), meta.ROUTER_APP,
                                      meta.ROUTER, meta.ROUTER),
-        "spec": {"type": "ClusterIP", "selector": meta.selector(pool, meta.ROUTER, meta.ROUTER),
+        "spec": {"type": "ClusterIP", "selector": selector,
                  "ports": [_port("http", ROUTER_PORT)]},
     }
