@@ -33,7 +33,8 @@ def example(name: str) -> dict[str, Any]:
 
 
 def variants() -> dict[str, dict[str, Any]]:
-    """Manifests beyond the examples: s3, gs, a builtin pvc:// model, builtin P/D."""
+    """Manifests beyond the examples: s3, gs, a builtin pvc:// model, builtin P/D, and
+    router sidecars (vLLM unified, builtin P/D)."""
     out: dict[str, dict[str, Any]] = {}
     s3 = example("vllm-unified.yaml")
     s3["metadata"]["name"] = "s3-pool"
@@ -52,6 +53,14 @@ def variants() -> dict[str, dict[str, Any]]:
     unified = pd["spec"]["topology"].pop("unified")
     pd["spec"]["topology"] = {"prefill": copy.deepcopy(unified), "decode": unified}
     out["builtin-pd"] = pd
+    side = example("vllm-unified.yaml")
+    side["metadata"]["name"] = "side-unified"
+    side["spec"]["routing"]["placement"] = "sidecar"
+    out["vllm-sidecar"] = side
+    side_pd = copy.deepcopy(pd)
+    side_pd["metadata"]["name"] = "side-pd"
+    side_pd["spec"]["routing"]["placement"] = "sidecar"
+    out["builtin-pd-sidecar"] = side_pd
     return out
 
 

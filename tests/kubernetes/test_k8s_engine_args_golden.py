@@ -8,6 +8,7 @@ from k8s_pools import TOKENS, all_pools, children, deployment, engine_container
 from kvfleet_engine.cli import build_parser
 from kvfleet_operator.engine_args import engine_args, engine_env
 from kvfleet_operator.runtimes.kubernetes import KVFLEET_IMAGE, VLLM_IMAGE, build_children
+from kvfleet_operator.runtimes.kubernetes.placement import engine_port
 
 POOLS = all_pools()
 KV_BOTH = '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'
@@ -80,7 +81,9 @@ def test_every_engine_runs_exactly_what_engine_args_renders(name):
     objs = children(pool)
     for role in pool.spec.topology.roles():
         c = engine_container(objs, f"{pool.name}-{role}")
-        assert c["args"] == engine_args(pool.spec, role, host="0.0.0.0", port=8000)
+        port = 8001 if pool.spec.routing.placement == "sidecar" else 8000
+        assert engine_port(pool) == port
+        assert c["args"] == engine_args(pool.spec, role, host="0.0.0.0", port=port)
         env = _env_values(c)
         for key, value in engine_env(pool.spec, role).items():
             assert env[key] == value

@@ -25,6 +25,7 @@ from kvfleet_operator.engine_args import model_ref
 from kvfleet_operator.reconcile import initial_replicas
 from kvfleet_operator.runtimes.kubernetes import BuildOptions, UnservableSpec, build_children
 from kvfleet_operator.runtimes.kubernetes.engine_pod import vllm_prestop_script
+from kvfleet_operator.runtimes.kubernetes.placement import engine_port, engine_port_name
 
 POOLS = all_pools()
 
@@ -74,7 +75,7 @@ def test_probes_grace_and_rollout(name):
         pod = dep["spec"]["template"]["spec"]
         c = pod["containers"][0]
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert c[probe]["httpGet"] == {"path": "/health", "port": "http"}
+            assert c[probe]["httpGet"] == {"path": "/health", "port": engine_port_name(pool)}
         startup = c["startupProbe"]
         assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # model loading
         assert pod["terminationGracePeriodSeconds"] > drain
@@ -83,6 +84,7 @@ def test_probes_grace_and_rollout(name):
         if pool.spec.engine.kind == "vllm":
             script = c["lifecycle"]["preStop"]["exec"]["command"]
             assert script[:2] == ["python3", "-c"] and f"+ {drain}\n" in script[2]
+            assert f"127.0.0.1:{engine_port(pool)}/metrics" in script[2]
         else:  # the builtin engine drains on SIGTERM for --drain-timeout
             assert "lifecycle" not in c
             assert c["args"][c["args"].index("--drain-timeout") + 1] == str(drain)

@@ -45,10 +45,11 @@ def admitted(policy: dict, pod: Pod) -> set[str]:
     ns = policy["metadata"]["namespace"]
     out: set[str] = set()
     for rule in policy["spec"]["ingress"]:
-        if any(peer_admits(p, ns, pod) for p in rule["from"]):
+        peers = rule.get("from")  # no `from`: every source
+        if peers is None or any(peer_admits(p, ns, pod) for p in peers):
             ports = rule.get("ports")
             out |= {f"{p['protocol']}/{p['port']}" for p in ports} if ports else {"*"}
-    return out
+    return {"*"} if "*" in out else out
 
 
 def _pools():
@@ -85,8 +86,12 @@ def test_admits_exactly_router_operator_and_peers(name):
     [policy] = by_kind(children(pool), "NetworkPolicy")
     allowed = {p.name: ports for p in PODS if (ports := admitted(policy, p))}
     engines = {f"{pool.name}-{role}": {"*"} for role in pool.spec.topology.roles()}
-    assert allowed == {f"{pool.name}-router": {"TCP/8000"}, "operator": {"TCP/8000"},
-                       **engines}
+    if pool.spec.routing.placement == "sidecar":  # the router sidecars' port is open to all
+        others = {p.name: {"TCP/8000"} for p in PODS if p.name not in engines}
+        assert allowed == {**others, "operator": {"TCP/8000", "TCP/8001"}, **engines}
+    else:
+        assert allowed == {f"{pool.name}-router": {"TCP/8000"}, "operator": {"TCP/8000"},
+                           **engines}
 
 
 def test_operator_location_is_configurable():

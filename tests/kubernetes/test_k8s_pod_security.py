@@ -17,8 +17,9 @@ GOOD = next(iter(PODS.values()))
 
 
 def test_every_pool_has_engine_and_router_pods():
-    assert len(PODS) >= 2 * len(POOLS)
+    assert len(PODS) >= 2 * len(POOLS) - 2  # the two sidecar pools have no router pods
     assert any(k.endswith("-router") for k in PODS)
+    assert any(c["name"] == "router" for p in PODS.values() for c in p.get("initContainers", []))
 
 
 @pytest.mark.parametrize("name", sorted(PODS))
@@ -30,7 +31,7 @@ def test_pod_meets_restricted(name):
 def test_root_filesystem_is_read_only_and_tmp_is_writable(name):
     pod = PODS[name]
     empty_dirs = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
-    for c in pod["containers"]:
+    for c in pod["containers"] + pod.get("initContainers", []):
         assert c["securityContext"]["readOnlyRootFilesystem"] is True
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         assert mounts["/tmp"] in empty_dirs and mounts["/cache"] in empty_dirs
