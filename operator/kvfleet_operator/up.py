@@ -31,7 +31,9 @@ from kvfleet_operator.api.status import FALSE, ConditionType, Reason
 from kvfleet_operator.engine_args import engine_command
 from kvfleet_operator.loop import events as ev
 from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
-from kvfleet_operator.runtimes import procs, registry
+from kvfleet_operator.loop.events import Fanout
+from kvfleet_operator.loop.metrics import LoopMetrics
+from kvfleet_operator.runtimes import metrics_server, procs, registry
 from kvfleet_operator.runtimes.backoff import Backoff
 from kvfleet_operator.runtimes.local import HOST, LocalRuntime, kvfleet_argv
 from kvfleet_operator.runtimes.local_spec import unhonoured_fields
@@ -63,6 +65,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0, help="router port (default: a free one)")
     p.add_argument("--restart-backoff", type=float, default=0.5, metavar="SECONDS",
                    help="first delay before restarting a crashed process; doubles per crash")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="port of the control plane's /metrics on 127.0.0.1 (default: a free one)")
     p.add_argument("--quiet", action="store_true", help="print only the endpoint and errors")
     return p
 
@@ -117,6 +121,10 @@ def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir]:
         raise UpError(f"--port {args.port} is out of range")
     if args.port and not procs.can_bind(args.port, HOST):
         raise UpError(f"port {args.port} on {HOST} is in use")
+    if not 0 <= args.metrics_port < 65536:
+        raise UpError(f"--metrics-port {args.metrics_port} is out of range")
+    if args.metrics_port and not procs.can_bind(args.metrics_port, HOST):
+        raise UpError(f"port {args.metrics_port} on {HOST} is in use")
     state_dir = StateDir(args.state_dir or default_state_dir(pool.name))
     previous = state_dir.read_state()
     pid = previous.get("pid") if previous else None
@@ -148,6 +156,7 @@ async def run_fleet(
     progress: Progress,
     stop: asyncio.Event,
     backoff: Backoff | None = None,
+    metrics_port: int = 0,
 ) -> int:
     # Details (tracebacks of a failed control-loop tick) go to a file, not the terminal.
     logging.basicConfig(filename=state_dir.log_file("up"), level=logging.INFO,
@@ -161,7 +170,9 @@ async def run_fleet(
     # else on the machine can read cached prompts off a replica; the router gets it too.
     engine_token = {ENGINE_TOKEN_ENV: secrets.token_urlsafe(32)}
     timing = LoopTiming()
-    async with LocalRuntime(state_dir, backoff=backoff, events=progress,
+    loop_metrics = LoopMetrics(pool.name, pool.spec)
+    events = Fanout(progress, loop_metrics)
+    async with LocalRuntime(state_dir, backoff=backoff, events=events,
                             engine_env=engine_token) as runtime:  # fmt: skip
         router = runtime.start_router(
             lambda p: kvfleet_argv("router", "--host", HOST, "--port", str(p),
@@ -185,20 +196,23 @@ async def run_fleet(
         progress.say(f"pool {pool.name}: starting replicas; the endpoint is announced once "
                      "the router can serve")
         http_timeout = aiohttp.ClientTimeout(total=timing.scrape_timeout_s)
+        metrics_runner, bound = await metrics_server.start(loop_metrics, HOST, metrics_port)
+        base["metrics_endpoint"] = f"http://{HOST}:{bound}/metrics"
         async with aiohttp.ClientSession(timeout=http_timeout) as http:
             store = StateFileStore(state_dir, pool.name, base, runtime.status,
-                                   lambda: progress.events, progress)  # fmt: skip
+                                   lambda: progress.events, events)  # fmt: skip
             loop = ControlLoop(
                 pool,
                 runtime=runtime,
                 router=HttpRouterControl(http, [router.address], token),
                 metrics=ScrapeMetrics(http, timing.scrape_timeout_s),
                 store=store,
-                events=progress,
+                events=events,
                 timing=timing,
             )
 
             def after_tick() -> None:
+                loop_metrics.observe_status(pool.status, loop.num_held)
                 desired = {r: rs.desired_replicas for r, rs in pool.status.roles.items()}
                 if not base["is_serving"] and is_serving(desired, loop.state.router_config):
                     base["is_serving"] = True
@@ -216,6 +230,7 @@ async def run_fleet(
                                       "`kvfleet up` stopped; nothing serves",
                                       datetime.now(UTC))  # fmt: skip
             await store.save(pool.status, loop.state, loop.snapshot())
+        await metrics_runner.cleanup()
     progress.say("stopped; no process left")
     return 0
 
@@ -235,6 +250,7 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             loop.add_signal_handler(sig, stop.set)
         backoff = Backoff(base_s=args.restart_backoff, max_s=max(30.0, args.restart_backoff))
-        return await run_fleet(pool, state_dir, args.port, progress, stop, backoff)
+        return await run_fleet(pool, state_dir, args.port, progress, stop, backoff,
+                               args.metrics_port)
 
     return asyncio.run(_main())

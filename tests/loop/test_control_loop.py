@@ -107,6 +107,7 @@ async def test_drained_replicas_stop_when_the_routers_report_nothing_in_flight()
     await fleet.tick()
     assert fleet.runtime.deleted == [victim]
     assert any(e.message.startswith(f"stop {victim} after") for e in fleet.events.events)
+    assert EventReason.DRAIN_TIMED_OUT not in fleet.events.reasons()  # it emptied in time
 
 
 async def test_an_unreadable_router_means_unknown_in_flight_so_only_the_timeout_stops():
@@ -121,6 +122,8 @@ async def test_an_unreadable_router_means_unknown_in_flight_so_only_the_timeout_
     fleet.clock.t = started + DRAIN_TIMEOUT
     await fleet.tick(0.0)
     assert fleet.runtime.deleted == [victim]
+    timed_out = [e for e in fleet.events.events if e.reason == EventReason.DRAIN_TIMED_OUT]
+    assert len(timed_out) == 1 and "unknown in flight" in timed_out[0].message
 
 
 async def test_a_restarted_loop_keeps_drain_start_times_and_history():

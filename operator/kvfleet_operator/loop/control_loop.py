@@ -32,6 +32,7 @@ from kvfleet_operator.autoscaler import Decision, History, decide
 from kvfleet_operator.autoscaler_spec import config_from_pool
 from kvfleet_operator.loop import events as ev
 from kvfleet_operator.loop.observe import (
+    UNKNOWN_IN_FLIGHT,
     current_replicas,
     decision_roles,
     observe,
@@ -244,6 +245,7 @@ class ControlLoop:
             previous_router_config=state.router_config,
         )
         self.pool.status = desired.status
+        in_flight = {r.name: r.num_in_flight for r in observed.replicas}
         is_pushed = True
         if desired.is_router_config_changed or self._is_router_behind():
             is_pushed = await self._push(desired.router_config)
@@ -264,8 +266,16 @@ class ControlLoop:
                     started = state.drain_started.pop(name, None)
                     why = "" if started is None else f" after {now - started:.1f}s of drain"
                     await self.runtime.delete(name, grace_s)
-                    self.events.emit(ev.normal(ev.EventReason.REPLICA_STOPPING,
-                                               f"stop {name}{why}"))  # fmt: skip
+                    busy = in_flight.get(name, 0)
+                    if started is not None and busy:  # the drain timeout, not an empty replica
+                        self.events.emit(ev.warning(
+                            ev.EventReason.DRAIN_TIMED_OUT,
+                            f"stop {name}{why}: drain timeout with "
+                            f"{'unknown' if busy >= UNKNOWN_IN_FLIGHT else busy} in flight",
+                        ))  # fmt: skip
+                    else:
+                        self.events.emit(ev.normal(ev.EventReason.REPLICA_STOPPING,
+                                                   f"stop {name}{why}"))  # fmt: skip
             for _ in range(plan.num_to_start):
                 await self.runtime.create(self.pool.spec, plan)
         names = {r.name for r in self.runtime.replicas()}

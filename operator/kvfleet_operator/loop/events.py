@@ -7,6 +7,7 @@ message and keep the last ones in state.json; the simulator counts scale events.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 NORMAL, WARNING = "Normal", "Warning"
 
@@ -21,6 +22,7 @@ class EventReason:
     REPLICA_DRAINING = "ReplicaDraining"
     REPLICA_UNDRAINED = "ReplicaUndrained"
     REPLICA_STOPPING = "ReplicaStopping"
+    DRAIN_TIMED_OUT = "DrainTimedOut"  # stopped at its drain timeout with requests in flight
     REPLICA_STOPPED = "ReplicaStopped"
     REPLICA_CRASHED = "ReplicaCrashed"
     REPLICA_RESTARTED = "ReplicaRestarted"
@@ -49,3 +51,18 @@ def normal(reason: str, message: str) -> Event:
 
 def warning(reason: str, message: str) -> Event:
     return Event(WARNING, reason, message)
+
+
+class EventSinkLike(Protocol):
+    def emit(self, event: Event) -> None: ...
+
+
+class Fanout:
+    """One sink that hands every event to several (the terminal, the metrics, ...)."""
+
+    def __init__(self, *sinks: EventSinkLike) -> None:
+        self.sinks = sinks
+
+    def emit(self, event: Event) -> None:
+        for sink in self.sinks:
+            sink.emit(event)

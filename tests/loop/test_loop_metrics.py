@@ -1,0 +1,78 @@
+"""The control plane's metrics: counted from the loop's events, gauges from its status."""
+
+import shutil
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from kvfleet_operator.api import load_pool
+from kvfleet_operator.api.status import PoolStatus, RoleStatus
+from kvfleet_operator.loop import events as ev
+from kvfleet_operator.loop.metrics import LoopMetrics
+
+POOLS = Path(__file__).resolve().parents[1] / "e2e_local" / "pools"
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _series(metrics: LoopMetrics) -> dict[str, float]:
+    out = {}
+    for line in metrics.render().decode().splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def test_events_are_counted_by_reason():
+    m = LoopMetrics("p", load_pool(POOLS / "sim-unified.yaml").spec)
+    for event in [ev.normal("ScalingUp", "scale unified: up"), ev.normal("ScalingUp", "again"),
+                  ev.normal("ScaledToZero", "zero"),
+                  ev.warning(ev.EventReason.DRAIN_TIMED_OUT, "stop x: drain timeout"),
+                  ev.warning(ev.EventReason.ROUTER_PUSH_FAILED, "router: down"),
+                  ev.warning(ev.EventReason.REPLICA_CRASHED, "x exited"),
+                  ev.normal(ev.EventReason.REPLICA_READY, "x ready")]:  # fmt: skip
+        m.emit(event)
+    s = _series(m)
+    assert s['kvfleet_scale_decisions_total{pool="p",reason="ScalingUp"}'] == 2
+    assert s['kvfleet_scale_decisions_total{pool="p",reason="ScaledToZero"}'] == 1
+    assert s['kvfleet_drain_timeouts_total{pool="p"}'] == 1
+    assert s['kvfleet_router_push_failures_total{pool="p"}'] == 1
+    assert s['kvfleet_replica_crashes_total{pool="p"}'] == 1
+    assert s['kvfleet_loop_errors_total{pool="p"}'] == 0  # present from the start
+
+
+def test_status_gauges_follow_the_latest_status_without_stale_series():
+    m = LoopMetrics("p", load_pool(POOLS / "sim-unified.yaml").spec)
+    status = PoolStatus(roles={"unified": RoleStatus(desired_replicas=3, ready_replicas=2,
+                                                     draining_replicas=1)})  # fmt: skip
+    status.set_condition("ScalingLimited", "True", "AtMaxReplicas", "", NOW)
+    m.observe_status(status, num_held=4)
+    s = _series(m)
+    assert s['kvfleet_pool_replicas{pool="p",role="unified",state="desired"}'] == 3
+    assert s['kvfleet_pool_replicas{pool="p",role="unified",state="ready"}'] == 2
+    assert s['kvfleet_pool_replicas{pool="p",role="unified",state="draining"}'] == 1
+    assert s['kvfleet_pool_condition{pool="p",reason="AtMaxReplicas",status="True",'
+             'type="ScalingLimited"}'] == 1
+    assert s['kvfleet_pool_held_requests{pool="p"}'] == 4
+    status.set_condition("ScalingLimited", "False", "WithinLimits", "", NOW)
+    m.observe_status(status, num_held=0)
+    s = _series(m)
+    assert not any("AtMaxReplicas" in key for key in s)  # the old reason is gone
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="Debian's promtool not installed")
+def test_promtool_finds_nothing_to_lint():
+    m = LoopMetrics("p", load_pool(POOLS / "sim-unified.yaml").spec)
+    m.emit(ev.normal("ScalingUp", "up"))
+    m.observe_status(PoolStatus(roles={"unified": RoleStatus(desired_replicas=1)}), 0)
+    out = subprocess.run(["promtool", "check", "metrics"], input=m.render(),
+                         capture_output=True, timeout=30)  # fmt: skip
+    assert out.returncode == 0 and not out.stdout.strip(), out.stdout + out.stderr
+
+
+def test_the_ttft_target_is_exported_when_the_pool_has_one():
+    with_target = LoopMetrics("p", load_pool(POOLS.parents[2] / "examples" / "local-sim.yaml").spec)
+    assert _series(with_target)['kvfleet_pool_ttft_p90_target_seconds{pool="p"}'] == 1.0
+    without = LoopMetrics("p", load_pool(POOLS / "sim-unified.yaml").spec)
+    assert not any(k.startswith("kvfleet_pool_ttft") for k in _series(without))
