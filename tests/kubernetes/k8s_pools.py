@@ -32,36 +32,38 @@ def example(name: str) -> dict[str, Any]:
     return manifest(ROOT / "examples" / name)
 
 
+def _variant(
+    base: dict[str, Any], name: str, section: str, key: str, value: Any
+) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    out["metadata"]["name"] = name
+    out["spec"].setdefault(section, {})[key] = value
+    return out
+
+
+def _split(manifest: dict[str, Any], name: str) -> dict[str, Any]:
+    """The same pool with its unified role as a prefill + decode pair."""
+    out = copy.deepcopy(manifest)
+    out["metadata"]["name"] = name
+    unified = out["spec"]["topology"].pop("unified")
+    out["spec"]["topology"] = {"prefill": copy.deepcopy(unified), "decode": unified}
+    return out
+
+
 def variants() -> dict[str, dict[str, Any]]:
     """Manifests beyond the examples: s3, gs, a builtin pvc:// model, builtin P/D, and
     router sidecars (vLLM unified, builtin P/D)."""
-    out: dict[str, dict[str, Any]] = {}
-    s3 = example("vllm-unified.yaml")
-    s3["metadata"]["name"] = "s3-pool"
-    s3["spec"]["model"]["source"] = "s3://models/llama3-8b"
-    out["vllm-s3"] = s3
-    gs = copy.deepcopy(s3)
-    gs["metadata"]["name"] = "gs-pool"
-    gs["spec"]["model"]["source"] = "gs://models/llama3-8b"
-    out["vllm-gs"] = gs
-    pvc = example("local-cpu.yaml")
-    pvc["metadata"]["name"] = "gguf-pool"
-    pvc["spec"]["model"]["source"] = "pvc://models/smollm2/model.gguf"
-    out["builtin-pvc"] = pvc
-    pd = example("local-sim.yaml")
-    pd["metadata"]["name"] = "sim-pd"
-    unified = pd["spec"]["topology"].pop("unified")
-    pd["spec"]["topology"] = {"prefill": copy.deepcopy(unified), "decode": unified}
-    out["builtin-pd"] = pd
-    side = example("vllm-unified.yaml")
-    side["metadata"]["name"] = "side-unified"
-    side["spec"]["routing"]["placement"] = "sidecar"
-    out["vllm-sidecar"] = side
-    side_pd = copy.deepcopy(pd)
-    side_pd["metadata"]["name"] = "side-pd"
-    side_pd["spec"]["routing"]["placement"] = "sidecar"
-    out["builtin-pd-sidecar"] = side_pd
-    return out
+    unified, cpu = example("vllm-unified.yaml"), example("local-cpu.yaml")
+    pd = _split(example("local-sim.yaml"), "sim-pd")
+    return {
+        "vllm-s3": _variant(unified, "s3-pool", "model", "source", "s3://models/llama3-8b"),
+        "vllm-gs": _variant(unified, "gs-pool", "model", "source", "gs://models/llama3-8b"),
+        "builtin-pvc": _variant(cpu, "gguf-pool", "model", "source",
+                                "pvc://models/smollm2/model.gguf"),
+        "builtin-pd": pd,
+        "vllm-sidecar": _variant(unified, "side-unified", "routing", "placement", "sidecar"),
+        "builtin-pd-sidecar": _variant(pd, "side-pd", "routing", "placement", "sidecar"),
+    }
 
 
 def all_pools() -> dict[str, InferencePool]:
