@@ -41,19 +41,12 @@ class _Server(web_server.Server):
         return _Protocol(self, loop=self._loop, **self._kwargs)
 
 
-class Runner(web.AppRunner):
-    """An AppRunner whose connections use `_Protocol`."""
-
-    async def _make_server(self) -> web_server.Server:
-        server = await super()._make_server()
-        server.__class__ = _Server  # same state, another protocol factory
-        return server
-
-
 async def serve(webapp: web.Application, host: str, port: int) -> None:
     """Listen until SIGINT/SIGTERM, then shut down (in-flight requests get 30 s)."""
-    runner = Runner(webapp, access_log=None, shutdown_timeout=30)
+    runner = web.AppRunner(webapp, access_log=None, shutdown_timeout=30)
     await runner.setup()
+    assert runner.server is not None
+    runner.server.__class__ = _Server  # the same server; its connections speak _Protocol
     try:
         # bursts of thousands of clients connect at once
         await web.TCPSite(runner, host, port, backlog=4096).start()

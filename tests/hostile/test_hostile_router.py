@@ -6,16 +6,9 @@ from __future__ import annotations
 import json
 import urllib.request
 
+import hostile_client as hc
 from conftest import start_engine, start_router
 from corpus import ADMIN_TOKEN, cases_for
-from hostile_client import (
-    GOOD,
-    GoodStreams,
-    log_problems,
-    run_corpus,
-    stream_text,
-    upload_cap_problems,
-)
 
 
 def _admin_view(router) -> dict:
@@ -34,15 +27,15 @@ def _metric(router, name: str) -> float:
 def test_corpus_against_a_router_in_front_of_three_engines(procs, tmp_path):
     engines = [start_engine(procs) for _ in range(3)]
     router = start_router(procs, tmp_path, engines)
-    alone = stream_text(router.url, GOOD)
+    alone = hc.stream_text(router.url, hc.GOOD)
     cases = cases_for("router")
     assert len(cases) >= 100
-    with GoodStreams(router.url) as good:
-        found = run_corpus(router.port, cases)
-        cap = upload_cap_problems(router.port)
+    with hc.GoodStreams(router.url) as good:
+        found = hc.run_corpus(router.port, cases)
+        cap = hc.upload_cap_problems(router.port)
         # the barrage the issue found: pathological bodies, many times more than ejection needs
         barrage = [c for c in cases if c.code in ("json_too_deep", "number_too_long")] * 3
-        found.update({f"barrage:{k}": v for k, v in run_corpus(router.port, barrage).items()})
+        found.update({f"barrage:{k}": v for k, v in hc.run_corpus(router.port, barrage).items()})
         view = _admin_view(router)  # while the good stream still runs
     assert found == {}, "\n".join(f"{cid}: {p}" for cid, p in found.items())
     assert cap == []
@@ -53,9 +46,9 @@ def test_corpus_against_a_router_in_front_of_three_engines(procs, tmp_path):
     assert _metric(router, "kvfleet_router_backend_errors_total") == 0
     assert good.errors == [] and len(good.results) >= 2
     assert all(r == alone for r in good.results), (alone, good.results)
-    assert stream_text(router.url, GOOD) == alone
+    assert hc.stream_text(router.url, hc.GOOD) == alone
     for proc in [router, *engines]:
-        assert log_problems(proc.log_text()) == [], proc.log_text()[-3000:]
+        assert hc.log_problems(proc.log_text()) == [], proc.log_text()[-3000:]
 
 
 def test_engine_errors_caused_by_the_request_pass_through_without_ejection(procs, tmp_path):
@@ -65,9 +58,9 @@ def test_engine_errors_caused_by_the_request_pass_through_without_ejection(procs
     router = start_router(procs, tmp_path, engines)
     refused = [c for c in cases_for("router") if c.id.startswith("type-")]
     assert len(refused) >= 30
-    assert run_corpus(router.port, refused * 2) == {}
+    assert hc.run_corpus(router.port, refused * 2) == {}
     view = _admin_view(router)
     assert all(e["is_healthy"] for e in view["endpoints"])
     assert _metric(router, "kvfleet_router_ejections_total") == 0
     assert _metric(router, "kvfleet_router_requests_total") >= len(refused)  # they did reach
-    assert stream_text(router.url, GOOD) == stream_text(engines[0].url, GOOD)
+    assert hc.stream_text(router.url, hc.GOOD) == hc.stream_text(engines[0].url, hc.GOOD)
