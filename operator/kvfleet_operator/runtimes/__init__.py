@@ -3,5 +3,6 @@
 The local runtime (`kvfleet up`): `local` (replicas as processes), `router_control` (the
 router's admin API over HTTP), `metrics_sources` (scrape or Prometheus), `local_store`
 (`state.json`), plus `progress` for the terminal. The simulator's ports live in
-`kvfleet_sim.ports`. There is no Kubernetes runtime in this build yet.
+`kvfleet_sim.ports`. `kubernetes/` so far builds the manifests a Kubernetes runtime will
+apply (`kvfleet operator render`); its ports are not in this build yet.
 """

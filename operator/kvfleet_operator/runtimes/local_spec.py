@@ -14,6 +14,9 @@ def unhonoured_fields(spec: PoolSpec) -> list[str]:
     if spec.engine.image:
         out.append(f"engine.image ({spec.engine.image}) is ignored: local engines run as "
                    "processes from this install")
+    if spec.routing.placement != "deployment":
+        out.append(f"routing.placement ({spec.routing.placement}) is ignored: a local fleet "
+                   "runs one router process in front of its engines")
     if spec.routing.replicas > 1:
         out.append(f"routing.replicas ({spec.routing.replicas}) is ignored: a local fleet "
                    "runs one router")
