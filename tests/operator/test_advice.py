@@ -33,7 +33,8 @@ def test_fields_a_local_fleet_cannot_honour_are_named():
     lines = unhonoured_fields(_spec(engine={"image": "ghcr.io/x/y:1"}, topology={"unified": role},
                                     routing={"replicas": 3, "placement": "sidecar"}))
     named = " ".join(lines)
-    for field in ("engine.image", "routing.replicas (3)", "routing.placement (sidecar)", "topology.unified.resources",
-                  "topology.unified.nodeSelector", "topology.unified.tolerations"):
+    for field in ("engine.image", "routing.replicas (3)", "routing.placement (sidecar)",
+                  "topology.unified.resources", "topology.unified.nodeSelector",
+                  "topology.unified.tolerations"):
         assert field in named, lines
     assert unhonoured_fields(_spec()) == []
