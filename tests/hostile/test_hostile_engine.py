@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import urllib.request
 
-from conftest import start_engine
 from corpus import cases_for
 from hostile_client import (
     GOOD,
@@ -14,6 +13,7 @@ from hostile_client import (
     stream_text,
     upload_cap_problems,
 )
+from hostile_fleet import start_engine
 
 
 def test_corpus_against_an_engine(procs):

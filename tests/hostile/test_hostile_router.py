@@ -7,8 +7,8 @@ import json
 import urllib.request
 
 import hostile_client as hc
-from conftest import start_engine, start_router
 from corpus import ADMIN_TOKEN, cases_for
+from hostile_fleet import start_engine, start_router
 
 
 def _admin_view(router) -> dict:

@@ -8,8 +8,8 @@ import os
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from conftest import ENGINE_ARGS, ENV
 from helpers.procs import ProcessGroup, kvfleet_argv
+from hostile_fleet import ENGINE_ARGS, ENV
 from kvfleet_engine.contract.http_limits import (
     MAX_JSON_DEPTH,
     MAX_NUMBER_DIGITS,
