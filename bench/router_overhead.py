@@ -97,6 +97,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default=str(RESULTS_DIR / "router_overhead.json"))
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--quick", action="store_true", help="a few seconds in all, for smoke tests")
+    p.add_argument("--render", metavar="JSON",
+                   help="re-summarise a saved result (its runs) and rewrite its .md; no run")
     args = p.parse_args(argv)
     if args.quick:
         args.levels, args.headline_level = "1:0,8:8,8:0", "8:8"
@@ -283,6 +285,19 @@ def headline(runs: dict, latency: dict, key: str, levels: list[str]) -> dict[str
                 per_rep.append(row.get("router_cpu_us_per_req", float("nan")) / best)
             ratios[t] = stat(per_rep)
         out["cpu_ratio_to_cheapest_peer"] = ratios
+        # like for like: kvfleet's cache-aware against the peers' cache_aware, round-robin
+        # against round_robin, per repetition
+        same: dict[str, dict[str, float]] = {}
+        for t in mine:
+            policy = t.split(":", 1)[1].replace("-", "_")
+            for pt in peers:
+                if pt.split(":", 1)[1] != policy:
+                    continue
+                per_rep = [a.get("router_cpu_us_per_req", float("nan"))
+                           / b.get("router_cpu_us_per_req", float("nan"))
+                           for a, b in zip(runs[t][key], runs[pt][key], strict=True)]
+                same[f"{t} / {pt}"] = stat(per_rep)
+        out["cpu_ratio_same_policy"] = same
     return out
 
 
@@ -354,6 +369,11 @@ def markdown(result: dict) -> str:
         lines.append(f"| {t} | {fmt(row['router_cpu_us_per_req'], 0)} | "
                      f"{head['implied_one_core_rps'].get(t, float('nan')):.0f} | {ratio} | "
                      f"{fmt(row['rps'], 0)} | {fmt(row['router_util'], 2)} |")
+    same = head.get("cpu_ratio_same_policy", {})
+    if same:
+        lines += ["", "Same policy, CPU per request ratio (per repetition, median (min–max)): "
+                  + "; ".join(f"{k} {v['median']:.2f}x ({v['min']:.2f}–{v['max']:.2f})"
+                              for k, v in same.items()) + "."]
     lines += ["", "Added latency at the paced (unsaturated) levels, ms, target minus direct in "
               "the same repetition, p50 / p99:", "",
               "| target | " + " | ".join(paced) + " |", "|---|" + "---|" * len(paced)]
@@ -404,8 +424,22 @@ def machine_info() -> dict[str, Any]:
     return {"cpu": model, "num_cpus": os.cpu_count(), "loadavg": os.getloadavg()}
 
 
+def render(path: Path) -> int:
+    result = json.loads(path.read_text())
+    meta = result["meta"]
+    head_level = result.get("headline", {}).get("level", HEADLINE_LEVEL)
+    result.update(summarise(result["runs"], result["streams"], meta["levels"], head_level))
+    path.write_text(json.dumps(result, indent=1))
+    text = markdown(result)
+    path.with_suffix(".md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    if args.render:
+        return render(Path(args.render))
     loadgen.install_uvloop()
     cpus = procs.usable_cpus()
     can_pin = not args.no_pin and len(cpus) >= 2
