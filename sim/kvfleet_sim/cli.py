@@ -1,23 +1,35 @@
-"""`kvfleet sim`: replay a trace through a simulated fleet in virtual time, once per scaler.
+"""`kvfleet sim`: replay a trace through a simulated fleet in virtual time.
 
-    kvfleet sim --trace ../shared/traces/azure_llm_2023_conv.csv --pool examples/local-sim.yaml
+    kvfleet sim run --trace ../shared/traces/mooncake_conversation.jsonl \\
+        --pool sim/pools/h100-llama3-8b-16.yaml --start-s 0 --warmup-s 0 --duration-s 3600 \\
+        --compress 1 --scaler fixed-max
+    kvfleet sim compare --trace ... --pool a.yaml --policy cache-aware --policy round-robin
+    kvfleet sim --trace ... --pool ...   # (no subcommand) compare every scaler, as before
 
-Bad flags, an unreadable trace or an invalid pool end with one line on stderr and exit 2.
+`run` replays one configuration; `compare` replays every combination of the given pools,
+scalers and policies on the same trace slice and seed, one table. Traces: the Azure LLM
+CSVs or the Mooncake JSONL (by content). Results (`--json`) are bit-for-bit reproducible
+for a given seed. Bad flags, an unreadable or malformed trace, an impossible rate or a pool
+the simulator cannot model end with one line on stderr and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kvfleet_sim.fleet import SimError, SimSettings
 from kvfleet_sim.report import Summary
-from kvfleet_sim.run import SimRun, run_scalers
+from kvfleet_sim.run import POLICIES, SimRun, Variant, run_variants
 from kvfleet_sim.scalers import SCALERS
-from kvfleet_sim.trace import TraceError
+from kvfleet_sim.trace import TraceError, TraceRequest
+
+COMMANDS = ("run", "compare")
 
 
 class CLIError(Exception):
@@ -29,38 +41,75 @@ class _Parser(argparse.ArgumentParser):
         raise CLIError(message)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="kvfleet sim", description=__doc__.splitlines()[0])
-    p.add_argument("--trace", required=True, help="Azure LLM trace CSV")
-    p.add_argument("--pool", required=True, help="InferencePool YAML (builtin, simulated)")
-    p.add_argument("--scaler", action="append", choices=sorted(SCALERS),
-                   help="repeatable; default: all of them")  # fmt: skip
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", required=True, help="Azure LLM trace CSV or Mooncake JSONL")
     p.add_argument("--start-s", type=float, default=1800.0, help="slice start in the trace")
     p.add_argument("--duration-s", type=float, default=600.0, help="measured slice length")
     p.add_argument("--warmup-s", type=float, default=120.0,
                    help="trace time replayed before the slice, not measured")  # fmt: skip
     p.add_argument("--compress", type=float, default=4.0, help="time compression factor")
+    p.add_argument("--rate", type=float, default=1.0,
+                   help="request-rate multiplier over the same span")  # fmt: skip
     p.add_argument("--startup-s", type=float, default=10.0, help="replica provisioning time")
+    p.add_argument("--seed", type=int, default=0, help="the router's random seed")
+    p.add_argument("--prefix-mode", choices=("approximate", "precise"), default=None,
+                   help="override the endpoints' prefix index mode (default: the pool's)")
     p.add_argument("--ttft-slo", type=float, default=None, help="default: the pool's target")
     p.add_argument("--itl-slo", type=float, default=None, help="default: pool's, else 0.05")
     p.add_argument("--json", default=None, help="write summaries and timelines here")
     p.add_argument("--plot", default=None, help="write a replicas-over-time PNG here")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar on stderr (tqdm; default: when stderr is a terminal)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="kvfleet sim", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="replay one configuration")
+    _common(run)
+    run.add_argument("--pool", required=True, help="InferencePool YAML (builtin, simulated)")
+    run.add_argument("--scaler", choices=sorted(SCALERS), default="kvfleet")
+    run.add_argument("--policy", choices=sorted(POLICIES), default=None,
+                     help="routing policy in place of the pool's")  # fmt: skip
+    cmp = sub.add_parser("compare", help="several pools, scalers or policies, one table")
+    _common(cmp)
+    cmp.add_argument("--pool", action="append", required=True, help="repeatable")
+    cmp.add_argument("--scaler", action="append", choices=sorted(SCALERS),
+                     help="repeatable; default: all of them")  # fmt: skip
+    cmp.add_argument("--policy", action="append", choices=sorted(POLICIES),
+                     help="repeatable; default: each pool's own")  # fmt: skip
     return p
+
+
+def variants_of(args: argparse.Namespace) -> list[Variant]:
+    if args.command == "run":
+        return [Variant(args.pool, args.scaler, args.policy)]
+    scalers = args.scaler or list(SCALERS)
+    policies: list[str | None] = list(args.policy) if args.policy else [None]
+    return [Variant(pool, scaler, policy)
+            for pool, policy, scaler in itertools.product(args.pool, policies, scalers)]
+
+
+def _ms(*values: float) -> str:
+    return " / ".join(f"{v * 1000:.0f}" for v in values)
 
 
 def format_table(summaries: list[Summary], ttft_slo: float, itl_slo: float) -> str:
     head = (
-        f"| scaler | SLO met (TTFT<={ttft_slo:g}s, ITL<={itl_slo * 1000:g}ms) "
-        "| TTFT p50 / p90 / p99 (s) | ITL p50 / p90 (ms) | replica-s | mean / max replicas "
-        "| scale events | failed |"
+        f"| run | SLO met (TTFT<={ttft_slo:g}s, ITL<={itl_slo * 1000:g}ms) | prefix hit "
+        "| TTFT p50 / p90 / p99 (ms) | ITL p50 / p90 / p99 (ms) | E2E p50 / p90 / p99 (s) "
+        "| imbalance mean / p90 | replica-s | mean / max replicas | scale events | failed |"
     )
-    rows = [head, "|" + "---|" * 8]
+    rows = [head, "|" + "---|" * 11]
     for s in summaries:
         rows.append(
-            f"| {s.scaler} | {s.slo_attainment:.1%} | {s.ttft_p50_s:.2f} / {s.ttft_p90_s:.2f} / "
-            f"{s.ttft_p99_s:.2f} | {s.itl_p50_s * 1000:.1f} / {s.itl_p90_s * 1000:.1f} | "
-            f"{s.replica_seconds:.0f} | {s.mean_replicas:.2f} / {s.max_replicas} | "
-            f"{s.num_scale_events} | {s.num_failed} |"
+            f"| {s.name} | {s.slo_attainment:.1%} | {s.prefix_hit_rate:.1%} "
+            f"| {_ms(s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s)} "
+            f"| {_ms(s.itl_p50_s, s.itl_p90_s, s.itl_p99_s)} "
+            f"| {s.e2e_p50_s:.1f} / {s.e2e_p90_s:.1f} / {s.e2e_p99_s:.1f} "
+            f"| {s.imbalance_mean:.2f} / {s.imbalance_p90:.2f} | {s.replica_seconds:.0f} "
+            f"| {s.mean_replicas:.2f} / {s.max_replicas} | {s.num_scale_events} "
+            f"| {s.num_failed} |"
         )
     return "\n".join(rows)
 
@@ -76,7 +125,8 @@ def write_plot(path: str, runs: list[SimRun], start_s: float) -> None:
     for i, run in enumerate(runs):
         pts = [(t - start_s, p) for t, p, _ in run.result.timeline if t >= start_s]
         ax.step([t for t, _ in pts], [p for _, p in pts], where="post", label=run.name,
-                linestyle=styles[i % len(styles)], linewidth=2.5 - 0.5 * i)  # fmt: skip
+                linestyle=styles[i % len(styles)],
+                linewidth=max(0.8, 2.5 - 0.5 * i))  # fmt: skip
     ax.set_xlabel("virtual seconds into the measured slice")
     ax.set_ylabel("replicas provisioned")
     ax.legend()
@@ -85,15 +135,41 @@ def write_plot(path: str, runs: list[SimRun], start_s: float) -> None:
     plt.close(fig)
 
 
+def progress_bars(enabled: bool) -> Callable[[list[TraceRequest], str], Callable[[int], None]] | None:
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+
+    def make(trace: list[TraceRequest], label: str) -> Callable[[int], None]:
+        bar = tqdm(total=len(trace), desc=label, unit="req", file=sys.stderr, leave=False)
+
+        def update(n: int) -> None:
+            bar.update(n - bar.n)
+            if n >= len(trace):
+                bar.close()
+
+        return update
+
+    return make
+
+
 def main(argv: list[str]) -> int:
+    if not argv or argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+        argv = ["compare", *argv]  # `kvfleet sim --trace ... --pool ...`, as before
     try:
         args = build_parser().parse_args(argv)
         started = time.perf_counter()
-        runs, ttft_slo, itl_slo = run_scalers(
-            trace_path=args.trace, pool_path=args.pool, scalers=args.scaler or list(SCALERS),
+        show = sys.stderr.isatty() if args.progress is None else args.progress
+        runs, ttft_slo, itl_slo = run_variants(
+            trace_path=args.trace, variants=variants_of(args),
             start_s=args.start_s, duration_s=args.duration_s, warmup_s=args.warmup_s,
-            compress=args.compress, settings=SimSettings(startup_s=args.startup_s),
-            ttft_slo_s=args.ttft_slo, itl_slo_s=args.itl_slo,
+            compress=args.compress, rate=args.rate,
+            settings=SimSettings(startup_s=args.startup_s, seed=args.seed,
+                                 prefix_mode=args.prefix_mode),
+            ttft_slo_s=args.ttft_slo, itl_slo_s=args.itl_slo, progress=progress_bars(show),
         )  # fmt: skip
     except (CLIError, SimError, TraceError, ValueError, OSError) as exc:
         print(f"kvfleet sim: {str(exc).splitlines()[0]}", file=sys.stderr)
@@ -102,7 +178,8 @@ def main(argv: list[str]) -> int:
     print(format_table(summaries, ttft_slo, itl_slo))
     print(f"({len(runs)} runs in {time.perf_counter() - started:.0f} s wall)")
     if args.json:
-        out = {"args": vars(args), "ttft_slo_s": ttft_slo, "itl_slo_s": itl_slo,
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "plot", "progress")}
+        out = {"args": settings, "ttft_slo_s": ttft_slo, "itl_slo_s": itl_slo,
                "runs": [r.to_dict() for r in runs]}  # fmt: skip
         Path(args.json).write_text(json.dumps(out, indent=1))
     if args.plot:

@@ -1,14 +1,18 @@
 """The virtual-time fleet: a trace in, per-request latencies and replica-seconds out.
 
 What is real and what is simulated:
-- real: each replica's `LLMEngine` (scheduler, paged KV cache, preemption), the router's
-  policy code (`kvfleet_router.policies`, with its filters, scorers and saturation guard),
+- real: each replica's `LLMEngine` (scheduler, paged KV cache, preemption, prefix cache and
+  its KV events), the router's `RouterCore` (registry, approximate and precise prefix
+  indexes, policies with their filters, scorers and saturation guard; every request goes
+  through `route` and `start`, as the dispatcher does, and precise-mode endpoints get their
+  engine's BlockStored/BlockRemoved events after each step, as `kv_events.py` feeds them),
   and the control loop itself: `ControlLoop.tick()` (signals, the scaler under test,
   reconcile, the router push, drains), the same code `kvfleet up` runs, over the
   virtual-time ports in `ports.py`;
 - simulated: GPU time (the engine's cost-model profile, per step), process start-up
-  (`startup_s` from provisioning to ready), the network (zero latency), and the router's
-  hold queue (unbounded here; the real router answers 429 after its queue timeout).
+  (`startup_s` from provisioning to ready), the network (zero latency: KV events arrive at
+  the end of the step that made them), and the router's hold queue (unbounded and FIFO
+  here; the real router answers 429 after its queue timeout).
 
 Events run in time order: arrivals, replica steps (each replica on its own clock), the
 router's scrapes of its endpoints every `scrape_interval_s`, control-loop ticks every
@@ -19,17 +23,19 @@ replica's grace period.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from array import array
 from dataclasses import dataclass, field
 
+from kvfleet_engine.contract import KVEvent
 from kvfleet_engine.core.config import EngineConfig
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.api.status import DECISION_REASONS
 from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
 from kvfleet_operator.loop.ports import Saved
 from kvfleet_operator.loop.state import LoopState
+from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.endpoint import Signals as EndpointSignals
-from kvfleet_router.policies import RouteContext
 from kvfleet_router.request_info import RequestInfo
 
 from kvfleet_sim.ports import (
@@ -44,7 +50,7 @@ from kvfleet_sim.ports import (
 )
 from kvfleet_sim.replica import Finished
 from kvfleet_sim.scalers import SimScaler
-from kvfleet_sim.trace import TraceRequest
+from kvfleet_sim.trace import TraceRequest, prompt_tokens
 
 
 class SimError(ValueError):
@@ -59,10 +65,13 @@ class SimSettings:
     seed: int = 0
     sees_router_queue: bool = True  # whether the scaler is told about router-held requests
     measure_from_s: float = 0.0  # warm-up before this: run, but not measured
+    prefix_mode: str | None = None  # override every endpoint's prefix_mode (approx/precise)
 
     def __post_init__(self) -> None:
         if self.startup_s < 0 or self.scrape_interval_s <= 0 or self.tick_s <= 0:
             raise SimError("startup_s must be >= 0, scrape_interval_s and tick_s > 0")
+        if self.prefix_mode not in (None, "approximate", "precise"):
+            raise SimError(f"prefix_mode must be approximate or precise, got {self.prefix_mode!r}")
 
 
 @dataclass(slots=True)
@@ -75,6 +84,9 @@ class SimResult:
     num_scale_events: int
     num_clipped: int  # prompts cut to fit max_model_len
     reasons: list[tuple[float, str]] = field(default_factory=list)  # when the count moved
+    imbalance: list[tuple[float, float]] = field(default_factory=list)  # (t, max-min / mean)
+    prefix_tokens: tuple[int, int] = (0, 0)  # engines' (queried, hit) prompt tokens, measured
+    router_hit_ratio: float = 0.0  # the router's own estimate (approximate index)
 
 
 def engine_config(pool: InferencePool) -> EngineConfig:
@@ -107,7 +119,7 @@ class FleetSim:
         self.order = 0
         self.runtime = SimRuntime(self.config, self.spec.engine.profile or "", settings.startup_s,
                                   settings.measure_from_s, self.clock, self.push)  # fmt: skip
-        self.router = SimRouter(settings.seed, settings.sees_router_queue)
+        self.router = SimRouter(settings.seed, settings.sees_router_queue, settings.prefix_mode)
         self.router.on_config = lambda: self.dispatch(self.clock.t)
         self.events = SimEvents(self.clock)
         # A fleet provisioned for the peak starts there; autoscaled ones start as the pool says.
@@ -120,6 +132,14 @@ class FleetSim:
         )  # fmt: skip
         self.finished: list[Finished] = []
         self.timeline: list[tuple[float, int, int]] = []
+        self.imbalance: list[tuple[float, float]] = []
+        self.serving: dict[str, EndpointState] = {}  # request id -> the endpoint it holds
+        self.prefix_at_start: tuple[int, int] | None = None  # engines' counters at warm-up end
+
+    @staticmethod
+    def check_pool(pool: InferencePool) -> None:
+        """Raise SimError for a pool the simulator cannot model."""
+        engine_config(pool)
 
     # --- events ---
 
@@ -127,7 +147,9 @@ class FleetSim:
         self.order += 1
         heapq.heappush(self.heap, (t, self.order, kind, name))
 
-    def run(self, trace: list[TraceRequest]) -> SimResult:
+    def run(self, trace: list[TraceRequest],
+            progress: Callable[[int], None] | None = None) -> SimResult:
+        """Replay `trace`; `progress(n)` (if given) hears every 256th arrival's count."""
         # The fleet is up before the trace starts: one tick starts it, one pushes its config.
         drive(self.loop.tick())
         drive(self.loop.tick())
@@ -140,8 +162,11 @@ class FleetSim:
             if i < len(trace) and (not self.heap or trace[i].t <= self.heap[0][0]):
                 req = trace[i]
                 t = self.clock.t = req.t
-                prompt, clipped = self.prompt_tokens(i, req)
-                num_clipped += clipped
+                limit = self.config.max_model_len - req.num_output_tokens
+                num_clipped += req.num_prompt_tokens > limit
+                prompt = prompt_tokens(req, i, limit)
+                if progress is not None and not i & 255:
+                    progress(i)
                 self.router.held.append(HeldRequest(f"q{i}", prompt, req.num_output_tokens, t))
                 self.dispatch(t)
                 i += 1
@@ -160,7 +185,10 @@ class FleetSim:
                 if is_busy:
                     self.push(t + self.settings.scrape_interval_s, "scrape")
             elif kind == "kill":
-                self.runtime.kill(name)
+                for f in self.runtime.kill(name):
+                    self.release(f.request_id)
+        if progress is not None:
+            progress(len(trace))
         return self.result(t, num_clipped)
 
     def result(self, end: float, num_clipped: int) -> SimResult:
@@ -170,21 +198,21 @@ class FleetSim:
         for r in [r for r, _ in self.runtime.retired] + list(self.runtime.by_name.values()):
             gaps.extend(r.itl_gaps)
         scale = [(t, e.message) for t, e in self.events.events if e.reason in DECISION_REASONS]
+        queried, hit = self.prefix_counters()
+        q0, h0 = self.prefix_at_start or (0, 0)
         return SimResult(self.finished + self.runtime.cut_off, gaps, self.timeline, lifetimes,
-                         end, len(scale), num_clipped, scale)  # fmt: skip
+                         end, len(scale), num_clipped, scale, self.imbalance,
+                         (queried - q0, hit - h0), self.router.core.prefix_hit_ratio)  # fmt: skip
+
+    def prefix_counters(self) -> tuple[int, int]:
+        """Prompt tokens looked up in, and found in, every engine's prefix cache so far."""
+        replicas = [r for r, _ in self.runtime.retired] + list(self.runtime.by_name.values())
+        kvs = [r.engine.kv_cache for r in replicas]
+        return sum(kv.prefix_cache_queries for kv in kvs), sum(kv.prefix_cache_hits for kv in kvs)
 
     def is_busy(self, i: int, n: int, t: float, trace_end: float) -> bool:
         has_work = any(r.num_in_flight for r in self.runtime.by_name.values()) or self.router.held
         return i < n or t <= trace_end or bool(has_work)
-
-    def prompt_tokens(self, i: int, req: TraceRequest) -> tuple[list[int], int]:
-        """Distinct tokens per request: the Azure trace has no prefix sharing to model."""
-        n = req.num_prompt_tokens
-        limit = self.config.max_model_len - req.num_output_tokens
-        clipped = int(n > limit)
-        n = max(1, min(n, limit))
-        base = i * 7919
-        return [(base + j) % 100_000 + 1 for j in range(n)], clipped
 
     # --- control plane ---
 
@@ -200,40 +228,45 @@ class FleetSim:
     # --- data plane ---
 
     def dispatch(self, t: float) -> None:
-        policy = self.router.policy
-        if not self.router.held or policy is None:
+        """Route held requests in arrival order through the router core; stop at the first
+        one it cannot place (no endpoint, or all saturated): it waits at the queue's head."""
+        held = self.router.held
+        if not held:
             return
-        eps = list(self.router.endpoints.values())
-        still: list[HeldRequest] = []
-        for held in self.router.held:
-            ctx = RouteContext(
-                request=RequestInfo(model=self.spec.model.api_name, max_tokens=held.num_output),
-                role="unified", num_prompt_tokens=len(held.prompt), now=t, rng=self.router.rng,
-            )  # fmt: skip
-            decision = policy.choose(eps, ctx)
-            if decision.endpoint is None:
-                still.append(held)
-                continue
-            ep = decision.endpoint
-            ep.num_in_flight += 1
+        core, model = self.router.core, self.spec.model.api_name
+        num_routed = 0
+        for h in held:
+            info = RequestInfo(model=model, prompt_token_ids=h.prompt, max_tokens=h.num_output)
+            routed = core.route(info, "unified", t)
+            ep = core.start(routed)
+            if ep is None:
+                break
+            num_routed += 1
+            self.serving[h.request_id] = ep
             replica = self.runtime.by_name[ep.name]
-            num_output = min(held.num_output, self.config.max_model_len - len(held.prompt))
-            replica.add(held.request_id, held.prompt, num_output, held.arrival)
+            num_output = min(h.num_output, self.config.max_model_len - len(h.prompt))
+            replica.add(h.request_id, h.prompt, num_output, h.arrival)
             if not replica.is_stepping:
                 replica.is_stepping = True
                 self.push(max(t, replica.clock.now_s), "step", ep.name)
-        self.router.held = still
+        if num_routed:
+            del held[:num_routed]
+
+    def release(self, request_id: str) -> None:
+        ep = self.serving.pop(request_id, None)
+        if ep is not None:
+            self.router.core.finish(ep)
+            self.router.core.registry.prune_retired()
 
     def step(self, t: float, name: str) -> None:
         replica = self.runtime.by_name.get(name)
         if replica is None:
             return
         end, done = replica.step(t)
-        endpoint = self.router.endpoints.get(name)
+        self.feed_kv_events(name, replica.engine.drain_kv_events())
         for f in done:
             self.finished.append(f)
-            if endpoint is not None:
-                endpoint.num_in_flight -= 1
+            self.release(f.request_id)
         if replica.engine.has_unfinished_requests():
             self.push(end, "step", name)
         else:
@@ -243,8 +276,21 @@ class FleetSim:
         if done and self.router.held:
             self.dispatch(end)
 
+    def feed_kv_events(self, name: str, events: list[KVEvent]) -> None:
+        """What the router's KV-event follower does with each line, for endpoints in
+        precise mode (it follows only those, and only while they are in the config)."""
+        ep = self.router.endpoints.get(name)
+        if events and ep is not None and ep.prefix_mode == "precise":
+            apply = self.router.core.precise.apply
+            for event in events:
+                apply(name, event)
+
     def scrape(self, t: float) -> None:
-        """The router's own poll of its endpoints' /metrics (routing signals)."""
+        """The router's own poll of its endpoints' /metrics (routing signals), and one
+        load-imbalance sample over the endpoints taking requests."""
+        if self.prefix_at_start is None and t >= self.settings.measure_from_s:
+            self.prefix_at_start = self.prefix_counters()
+        loads: list[float] = []
         for name, ep in self.router.endpoints.items():
             replica = self.runtime.by_name.get(name)
             if replica is None:
@@ -258,4 +304,9 @@ class FleetSim:
                 scraped_at=t,
             ))  # fmt: skip
             ep.is_signals_fresh = True
+            if ep.is_accepting() and replica.state == "ready":
+                loads.append(ep.queue_depth() / ep.capacity)
+        if t >= self.settings.measure_from_s and loads:
+            mean = sum(loads) / len(loads)
+            self.imbalance.append((t, (max(loads) - min(loads)) / mean if mean > 0 else 0.0))
         self.dispatch(t)

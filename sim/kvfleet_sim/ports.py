@@ -5,8 +5,10 @@ that `kvfleet up` runs, over these instead of processes and HTTP.
 - `SimRuntime`: replicas are `SimReplica`s; start-up takes `startup_s` of virtual time
   (a fleet provisioned before the trace starts is ready at once); a deleted replica leaves
   the router, finishes what it holds, and is cut off after its grace period.
-- `SimRouter`: the router's endpoint states and policy; `push` applies a config as the
-  admin API would; its view is the endpoints' in-flight counts; held requests wait in it.
+- `SimRouter`: the router's own `RouterCore` (registry, prefix indexes, policies) behind
+  its `ConfigStore`: `push` goes through `ConfigStore.push`, the code path of an admin PUT
+  (versions only go up); its view is what `GET /admin/config` lists (retired endpoints
+  with in-flight requests included); held requests wait in it.
 - `SimMetrics`: a replica's engine stats read directly (no network, never stale).
 - `SimStore` keeps state in memory; `SimEvents` records every event with its time.
 - `drive(coro)`: run a coroutine that never suspends (every port here is synchronous).
@@ -28,8 +30,9 @@ from kvfleet_operator.loop.state import LoopState
 from kvfleet_operator.reconcile import RolePlan
 from kvfleet_operator.signals import Scrape
 from kvfleet_router.config import RouterConfig
+from kvfleet_router.config_store import ConfigStore
 from kvfleet_router.endpoint import EndpointState
-from kvfleet_router.policies import Policy, build_policy
+from kvfleet_router.router_core import RouterCore
 
 from kvfleet_sim.replica import Finished, SimReplica
 
@@ -106,12 +109,15 @@ class SimRuntime:
         if replica is not None:
             self.retired.append((replica, self.clock()))
 
-    def kill(self, name: str) -> None:
+    def kill(self, name: str) -> list[Finished]:
         """The grace period is over: what is still running is cut off (counted as failed)."""
         replica = self.by_name.get(name)
-        if replica is not None and replica.state == "stopping":
-            self.cut_off += replica.abort_all(self.clock())
-            self.remove(name)
+        if replica is None or replica.state != "stopping":
+            return []
+        cut = replica.abort_all(self.clock())
+        self.cut_off += cut
+        self.remove(name)
+        return cut
 
 
 @dataclass(slots=True)
@@ -123,35 +129,39 @@ class HeldRequest:
 
 
 class SimRouter:
-    def __init__(self, seed: int, sees_held: bool = True) -> None:
-        self.endpoints: dict[str, EndpointState] = {}
-        self.policy: Policy | None = None
-        self.version = 0
-        self.held: list[HeldRequest] = []
+    """One router replica in virtual time: the production routing core, configured through
+    the production config store. `prefix_mode` (when set) overrides every endpoint's
+    `prefix_mode` in a pushed config, so precise KV-event indexing can be simulated although
+    the operator's router config asks for approximate."""
+
+    def __init__(self, seed: int, sees_held: bool = True, prefix_mode: str | None = None) -> None:
         self.rng = random.Random(seed)
+        self.core = RouterCore(RouterConfig.from_dict({"version": 0}), rng=self.rng)
+        self.store = ConfigStore(self.core)
+        self.held: list[HeldRequest] = []
         self.sees_held = sees_held  # whether the scaler is told about held requests
+        self.prefix_mode = prefix_mode
         self.on_config: Callable[[], None] = lambda: None  # the fleet re-dispatches held ones
 
+    @property
+    def endpoints(self) -> dict[str, EndpointState]:
+        return self.core.registry.by_name
+
+    @property
+    def version(self) -> int:
+        return self.core.cfg.version
+
     async def push(self, config: dict[str, Any]) -> None:
-        cfg = RouterConfig.from_dict(config)
-        if self.policy is None:
-            self.policy = build_policy(cfg.policy.name, cfg)
-        keep: dict[str, EndpointState] = {}
-        for ep_cfg in cfg.endpoints:
-            state = self.endpoints.get(ep_cfg.name)
-            if state is None:
-                state = EndpointState.from_config(ep_cfg, cfg.health)
-            else:
-                state.apply_config(ep_cfg)
-            keep[ep_cfg.name] = state
-        self.endpoints = keep
-        self.version = cfg.version
+        if self.prefix_mode is not None:
+            config = {**config, "endpoints": [{**e, "prefix_mode": self.prefix_mode}
+                                              for e in config.get("endpoints", [])]}
+        await self.store.push(RouterConfig.from_dict(config))
         self.on_config()
 
     async def view(self) -> RouterView | None:
         return RouterView(self.version, {
-            name: EndpointView(name, e.state_name(), e.num_in_flight, True)
-            for name, e in self.endpoints.items()
+            e.name: EndpointView(e.name, e.state_name(), e.num_in_flight, True)
+            for e in self.store.endpoints()
         })  # fmt: skip
 
     async def num_held(self) -> int:

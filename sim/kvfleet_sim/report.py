@@ -1,4 +1,5 @@
-"""Summaries of a simulation run: latency percentiles, SLO attainment, replica-seconds."""
+"""Summaries of a simulation run: latency percentiles, SLO attainment, replica-seconds,
+prefix-cache hit rate and load imbalance."""
 
 from __future__ import annotations
 
@@ -14,13 +15,19 @@ def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return math.nan
     ordered = sorted(values)
+    return _ranked(ordered, q)
+
+
+def _ranked(ordered: Sequence[float], q: float) -> float:
+    if not ordered:
+        return math.nan
     k = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
     return ordered[k]
 
 
 @dataclass(slots=True)
 class Summary:
-    scaler: str
+    name: str
     num_requests: int
     num_failed: int
     ttft_p50_s: float
@@ -28,7 +35,15 @@ class Summary:
     ttft_p99_s: float
     itl_p50_s: float
     itl_p90_s: float
+    itl_p99_s: float
+    e2e_p50_s: float
+    e2e_p90_s: float
+    e2e_p99_s: float
     slo_attainment: float  # fraction of requests with TTFT <= slo and mean ITL <= slo
+    prefix_hit_rate: float  # prompt tokens found in the engines' prefix caches / looked up
+    router_hit_estimate: float  # the router's own estimate of the same (prefix index)
+    imbalance_mean: float  # load imbalance over time: (max - min) / mean of queue/capacity
+    imbalance_p90: float
     replica_seconds: float
     mean_replicas: float
     max_replicas: int
@@ -57,7 +72,9 @@ def summarize(
     end_s = result.end_s if end_s is None else end_s
     measured = [f for f in result.finished if start_s <= f.arrival < end_s]
     done = [f for f in measured if not f.is_aborted]
-    ttfts = [f.first_token - f.arrival for f in done]
+    ttfts = sorted(f.first_token - f.arrival for f in done)
+    e2es = sorted(f.finished - f.arrival for f in done)
+    itls = sorted(result.itl_gaps)
     met = 0
     for f in done:
         n_gaps = f.num_output_tokens - 1
@@ -66,16 +83,26 @@ def summarize(
     n = len(measured)
     seconds = replica_seconds(result.lifetimes, start_s, end_s)
     span = end_s - start_s
+    queried, hit = result.prefix_tokens
+    imbalance = sorted(v for t, v in result.imbalance if start_s <= t < end_s)
     return Summary(
-        scaler=name,
+        name=name,
         num_requests=n,
         num_failed=n - len(done),
-        ttft_p50_s=percentile(ttfts, 50),
-        ttft_p90_s=percentile(ttfts, 90),
-        ttft_p99_s=percentile(ttfts, 99),
-        itl_p50_s=percentile(result.itl_gaps, 50),
-        itl_p90_s=percentile(result.itl_gaps, 90),
+        ttft_p50_s=_ranked(ttfts, 50),
+        ttft_p90_s=_ranked(ttfts, 90),
+        ttft_p99_s=_ranked(ttfts, 99),
+        itl_p50_s=_ranked(itls, 50),
+        itl_p90_s=_ranked(itls, 90),
+        itl_p99_s=_ranked(itls, 99),
+        e2e_p50_s=_ranked(e2es, 50),
+        e2e_p90_s=_ranked(e2es, 90),
+        e2e_p99_s=_ranked(e2es, 99),
         slo_attainment=met / n if n else math.nan,
+        prefix_hit_rate=hit / queried if queried else 0.0,
+        router_hit_estimate=result.router_hit_ratio,
+        imbalance_mean=sum(imbalance) / len(imbalance) if imbalance else 0.0,
+        imbalance_p90=_ranked(imbalance, 90) if imbalance else 0.0,
         replica_seconds=seconds,
         mean_replicas=seconds / span if span > 0 else math.nan,
         max_replicas=max((p for t, p, _ in result.timeline if start_s <= t < end_s), default=0),

@@ -1,36 +1,145 @@
-"""Load a trace slice and a pool, run each named scaler over the same requests."""
+"""Load a trace slice and pools, run each configuration over the same requests.
+
+A configuration (`Variant`) is a pool file, a scaler (`scalers.SCALERS`) and optionally a
+routing policy that replaces the pool's `routing.policy` (`policy_overrides` below: every
+registered router policy, plus `sgl-cache-aware`, sgl-router's rule as a kvfleet config).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from kvfleet_operator.api import load_pool
+from kvfleet_operator.api.pool import InferencePool
+from kvfleet_operator.api.spec import ROUTING_POLICIES, ImbalanceSpec, RoutingSpec, WeightsSpec
 
-from kvfleet_sim.fleet import FleetSim, SimResult, SimSettings
+from kvfleet_sim.fleet import FleetSim, SimError, SimResult, SimSettings
 from kvfleet_sim.report import Summary, summarize
 from kvfleet_sim.scalers import SCALERS
-from kvfleet_sim.trace import load_azure_csv
+from kvfleet_sim.trace import TraceRequest, load_trace
 
 DEFAULT_ITL_SLO_S = 0.05
 DEFAULT_TTFT_SLO_S = 1.0
 
 
+def _sgl_cache_aware(routing: RoutingSpec) -> RoutingSpec:
+    """sgl-router's cache-aware rule: the longest prefix match unless the load is uneven
+    (its defaults: balance_abs_threshold 32, balance_rel_threshold 1.0001), then the
+    least-loaded. In kvfleet terms: cache-aware with only the prefix scorer, behind the
+    same guard with sgl's thresholds."""
+    return dataclasses.replace(
+        routing, policy="cache-aware", weights=WeightsSpec(prefix=1.0, queue=0.0, kv=0.0),
+        imbalance=ImbalanceSpec(abs_threshold=32, rel_threshold=1.0001),
+    )  # fmt: skip
+
+
+def policy_overrides() -> dict[str, Callable[[RoutingSpec], RoutingSpec]]:
+    out: dict[str, Callable[[RoutingSpec], RoutingSpec]] = {
+        name: (lambda r, n=name: dataclasses.replace(r, policy=n)) for name in ROUTING_POLICIES
+    }
+    out["sgl-cache-aware"] = _sgl_cache_aware
+    return out
+
+
+POLICIES = policy_overrides()
+
+
+@dataclass(slots=True, frozen=True)
+class Variant:
+    pool_path: str
+    scaler: str = "kvfleet"
+    policy: str | None = None  # None: the pool's own routing
+
+    def label(self, varying: set[str]) -> str:
+        """The fields that differ between the compared variants (else the scaler)."""
+        parts = [self.pool_path] if "pool_path" in varying else []
+        parts += [self.policy or "pool's policy"] if "policy" in varying else []
+        if "scaler" in varying or not parts:
+            parts.append(self.scaler)
+        return " / ".join(parts)
+
+    def load(self) -> InferencePool:
+        pool = load_pool(self.pool_path)  # fresh status per run
+        if self.policy is not None:
+            pool.spec.routing = POLICIES[self.policy](pool.spec.routing)
+        return pool
+
+
 @dataclass(slots=True)
 class SimRun:
     name: str
+    variant: Variant
     result: SimResult
     summary: Summary
     start_s: float  # where measurement starts (end of warm-up), virtual seconds
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "variant": dataclasses.asdict(self.variant),
             "summary": self.summary.to_dict(),
             "timeline": self.result.timeline,
             "scale_reasons": self.result.reasons,
+            "imbalance": self.result.imbalance,
             "num_clipped_prompts": self.result.num_clipped,
         }
+
+
+def check_variants(variants: list[Variant]) -> None:
+    for v in variants:
+        if v.scaler not in SCALERS:
+            raise ValueError(f"unknown scaler {v.scaler!r}; known: {', '.join(SCALERS)}")
+        if v.policy is not None and v.policy not in POLICIES:
+            raise ValueError(f"unknown policy {v.policy!r}; known: {', '.join(POLICIES)}")
+
+
+def load_slice(trace_path: str, start_s: float, duration_s: float, warmup_s: float,
+               compress: float, rate: float) -> list[TraceRequest]:
+    if warmup_s < 0 or warmup_s > start_s:
+        raise ValueError("need 0 <= warmup_s <= start_s")
+    return load_trace(trace_path, start_s - warmup_s, duration_s + warmup_s, compress, rate)
+
+
+def run_variants(
+    trace_path: str,
+    variants: list[Variant],
+    start_s: float,
+    duration_s: float,
+    warmup_s: float,
+    compress: float,
+    settings: SimSettings,
+    ttft_slo_s: float | None = None,
+    itl_slo_s: float | None = None,
+    rate: float = 1.0,
+    progress: Callable[[list[TraceRequest], str], Callable[[int], None]] | None = None,
+) -> tuple[list[SimRun], float, float]:
+    """(runs, TTFT SLO, ITL SLO). SLOs default to the first pool's p90 targets.
+    `progress(trace, label)` may return a callback told how many requests arrived so far."""
+    check_variants(variants)
+    if not variants:
+        raise ValueError("nothing to run")
+    pools = [v.load() for v in variants]  # every pool checked before the first run
+    for pool in pools:
+        FleetSim.check_pool(pool)
+    trace = load_slice(trace_path, start_s, duration_s, warmup_s, compress, rate)
+    targets = pools[0].spec.autoscaling.targets
+    ttft = ttft_slo_s or targets.ttft_p90_seconds or DEFAULT_TTFT_SLO_S
+    itl = itl_slo_s or targets.itl_p90_seconds or DEFAULT_ITL_SLO_S
+    measure_from = warmup_s / compress
+    measure_to = (warmup_s + duration_s) / compress
+    varying = {f for f in ("pool_path", "scaler", "policy")
+               if len({getattr(v, f) for v in variants}) > 1}  # fmt: skip
+    runs = []
+    for v, pool in zip(variants, pools, strict=True):
+        name = v.label(varying)
+        sim_settings = dataclasses.replace(settings, measure_from_s=measure_from)
+        sim = FleetSim(pool, SCALERS[v.scaler](pool.spec), sim_settings)
+        result = sim.run(trace, progress(trace, name) if progress else None)
+        summary = summarize(name, result, ttft, itl, measure_from, measure_to)
+        runs.append(SimRun(name, v, result, summary, measure_from))
+    return runs, ttft, itl
 
 
 def run_scalers(
@@ -45,23 +154,9 @@ def run_scalers(
     ttft_slo_s: float | None = None,
     itl_slo_s: float | None = None,
 ) -> tuple[list[SimRun], float, float]:
-    """(runs, TTFT SLO, ITL SLO). SLOs default to the pool's p90 targets."""
-    unknown = [s for s in scalers if s not in SCALERS]
-    if unknown:
-        raise ValueError(f"unknown scaler(s) {unknown}; known: {', '.join(SCALERS)}")
-    if warmup_s < 0 or warmup_s > start_s:
-        raise ValueError("need 0 <= warmup_s <= start_s")
-    targets = load_pool(pool_path).spec.autoscaling.targets
-    trace = load_azure_csv(trace_path, start_s - warmup_s, duration_s + warmup_s, compress)
-    ttft = ttft_slo_s or targets.ttft_p90_seconds or DEFAULT_TTFT_SLO_S
-    itl = itl_slo_s or targets.itl_p90_seconds or DEFAULT_ITL_SLO_S
-    measure_from = warmup_s / compress
-    measure_to = (warmup_s + duration_s) / compress
-    runs = []
-    for name in scalers:
-        pool = load_pool(pool_path)  # fresh status per run
-        sim_settings = dataclasses.replace(settings, measure_from_s=measure_from)
-        result = FleetSim(pool, SCALERS[name](pool.spec), sim_settings).run(trace)
-        summary = summarize(name, result, ttft, itl, measure_from, measure_to)
-        runs.append(SimRun(name, result, summary, measure_from))
-    return runs, ttft, itl
+    """One pool, each scaler (the original `kvfleet sim` question)."""
+    return run_variants(trace_path, [Variant(pool_path, s) for s in scalers], start_s,
+                        duration_s, warmup_s, compress, settings, ttft_slo_s, itl_slo_s)
+
+
+__all__ = ["SimError", "SimRun", "Variant", "run_scalers", "run_variants", "POLICIES"]

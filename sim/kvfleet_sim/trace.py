@@ -1,17 +1,41 @@
-"""Request traces for the simulator: the Azure LLM inference traces (CSV), sliced and
-time-compressed.
+"""Request traces for the simulator: the Azure LLM inference traces (CSV) and the Mooncake
+conversation trace (JSONL with `hash_ids`), sliced, time-scaled and rate-multiplied.
 
-`load_azure_csv(path, start_s, duration_s, compress)` returns `TraceRequest`s with
-arrival times relative to the slice start, divided by `compress` (compress 4 replays
-ten minutes in 150 s, at four times the request rate; lengths are unchanged).
+    reqs = load_trace(path, start_s=0, duration_s=600, compress=2.0, rate=1.5)
+
+* Slicing: requests arriving in [start_s, start_s + duration_s) of the trace's own time.
+* `compress`: arrival times (relative to the slice start) are divided by it, so
+  compress 4 replays ten minutes in 150 s at four times the request rate.
+* `rate`: multiplies the request count over the same span. Request i gets
+  floor((i+1)·rate) − floor(i·rate) copies (exact and deterministic; rate < 1 thins),
+  spread evenly up to the next arrival. A copy of a Mooncake request gets its own
+  `hash_ids` (shifted past the slice's largest id), so a copy is a new conversation of the
+  same shape rather than extra hits on the original's prefix.
+
+Prompts (`prompt_tokens`): a Mooncake `hash_id` stands for one 512-token block, and each id
+expands deterministically into 512 pseudo-token ids (SHAKE-128 of the id, one byte per
+token, so the same id always gives the same tokens and different ids different ones); a
+prompt is its ids' blocks in order, cut to `input_length`. Shared ids are thus shared
+token prefixes, which the engines' prefix caches and the router's prefix index see. Azure
+requests get fresh ids of their own (those traces have no prefix sharing to model).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
+from itertools import chain
 from pathlib import Path
+
+MOONCAKE_BLOCK_TOKENS = 512
+MAX_RATE = 1000.0
+_AZURE_ID_BASE = 1 << 40  # synthetic hash ids for Azure requests, clear of Mooncake's
 
 
 class TraceError(ValueError):
@@ -23,6 +47,13 @@ class TraceRequest:
     t: float  # arrival, seconds from the slice start (after compression)
     num_prompt_tokens: int
     num_output_tokens: int
+    hash_ids: tuple[int, ...] = ()  # one per 512-token block; () = unique to this request
+
+
+def _check_scaling(start_s: float, duration_s: float, compress: float) -> None:
+    if not (math.isfinite(start_s) and start_s >= 0 and duration_s > 0
+            and math.isfinite(compress) and compress > 0):  # fmt: skip
+        raise TraceError("need start_s >= 0, duration_s > 0 and compress > 0")
 
 
 def _timestamp(text: str) -> datetime:
@@ -34,13 +65,12 @@ def _timestamp(text: str) -> datetime:
 def load_azure_csv(
     path: str | Path, start_s: float = 0.0, duration_s: float = 600.0, compress: float = 1.0
 ) -> list[TraceRequest]:
-    if duration_s <= 0 or compress <= 0 or start_s < 0:
-        raise TraceError("need start_s >= 0, duration_s > 0 and compress > 0")
+    _check_scaling(start_s, duration_s, compress)
     try:
         with open(path, newline="", encoding="utf-8") as fh:
             rows = list(csv.reader(fh))
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     if not rows or [c.strip() for c in rows[0][:3]] != [
         "TIMESTAMP", "ContextTokens", "GeneratedTokens"
     ]:  # fmt: skip
@@ -65,4 +95,104 @@ def load_azure_csv(
             out.append(TraceRequest(t / compress, num_prompt, num_output))
     if not out:
         raise TraceError(f"{path}: no requests in [{start_s}, {start_s + duration_s}) s")
+    return out
+
+
+def _mooncake_rows(path: str | Path) -> Iterator[tuple[int, float, int, int, tuple[int, ...]]]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for i, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    ts = float(row["timestamp"])
+                    n_in, n_out = int(row["input_length"]), int(row["output_length"])
+                    ids = tuple(int(h) for h in row["hash_ids"])
+                    ok = math.isfinite(ts) and n_in >= 1 and n_out >= 1 and all(
+                        h >= 0 for h in ids) and len(ids) * MOONCAKE_BLOCK_TOKENS >= n_in
+                except (ValueError, KeyError, TypeError):
+                    ok = False
+                if not ok:
+                    raise TraceError(f"{path}:{i}: malformed Mooncake row {line.strip()[:80]!r}")
+                yield i, ts, n_in, n_out, ids
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def load_mooncake(
+    path: str | Path, start_s: float = 0.0, duration_s: float = 3600.0, compress: float = 1.0
+) -> list[TraceRequest]:
+    """Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`."""
+    _check_scaling(start_s, duration_s, compress)
+    out: list[TraceRequest] = []
+    t0: float | None = None
+    for _, ts, n_in, n_out, ids in _mooncake_rows(path):
+        t0 = ts if t0 is None else t0
+        t = (ts - t0) / 1000.0 - start_s
+        if 0 <= t < duration_s:
+            out.append(TraceRequest(t / compress, n_in, n_out, ids))
+    if t0 is None:
+        raise TraceError(f"{path}: no requests in the file")
+    if not out:
+        raise TraceError(f"{path}: no requests in [{start_s}, {start_s + duration_s}) s")
+    out.sort(key=lambda r: r.t)
+    return out
+
+
+def multiply_rate(reqs: list[TraceRequest], rate: float) -> list[TraceRequest]:
+    """The same span with `rate` times the requests (see the module docstring)."""
+    if not (math.isfinite(rate) and 0 < rate <= MAX_RATE):
+        raise TraceError(f"rate multiplier must be in (0, {MAX_RATE:g}], got {rate!r}")
+    if rate == 1.0:
+        return list(reqs)
+    stride = 1 + max((max(r.hash_ids) for r in reqs if r.hash_ids), default=-1)
+    out: list[TraceRequest] = []
+    for i, r in enumerate(reqs):
+        n = math.floor((i + 1) * rate) - math.floor(i * rate)
+        gap = (reqs[i + 1].t - r.t) if i + 1 < len(reqs) else 0.0
+        for c in range(n):
+            ids = tuple(h + c * stride for h in r.hash_ids) if c and r.hash_ids else r.hash_ids
+            out.append(TraceRequest(r.t + gap * c / n, r.num_prompt_tokens,
+                                    r.num_output_tokens, ids))  # fmt: skip
+    if not out:
+        raise TraceError(f"rate multiplier {rate:g} leaves no requests")
+    return out
+
+
+def is_mooncake(path: str | Path) -> bool:
+    """JSON lines (Mooncake) rather than an Azure CSV, judged by the first byte."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64).lstrip()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc.strerror}") from None
+    return head.startswith(b"{")
+
+
+def load_trace(path: str | Path, start_s: float = 0.0, duration_s: float = 600.0,
+               compress: float = 1.0, rate: float = 1.0) -> list[TraceRequest]:
+    """Either format, sliced, time-scaled, then rate-multiplied."""
+    load = load_mooncake if is_mooncake(path) else load_azure_csv
+    return multiply_rate(load(path, start_s, duration_s, compress), rate)
+
+
+@lru_cache(maxsize=16384)
+def block_tokens(hash_id: int) -> tuple[int, ...]:
+    """The 512 token ids (1..256) a hash id stands for: a pure function of the id."""
+    seed = b"kvfleet-block:" + hash_id.to_bytes(8, "little", signed=False)
+    return tuple(b + 1 for b in hashlib.shake_128(seed).digest(MOONCAKE_BLOCK_TOKENS))
+
+
+def prompt_tokens(req: TraceRequest, index: int, max_tokens: int) -> list[int]:
+    """The request's prompt, at most `max_tokens` (>= 1) long. `index` (the request's place
+    in the trace) names the fresh blocks of a request without `hash_ids`."""
+    n = max(1, min(req.num_prompt_tokens, max_tokens))
+    ids: tuple[int, ...] | range = req.hash_ids
+    if not ids:
+        first = _AZURE_ID_BASE + index * 1024
+        ids = range(first, first + -(-n // MOONCAKE_BLOCK_TOKENS))
+    num_blocks = -(-n // MOONCAKE_BLOCK_TOKENS)
+    out = list(chain.from_iterable(block_tokens(h) for h in ids[:num_blocks]))
+    del out[n:]
     return out

@@ -26,7 +26,7 @@ def test_small_run_writes_table_json_and_plot(small_trace, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| kvfleet |" in out and "| fixed-max |" in out and "waiting-5" not in out
     data = json.loads(out_json.read_text())
-    assert [r["summary"]["scaler"] for r in data["runs"]] == ["kvfleet", "fixed-max"]
+    assert [r["summary"]["name"] for r in data["runs"]] == ["kvfleet", "fixed-max"]
     assert all(r["summary"]["num_requests"] == 80 for r in data["runs"])
     assert out_png.stat().st_size > 1000
 
