@@ -25,7 +25,7 @@ from multidict import CIMultiDict
 from kvfleet_router.config import TimeoutsConfig
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.errors import sse_error_event
-from kvfleet_router.fault import BUSY, BUSY_STATUSES, CLIENT, ENDPOINT_STATUSES, classify
+from kvfleet_router.fault import BUSY, CLIENT, classify
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,6 @@ _DROP_REQUEST_HEADERS = frozenset({
     "host", "content-length", "connection", "keep-alive", "transfer-encoding", "te",
     "upgrade", "proxy-authorization", "proxy-connection", "accept-encoding", "expect"})
 _KEEP_RESPONSE_HEADERS = ("Content-Type", "Content-Encoding", "X-Request-Id")
-RETRYABLE_STATUSES = BUSY_STATUSES | ENDPOINT_STATUSES  # answers read whole, then judged
 
 
 class BackendFailure(Exception):
@@ -105,7 +104,7 @@ class Forwarder:
                 resp = await self.session.post(e.url + path, data=raw, headers=headers,
                                                timeout=self.client_timeout)
                 is_sse = resp.content_type == "text/event-stream"
-                if resp.status in RETRYABLE_STATUSES:
+                if resp.status >= 400:  # an error: read it whole, judge whose fault it is
                     body = await resp.read()
                     verdict = classify(resp.status, body)
                     if verdict != CLIENT:  # the endpoint's own fault, or busy: next one
@@ -145,8 +144,7 @@ class Forwarder:
         kept = {k: resp.headers[k] for k in _KEEP_RESPONSE_HEADERS if k in resp.headers}
         if not is_sse:
             resp.release()
-            on_outcome(Outcome(ttft, ttft, 0, False,
-                               is_client_fault=classify(resp.status, first) == CLIENT))
+            on_outcome(Outcome(ttft, ttft, 0, False, is_client_fault=resp.status >= 400))
             return web.Response(status=resp.status, body=first, headers=kept)
         if not first:  # the stream ended before any byte: nothing sent yet, retryable
             resp.close()
