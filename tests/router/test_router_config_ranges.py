@@ -12,7 +12,6 @@ import math
 from typing import Any
 
 import pytest
-
 from kvfleet_router import config as C
 from kvfleet_router.config import ConfigError, Range, RouterConfig
 

@@ -9,10 +9,9 @@ import json
 
 import pytest
 from engine_fleet import metric_sum
-from router_fixtures import admin_headers, endpoints_cfg, http_json, start_fake, start_router
-
 from kvfleet_engine.contract.http_limits import REQUEST_CAUSED_CODE
 from kvfleet_router.fault import BUSY, CLIENT, ENDPOINT, OK, classify
+from router_fixtures import admin_headers, endpoints_cfg, http_json, start_fake, start_router
 
 
 def _err(code: object) -> bytes:
