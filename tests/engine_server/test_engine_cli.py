@@ -28,6 +28,10 @@ from kvfleet_engine import cli
     (["--runner", "simulated"], "needs --profile"),
     (["--runner", "simulated", "--profile", "no-such-profile"], "unknown cost profile"),
     (["--model", "tiny-random", "--dtype", "int3"], "unknown dtype"),
+    (["--model", "tiny-random", "--body-read-timeout", "0"], "--body-read-timeout"),
+    (["--model", "tiny-random", "--body-read-timeout", "nan"], "--body-read-timeout"),
+    (["--model", "tiny-random", "--body-read-timeout", "inf"], "--body-read-timeout"),
+    (["--model", "tiny-random", "--max-uploads-per-client", "0"], "--max-uploads-per-client"),
 ])
 def test_bad_flags_are_one_line_errors(capsys, argv, fragment):
     assert cli.main(argv) == 2
