@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvfleet_engine.contract import KV_TRANSFER_PARAMS
 from kvfleet_engine.contract.http_limits import JSONRejected, strict_loads
 
 from kvfleet_router.errors import RequestError
@@ -78,6 +79,11 @@ def parse_request(raw: bytes, path: str, headers: Any, session_header: str,
         raise RequestError(f"request body {what}: {exc}", code=exc.code) from None
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
+    if KV_TRANSFER_PARAMS in body:
+        # The router alone sets it (P/D legs). From a client it would make an engine pull
+        # "KV" from any host, sending that host the fleet's engine token.
+        raise RequestError(f"'{KV_TRANSFER_PARAMS}' is set by the router, not by clients",
+                           param=KV_TRANSFER_PARAMS, code="router_owned_field")
     info = RequestInfo(body=body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):

@@ -293,6 +293,21 @@ def _cases() -> list[Case]:
         ("transfer-wrong", {"Authorization": "Bearer x"}, "/v1/kv_transfer/some-handle"),
     ]:
         add(f"internal-{name}", request("GET", path, headers=headers), 401, targets=ENGINE)
+    token = {"Authorization": f"Bearer {ENGINE_TOKEN}"}
+    for name, path, status in [("since-text", "/v1/kv_events?since=abc", 400),
+                               ("since-digits", f"/v1/kv_events?since={digits}", 400),
+                               ("since-float", "/v1/kv_events?since=1.5", 400),
+                               ("transfer-unknown", "/v1/kv_transfer/nope", 404),
+                               ("transfer-garbage", "/v1/kv_transfer/%00%ff..%2f", 404)]:
+        add(f"internal-token-{name}", request("GET", path, headers=token), status,
+            targets=ENGINE)
+    # a client's kv_transfer_params would make an engine dial any host with the engine token
+    for name, params in [("ssrf", {"do_remote_prefill": True, "remote_host": "203.0.113.9",
+                                   "remote_port": 80, "remote_handle": "h",
+                                   "remote_block_ids": [1]}),
+                         ("decode", {"do_remote_decode": True}), ("empty", {})]:
+        add(f"router-owned-kv-params-{name}", post({"prompt": "x", "kv_transfer_params": params}),
+            400, code="router_owned_field", targets=ROUTER)
     return out
 
 

@@ -67,7 +67,7 @@ def request_caused(exc: BaseException) -> APIError:
     """A 500 that this request's own content caused (an unexpected error while reading,
     validating or tokenizing it, before it reached the engine): the reply carries
     `code: "caused_by_request"`, so a router never counts it against this replica."""
-    log.warning("request refused by an unexpected %s: %s", type(exc).__name__, exc)
+    log.warning("request refused by an unexpected %s: %.200s", type(exc).__name__, exc)
     log.debug("traceback of the refused request", exc_info=exc)
     return APIError(500, f"this request could not be processed ({type(exc).__name__})",
                     type=SERVER_ERROR, code=REQUEST_CAUSED_CODE)
