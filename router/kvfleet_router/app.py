@@ -25,7 +25,7 @@ from aiohttp import web
 
 from kvfleet_router import health, signals
 from kvfleet_router.admin import AdminAPI
-from kvfleet_router.config import RouterConfig
+from kvfleet_router.config import MAX_BODY_BYTES_CEILING, RouterConfig
 from kvfleet_router.config_store import ConfigStore
 from kvfleet_router.dispatch import Dispatcher
 from kvfleet_router.errors import json_errors
@@ -93,7 +93,7 @@ class RouterApp:
 
     def build(self) -> web.Application:
         webapp = web.Application(middlewares=[json_errors, self.admin.auth],
-                                 client_max_size=16 * 1024 * 1024)
+                                 client_max_size=MAX_BODY_BYTES_CEILING)  # config: less
         webapp.router.add_post("/v1/completions", self.front.completions)
         webapp.router.add_post("/v1/chat/completions", self.front.completions)
         webapp.router.add_get("/v1/models", self.front.models)

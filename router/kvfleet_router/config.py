@@ -118,6 +118,7 @@ def check_ranges(obj: Any) -> None:
 
 HOUR_S = 3600.0
 MAX_WEIGHT = 1000.0
+MAX_BODY_BYTES_CEILING = 64 * 1024 * 1024  # limits.max_body_bytes at most (and aiohttp's cap)
 
 
 @dataclass(slots=True)
@@ -294,7 +295,7 @@ class PDConfig:
 
 @dataclass(slots=True)
 class LimitsConfig:
-    max_body_bytes: int = num(4 * 1024 * 1024, 1, 64 * 1024 * 1024)
+    max_body_bytes: int = num(4 * 1024 * 1024, 1, MAX_BODY_BYTES_CEILING)
     body_read_timeout_s: float = num(DEFAULT_BODY_READ_TIMEOUT_S, 0.1, HOUR_S)
     max_uploads_per_client: int = num(DEFAULT_MAX_UPLOADS_PER_CLIENT, 1, 100_000)
 
