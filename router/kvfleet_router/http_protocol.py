@@ -24,7 +24,8 @@ class _Protocol(web_protocol.RequestHandler):
     def handle_error(self, request: web.BaseRequest, status: int = 500,
                      exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
-        is_bug = status >= 500  # raised past every middleware: ours, not the client's
+        # raised past every middleware: ours, unless the client just went away
+        is_bug = status >= 500 and not isinstance(exc, ConnectionError)
         log.log(logging.ERROR if is_bug else logging.DEBUG, "HTTP error from %s: %s",
                 request.remote, message or exc, exc_info=exc if is_bug else None)
         if request.writer.output_size > 0:

@@ -33,7 +33,8 @@ class Case:
     data: bytes
     expect: int | str | None  # exact status, "4xx", or None (no answer: the client hung up)
     code: str | None = None  # the error code that must come back, where it matters
-    then: str = "wait"  # wait | stall (send nothing more) | abort (close at once)
+    then: str = "wait"  # wait | stall (send nothing more) | abort (reset at once) |
+    #                     read-abort (reset once the first bytes of the answer arrived)
     targets: frozenset[str] = BOTH
     shape: bool = True  # an OpenAI JSON error body
 
@@ -238,6 +239,13 @@ def _cases() -> list[Case]:
                                      headers={"Transfer-Encoding": "chunked"}), None, then="abort")
     add("abort-mid-headers", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le", None,
         then="abort")
+    long = {"model": MODEL, "prompt": "a client that leaves", "max_tokens": 200}
+    add("abort-whole-request", post({**long, "stream": True}), None, then="abort")
+    add("abort-whole-request-unstreamed", post(long), None, then="abort")
+    add("abort-mid-stream", post({**long, "stream": True}), None, then="read-abort")
+    add("abort-mid-stream-chat", post({"model": MODEL, "max_tokens": 200, "stream": True,
+                                       "messages": [{"role": "user", "content": "bye"}]}, CHAT),
+        None, then="read-abort")
     # --- the admin API: missing, wrong and misplaced tokens (router) ---
     cfg = json.dumps({"version": 99}).encode()
     for name, headers, path in [

@@ -23,9 +23,9 @@ class _JSONErrorProtocol(web_protocol.RequestHandler):
     def handle_error(self, request: web.BaseRequest, status: int = 500,
                      exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
-        if status >= 500:
+        if status >= 500 and not isinstance(exc, ConnectionError):  # a bug of ours
             log.error("error serving %s", request.remote, exc_info=exc)
-        else:
+        else:  # bad HTTP, or a client that went away while we answered
             log.debug("bad HTTP from %s: %s", request.remote, message or exc)
         if request.writer.output_size > 0:  # a response is under way: nothing to add
             raise ConnectionError("response already started")
