@@ -14,7 +14,7 @@ import sys
 from kvfleet_engine.contract import ROLES
 from kvfleet_engine.contract.http_limits import (
     DEFAULT_BODY_READ_TIMEOUT_S,
-    DEFAULT_MAX_UPLOADS_PER_CLIENT,
+    DEFAULT_ENGINE_MAX_UPLOADS_PER_CLIENT,
 )
 
 RUNNERS = ("torch", "simulated")
@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--body-read-timeout", type=float, default=DEFAULT_BODY_READ_TIMEOUT_S,
                    help="seconds a request body may take to arrive (then 408)")
-    p.add_argument("--max-uploads-per-client", type=int, default=DEFAULT_MAX_UPLOADS_PER_CLIENT,
+    p.add_argument("--max-uploads-per-client", type=int,
+                   default=DEFAULT_ENGINE_MAX_UPLOADS_PER_CLIENT,
                    help="request bodies one client address may have unfinished at once "
                         "(then 429); a router in front counts as one client")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds, after SIGTERM")

@@ -37,7 +37,7 @@ pd: {decider: uncached-tokens,       # when a separate prefill leg runs (pd_deci
      prefill_threshold_tokens: 128}   # uncached prompt tokens above which it does
 limits: {max_body_bytes: 4194304,   # client bodies; larger is 413
          body_read_timeout_s: 30.0,  # a whole client body must arrive within (else 408)
-         max_uploads_per_client: 32} # unfinished client bodies per address (else 429)
+         max_uploads_per_client: 64} # unfinished client bodies per address (else 429)
 ```
 
 Every number has a range (`num(...)` below; NaN and infinities are never in one), and a

@@ -28,7 +28,9 @@ from typing import Any
 MAX_JSON_DEPTH = 64
 MAX_NUMBER_DIGITS = 64
 DEFAULT_BODY_READ_TIMEOUT_S = 30.0
-DEFAULT_MAX_UPLOADS_PER_CLIENT = 32
+DEFAULT_MAX_UPLOADS_PER_CLIENT = 64  # the router's, per tenant address
+# An engine's usual client is a router, one address for every tenant: a higher default.
+DEFAULT_ENGINE_MAX_UPLOADS_PER_CLIENT = 256
 # The OpenAI error `code` of a 5xx that the request itself caused (the engine says so):
 # a router passes it through and never counts it against the endpoint's health.
 REQUEST_CAUSED_CODE = "caused_by_request"

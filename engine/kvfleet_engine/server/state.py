@@ -17,7 +17,7 @@ from aiohttp import web
 from kvfleet_engine.contract import ROLES
 from kvfleet_engine.contract.http_limits import (
     DEFAULT_BODY_READ_TIMEOUT_S,
-    DEFAULT_MAX_UPLOADS_PER_CLIENT,
+    DEFAULT_ENGINE_MAX_UPLOADS_PER_CLIENT,
     UploadSlots,
 )
 from kvfleet_engine.server.drain import DrainState
@@ -38,7 +38,8 @@ class ServerSettings:
     max_queue: int = 256  # requests beyond the running batch before 503
     max_body_bytes: int = 1 << 20
     body_read_timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S  # a whole body must arrive within
-    max_uploads_per_client: int = DEFAULT_MAX_UPLOADS_PER_CLIENT  # unfinished bodies per address
+    # unfinished bodies per client address (a router in front is one address)
+    max_uploads_per_client: int = DEFAULT_ENGINE_MAX_UPLOADS_PER_CLIENT
     drain_timeout_s: float = 30.0
     kv_handle_ttl_s: float = 60.0
     kv_transfer_timeout_s: float = 30.0
