@@ -1,0 +1,154 @@
+"""`KubeClient`: the few Kubernetes API calls the operator makes, over `kubernetes.aio`.
+
+`kubernetes.aio` is the official client's asyncio half (aiohttp underneath, like the rest
+of kvfleet): it loads kubeconfig or the in-cluster service account, handles exec and OIDC
+auth plugins and TLS, and runs on kopf's event loop without a thread per call. We use its
+generic request path (`param_serialize` / `call_api`) rather than one typed API class per
+kind, so one `apply` serves Deployments, Secrets, PDBs and NetworkPolicies alike and bodies
+stay the plain dicts the `build_*` functions return.
+
+- `apply(obj)`: server-side apply (`PATCH`, `application/apply-patch+yaml`,
+  `fieldManager=kvfleet`, `force=true`: kvfleet sends only the fields it owns, so forcing
+  takes back only those). A 404 (an apiserver that does not create on apply, e.g. a mock)
+  falls back to `POST`; a 409 on that create means someone created it meanwhile, which
+  counts as success, and the apply is sent again.
+- `merge_patch`: JSON merge patches for what kvfleet does not own whole (pod annotations,
+  the pool's status and its loop-state annotation).
+- Errors are `ApiError(status, reason, message)`; nothing logs a request body (Secrets).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+from kubernetes.aio import client as kclient
+from kubernetes.aio import config as kconfig
+
+FIELD_MANAGER = "kvfleet"
+APPLY_PATCH = "application/apply-patch+yaml"
+MERGE_PATCH = "application/merge-patch+json"
+TIMEOUT_S = 30.0
+
+# apiVersion/kind -> plural, for the kinds kvfleet reads or writes.
+PLURALS: dict[str, str] = {
+    "Secret": "secrets", "ConfigMap": "configmaps", "Service": "services", "Pod": "pods",
+    "Event": "events", "Deployment": "deployments", "PodDisruptionBudget": "poddisruptionbudgets",
+    "NetworkPolicy": "networkpolicies", "InferencePool": "inferencepools",
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"HTTP {status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+def collection_path(api_version: str, kind: str, namespace: str) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    return f"{base}/namespaces/{quote(namespace)}/{PLURALS[kind]}"
+
+
+def object_path(api_version: str, kind: str, namespace: str, name: str) -> str:
+    return f"{collection_path(api_version, kind, namespace)}/{quote(name)}"
+
+
+def path_of(obj: Mapping[str, Any]) -> str:
+    meta = obj["metadata"]
+    return object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+
+
+async def load_configuration() -> kclient.Configuration:
+    """In-cluster service account when there is one, else kubeconfig (as kubectl does)."""
+    configuration = kclient.Configuration()
+    try:
+        kconfig.load_incluster_config(client_configuration=configuration)
+    except kconfig.ConfigException:
+        await kconfig.load_kube_config(client_configuration=configuration)
+    return configuration
+
+
+class KubeClient:
+    def __init__(self, configuration: kclient.Configuration) -> None:
+        self._api = kclient.ApiClient(configuration)
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def request(
+        self, method: str, path: str, *, body: Any = None, query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:  # fmt: skip
+        method_, url, headers, body_, post = await self._api.param_serialize(
+            method, path, query_params=list((query or {}).items()),
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body, auth_settings=["BearerToken"],
+        )  # fmt: skip
+        try:
+            response = await self._api.call_api(method_, url, headers, body_, post,
+                                                _request_timeout=TIMEOUT_S)  # fmt: skip
+            await response.read()
+            return self._api.response_deserialize(response, {"2XX": "object"}).data
+        except kclient.ApiException as exc:
+            raise _api_error(exc) from None
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        try:
+            found: dict[str, Any] = await self.request("GET", path)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return found
+
+    async def list(self, path: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        data = await self.request("GET", path, query={"labelSelector": selector})
+        return list(data.get("items") or [])
+
+    async def create(self, obj: Mapping[str, Any]) -> None:
+        """POST; a 409 (it exists already) counts as success."""
+        meta = obj["metadata"]
+        path = collection_path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        try:
+            await self.request("POST", path, body=dict(obj))
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+
+    async def apply(self, obj: Mapping[str, Any]) -> None:
+        query = {"fieldManager": FIELD_MANAGER, "force": "true"}
+        try:
+            await self.request("PATCH", path_of(obj), body=dict(obj), query=query,
+                               content_type=APPLY_PATCH)  # fmt: skip
+            return
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+        await self.create(obj)
+        await self.request("PATCH", path_of(obj), body=dict(obj), query=query,
+                           content_type=APPLY_PATCH)  # fmt: skip
+
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> None:
+        await self.request("PATCH", path, body=dict(patch), content_type=MERGE_PATCH,
+                           query={"fieldManager": FIELD_MANAGER})  # fmt: skip
+
+    async def post(self, path: str, body: Mapping[str, Any]) -> None:
+        await self.request("POST", path, body=dict(body))
+
+
+def _api_error(exc: kclient.ApiException) -> ApiError:
+    status = int(exc.status or 0)
+    reason = str(exc.reason or "")
+    message = ""
+    try:
+        data = json.loads(exc.body or "")
+        message = str(data.get("message") or "")[:300]
+    except (TypeError, ValueError, AttributeError):
+        message = str(exc.body or "")[:300]
+    return ApiError(status, reason, message)

@@ -1,0 +1,108 @@
+"""One pool's control loop on Kubernetes: the Kubernetes ports around the one
+`ControlLoop`, run until the pool goes away (kopf stops the daemon) or its spec changes
+(then the loop is rebuilt for the new spec, carrying its state over through the store).
+
+`pool_from_body` is the one place a kopf body becomes an `InferencePool`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiohttp
+
+from kvfleet_operator.api.errors import SpecError
+from kvfleet_operator.api.pool import InferencePool, parse_pool
+from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
+from kvfleet_operator.loop.ports import MetricsSource
+from kvfleet_operator.runtimes.metrics_sources import PrometheusMetrics, ScrapeMetrics
+
+from . import meta
+from .event_sink import KubeEventSink
+from .kube_client import KubeClient
+from .operator_config import OperatorConfig
+from .replica_runtime import KubeReplicaRuntime
+from .router_ports import PodRouterControl
+from .status_store import PoolStatusStore
+from .tokens import read_token
+
+POLL_S = 0.2
+
+
+def pool_from_body(body: Mapping[str, Any]) -> InferencePool:
+    """Raises SpecError naming the field."""
+    return parse_pool(copy.deepcopy(dict(body)))
+
+
+def generation_of(body: Mapping[str, Any]) -> Any:
+    return (body.get("metadata") or {}).get("generation")
+
+
+def metrics_source(
+    session: aiohttp.ClientSession, pool: InferencePool, config: OperatorConfig
+) -> MetricsSource:
+    if config.prometheus_url:
+        selector = f'namespace="{pool.namespace}",pod=~"{pool.name}-.*"'
+        return PrometheusMetrics(session, config.prometheus_url, selector, replica_label="pod")
+    return ScrapeMetrics(session)
+
+
+async def _sleep_until(done: Callable[[], bool], timeout_s: float | None = None) -> None:
+    waited = 0.0
+    while not done() and (timeout_s is None or waited < timeout_s):
+        await asyncio.sleep(POLL_S)
+        waited += POLL_S
+
+
+async def run_pool(
+    body: Mapping[str, Any], client: KubeClient, config: OperatorConfig,
+    stopped: Callable[[], bool],
+) -> None:  # fmt: skip
+    """`body` is kopf's live view of the pool (it follows the object as it changes)."""
+    timeout = aiohttp.ClientTimeout(total=5.0)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        store: PoolStatusStore | None = None
+        events: KubeEventSink | None = None
+        while not stopped():
+            generation = generation_of(body)
+
+            def changed(generation: Any = generation) -> bool:
+                return stopped() or generation_of(body) != generation
+
+            try:
+                pool = pool_from_body(body)
+            except SpecError:  # the reconcile handler reported it; wait for a new spec
+                await _sleep_until(changed)
+                continue
+            token = await read_token(client, pool.namespace, meta.admin_secret_name(pool))
+            if token is None:  # the reconcile handler has not created it yet
+                await _sleep_until(changed, config.max_tick_s)
+                continue
+            if events is None:
+                events = KubeEventSink(client, pool)
+            events.pool = pool
+            if store is None:
+                store = PoolStatusStore(client, pool, body, events)
+            store.pool = pool
+            runtime = KubeReplicaRuntime(client, pool, image=config.image,
+                                         options=config.options, events=events)  # fmt: skip
+            tick_s = min(float(pool.spec.autoscaling.interval_seconds), config.max_tick_s)
+            loop = ControlLoop(
+                pool, runtime=runtime,
+                router=PodRouterControl(session, runtime.routers, token),
+                metrics=metrics_source(session, pool, config), store=store, events=events,
+                timing=LoopTiming(tick_s=tick_s),
+            )  # fmt: skip
+            stop = asyncio.Event()
+            task = asyncio.create_task(loop.run(stop))
+            try:
+                await _sleep_until(lambda t=task, c=changed: c() or t.done())  # type: ignore[misc]
+                stop.set()
+                await task
+            finally:  # cancelled by kopf: the loop goes with us, never orphaned
+                task.cancel()
+        if events is not None:
+            await events.aclose()

@@ -1,0 +1,174 @@
+"""The loop's `ReplicaRuntime` port over Deployments and Pods.
+
+- `supervise()` lists the pool's engine Deployments and Pods (and router pods) once per
+  tick; `replicas()` answers from that (`pods.role_replicas`).
+- `create` applies the role's Deployment (the full manifest from `build_engine_deployment`,
+  server-side apply) with one more replica; the ReplicaSet starts the pod.
+- `mark_draining` annotates the pod `kvfleet.io/draining` and gives it a low
+  `controller.kubernetes.io/pod-deletion-cost`; `mark_ready` takes both off.
+- `delete` marks the victim `kvfleet.io/stopping` with the lowest deletion cost, then applies
+  the Deployment with one replica fewer, so the ReplicaSet removes that pod (the kubelet
+  then gives it `terminationGracePeriodSeconds`, which the builders set above the drain
+  timeout). A placeholder (a replica the ReplicaSet has not created yet) only lowers the
+  count. A victim still there, not terminating, `grace_s` after it was marked means the
+  ReplicaSet removed another pod: that is reported as a warning event and the victim, which
+  the routers no longer use, is deleted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from kvfleet_operator.api.pool import InferencePool
+from kvfleet_operator.api.spec import PoolSpec
+from kvfleet_operator.api.status import rfc3339
+from kvfleet_operator.loop import events as ev
+from kvfleet_operator.loop.ports import EventSink
+from kvfleet_operator.reconcile import RolePlan
+
+from . import meta
+from .deployment import build_engine_deployment
+from .kube_client import ApiError, KubeClient, collection_path, object_path
+from .options import BuildOptions
+from .placement import ROUTER_PORT, engine_port, is_sidecar
+from .pods import (
+    DELETION_COST,
+    DRAINING_ANNOTATION,
+    DRAINING_COST,
+    STOPPING_ANNOTATION,
+    VICTIM_COST,
+    KubeReplica,
+    parse_time,
+    role_replicas,
+    router_urls,
+)
+
+
+class KubeReplicaRuntime:
+    def __init__(
+        self, client: KubeClient, pool: InferencePool, *, image: str, options: BuildOptions,
+        events: EventSink, clock: Callable[[], float] = time.time,
+    ) -> None:  # fmt: skip
+        self.client = client
+        self.pool = pool
+        self.image = image
+        self.options = options
+        self.events = events
+        self.clock = clock
+        self.counts: dict[str, int | None] = {}  # each Deployment's spec.replicas (None: none)
+        self._replicas: list[KubeReplica] = []
+        self._pods: dict[str, dict[str, Any]] = {}
+        self.router_urls: list[str] = []
+        self._reported: set[str] = set()
+
+    # --- observing ------------------------------------------------------------------------
+
+    async def supervise(self) -> None:
+        pool, ns = self.pool, self.pool.namespace
+        deployments = await self.client.list(collection_path("apps/v1", "Deployment", ns),
+                                             meta.selector(pool, meta.ENGINE))  # fmt: skip
+        by_name = {d["metadata"]["name"]: d for d in deployments}
+        pods = await self.client.list(collection_path("v1", "Pod", ns),
+                                      meta.selector(pool, meta.ENGINE))  # fmt: skip
+        now = self.clock()
+        self._pods = {p["metadata"]["name"]: p for p in pods}
+        replicas: list[KubeReplica] = []
+        for role in pool.spec.topology.roles():
+            name = meta.engine_name(pool, role)
+            found = by_name.get(name)
+            count = (found.get("spec") or {}).get("replicas") if found else None
+            self.counts[role] = count if isinstance(count, int) else None
+            mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(meta.ROLE_LABEL)
+                    == role]  # fmt: skip
+            replicas += role_replicas(role, name, self.counts[role], mine, engine_port(pool), now)
+        self._replicas = replicas
+        if is_sidecar(pool):
+            self.router_urls = router_urls(pods, ROUTER_PORT)
+        else:
+            routers = await self.client.list(collection_path("v1", "Pod", ns),
+                                             meta.selector(pool, meta.ROUTER))  # fmt: skip
+            self.router_urls = router_urls(routers, ROUTER_PORT)
+        await self._check_victims(now)
+
+    def replicas(self) -> list[KubeReplica]:
+        return list(self._replicas)
+
+    def routers(self) -> list[str]:
+        """Base URLs of the router pods seen by the last `supervise`."""
+        return list(self.router_urls)
+
+    # --- changing -------------------------------------------------------------------------
+
+    async def _apply_count(self, role: str, count: int) -> None:
+        manifest = build_engine_deployment(self.pool, role, max(0, count), self.image,
+                                           self.options)  # fmt: skip
+        await self.client.apply(manifest)
+        self.counts[role] = max(0, count)
+
+    async def create(self, spec: PoolSpec, plan: RolePlan) -> None:
+        count = self.counts.get(plan.role)
+        if count is None:  # the reconcile handler creates the Deployment; next tick, then
+            return
+        await self._apply_count(plan.role, count + 1)
+        self._say(ev.EventReason.REPLICA_STARTED,
+                  f"scale {meta.engine_name(self.pool, plan.role)} to {count + 1}")
+
+    async def _annotate(self, name: str, annotations: dict[str, str | None]) -> None:
+        path = object_path("v1", "Pod", self.pool.namespace, name)
+        await self.client.merge_patch(path, {"metadata": {"annotations": annotations}})
+
+    async def mark_draining(self, name: str) -> None:
+        await self._annotate(name, {DRAINING_ANNOTATION: _stamp(self.clock()),
+                                    DELETION_COST: DRAINING_COST})  # fmt: skip
+        self._set_state(name, "draining")
+
+    async def mark_ready(self, name: str) -> None:
+        await self._annotate(name, {DRAINING_ANNOTATION: None, DELETION_COST: None})
+        self._set_state(name, "ready")
+
+    async def delete(self, name: str, grace_s: float) -> None:
+        replica = next((r for r in self._replicas if r.name == name), None)
+        if replica is None:
+            return
+        count = self.counts.get(replica.role)
+        if not replica.is_placeholder:
+            await self._annotate(name, {STOPPING_ANNOTATION: _stamp(self.clock()),
+                                        DELETION_COST: VICTIM_COST})  # fmt: skip
+        if count:
+            await self._apply_count(replica.role, count - 1)
+        self._set_state(name, "stopping")
+
+    def _set_state(self, name: str, state: str) -> None:
+        for replica in self._replicas:
+            if replica.name == name:
+                replica.state = state
+
+    async def _check_victims(self, now: float) -> None:
+        grace = self.pool.spec.autoscaling.drain_timeout_seconds + 60.0
+        for name, pod in self._pods.items():
+            metadata = pod["metadata"]
+            marked = (metadata.get("annotations") or {}).get(STOPPING_ANNOTATION)
+            if not marked or metadata.get("deletionTimestamp"):
+                continue
+            if now - parse_time(marked) < grace:
+                continue
+            if name not in self._reported:
+                self._say(ev.EventReason.REPLICA_STOPPING,
+                          f"the ReplicaSet kept victim {name}; deleting it", is_warning=True)
+                self._reported.add(name)
+            try:
+                await self.client.request("DELETE", object_path("v1", "Pod",
+                                          self.pool.namespace, name))  # fmt: skip
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+
+    def _say(self, reason: str, message: str, is_warning: bool = False) -> None:
+        self.events.emit(ev.warning(reason, message) if is_warning else ev.normal(reason, message))
+
+
+def _stamp(now: float) -> str:
+    return rfc3339(datetime.fromtimestamp(now, UTC))

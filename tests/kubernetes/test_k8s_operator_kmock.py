@@ -1,0 +1,235 @@
+"""The kopf operator against kmock 0.8, in-process, with `kopf.operator()` as a task.
+
+kmock merges patches as plain dicts, so these tests assert what kvfleet *sends* (content
+type, field manager, force, exactly the builders' fields), not server-side-apply semantics.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import time
+
+from k8s_pools import example
+from kmock_shim import Operator, api, eventually
+from kvfleet_operator.api import parse_pool
+from kvfleet_operator.runtimes.kubernetes import Tokens, build_children
+from kvfleet_operator.runtimes.kubernetes.status_store import LOOP_STATE_ANNOTATION
+
+POOLS = "kvfleet.io/v1alpha1/inferencepools"
+NS = "inference"
+NAME = "llama3-8b"
+POOL_PATH = f"/apis/kvfleet.io/v1alpha1/namespaces/{NS}/inferencepools"
+KINDS = {
+    "v1/secrets": 2, "v1/configmaps": 1, "networking.k8s.io/v1/networkpolicies": 1,
+    "v1/services": 2, "policy/v1/poddisruptionbudgets": 2, "apps/v1/deployments": 2,
+}
+DEPLOYMENTS = "apps/v1/deployments"
+
+
+def pool_manifest(**spec_changes) -> dict:
+    data = copy.deepcopy(example("vllm-unified.yaml"))
+    data["spec"].update(spec_changes)
+    return data
+
+
+def all_there(cluster) -> bool:
+    return all(len(cluster.objs(kind, NS)) == n for kind, n in KINDS.items())
+
+
+def tokens_in(cluster) -> Tokens:
+    def read(name):
+        return base64.b64decode(cluster.obj("v1/secrets", NS, name)["data"]["token"]).decode()
+
+    return Tokens(admin=read(f"{NAME}-router-admin-token"), engine=read(f"{NAME}-engine-token"))
+
+
+def pool(cluster) -> dict:
+    return cluster.obj(POOLS, NS, NAME)
+
+
+def status_patches(cluster) -> list[dict]:
+    return [json.loads(r.body) for r in cluster.sent("PATCH", f"/inferencepools/{NAME}/status")]
+
+
+async def test_a_new_pool_gets_every_child_with_an_owner_reference(cluster, caplog):
+    op = await Operator(str(cluster.url)).start()
+    try:
+        await api(cluster, "POST", POOL_PATH, pool_manifest())
+        await eventually(lambda: all_there(cluster), what="all children")
+        uid = pool(cluster)["metadata"]["uid"]
+        for kind in KINDS:
+            for obj in cluster.objs(kind, NS):
+                assert obj["metadata"]["ownerReferences"] == [{
+                    "apiVersion": "kvfleet.io/v1alpha1", "kind": "InferencePool", "name": NAME,
+                    "uid": uid, "controller": True, "blockOwnerDeletion": True}], kind
+        # What was sent: server-side apply, kvfleet's field manager, only the builders' fields.
+        tokens = tokens_in(cluster)
+        expected = {(c["kind"], c["metadata"]["name"]): c
+                    for c in build_children(parse_pool(pool(cluster)), tokens=tokens)}
+        applies = [r for r in cluster.sent("PATCH") if "inferencepools" not in r.url.path]
+        assert {(json.loads(r.body)["kind"], json.loads(r.body)["metadata"]["name"])
+                for r in applies} == set(expected)
+        for request in applies:
+            assert request.headers["Content-Type"] == "application/apply-patch+yaml"
+            assert request.params == {"fieldManager": "kvfleet", "force": "true"}
+            sent = json.loads(request.body)
+            assert sent == expected[sent["kind"], sent["metadata"]["name"]]
+            assert "status" not in sent
+        # Tokens live only in their Secrets: not in the pool, not in the logs.
+        await eventually(lambda: status_patches(cluster), what="a status write")
+        text = json.dumps(pool(cluster)) + caplog.text
+        assert tokens.admin not in text and tokens.engine not in text
+        assert not any(tokens.admin in r.text for r in cluster.sent("POST", "/events"))
+    finally:
+        await op.stop()
+
+
+async def test_a_spec_update_patches_the_children_and_keeps_replicas_and_tokens(cluster):
+    op = await Operator(str(cluster.url)).start()
+    try:
+        await api(cluster, "POST", POOL_PATH, pool_manifest())
+        await eventually(lambda: all_there(cluster), what="all children")
+        tokens = tokens_in(cluster)
+        # The autoscaler moved the Deployment to 3 meanwhile (as the control loop would).
+        await api(cluster, "PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}-unified",
+                  {"spec": {"replicas": 3}}, "application/merge-patch+json")
+        engine = pool(cluster)["spec"]["engine"]
+        await api(cluster, "PATCH", f"{POOL_PATH}/{NAME}",
+                  {"spec": {"engine": {**engine, "maxNumSeqs": 64},
+                            "routing": {"policy": "least-request"}}},
+                  "application/merge-patch+json")
+
+        def patched():
+            deployment = cluster.obj(DEPLOYMENTS, NS, f"{NAME}-unified")
+            args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+            return "64" in args and args[args.index("64") - 1] == "--max-num-seqs"
+
+        await eventually(patched, what="the Deployment's new args")
+        config = cluster.obj("v1/configmaps", NS, f"{NAME}-router-config")
+        assert "least-request" in json.dumps(config["data"])
+        assert cluster.obj(DEPLOYMENTS, NS, f"{NAME}-unified")["spec"]["replicas"] == 3
+        assert tokens_in(cluster) == tokens
+        assert all_there(cluster)
+    finally:
+        await op.stop()
+
+
+async def test_a_bad_spec_gives_degraded_naming_the_field_without_a_retry_storm(cluster):
+    op = await Operator(str(cluster.url)).start()
+    try:
+        bad = pool_manifest()
+        bad["spec"]["model"]["source"] = "file:///models/llama.gguf"  # the CRD allows it
+        await api(cluster, "POST", POOL_PATH, bad)
+
+        def degraded():
+            conditions = {c["type"]: c for c in
+                          (pool(cluster).get("status") or {}).get("conditions") or []}
+            return conditions.get("Degraded")
+
+        condition = await eventually(degraded, what="Degraded")
+        assert condition["status"] == "True" and condition["reason"] == "InvalidSpec"
+        assert "spec.model.source" in condition["message"]
+        ready = next(c for c in pool(cluster)["status"]["conditions"] if c["type"] == "Ready")
+        assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
+        before = len(cluster.sent("PATCH"))
+        time.sleep(0)  # let the retry machinery show itself, if there were one
+        import asyncio
+
+        await asyncio.sleep(2.0)
+        assert len(cluster.sent("PATCH", "/status")) == 1
+        assert len(cluster.sent("PATCH")) - before <= 1  # kopf's own bookkeeping at most
+        invalid_events = [r for r in cluster.sent("POST", "/events")
+                          if json.loads(r.body)["reason"] == "InvalidSpec"]
+        assert len(invalid_events) == 1
+        assert not cluster.objs(DEPLOYMENTS, NS)
+        # Fixing the spec recovers: the children appear, Degraded clears.
+        await api(cluster, "PATCH", f"{POOL_PATH}/{NAME}",
+                  {"spec": {"model": {**bad["spec"]["model"],
+                                      "source": "hf://meta-llama/Meta-Llama-3-8B-Instruct"}}},
+                  "application/merge-patch+json")
+        await eventually(lambda: all_there(cluster), what="children after the fix")
+        await eventually(lambda: degraded()["reason"] != "InvalidSpec", what="Degraded cleared")
+    finally:
+        await op.stop()
+
+
+async def test_injected_409_and_500_are_retried_and_converge(cluster):
+    # Someone created the ConfigMap meanwhile (the write lands, the answer is 409), and the
+    # first Deployment create fails with a 500.
+    cluster.fail("POST", r"/configmaps$", 409, persist=True)
+    cluster.fail("POST", r"/deployments$", 500)
+    cluster.fail("PATCH", r"/services/", 500)
+    op = await Operator(str(cluster.url)).start()
+    try:
+        await api(cluster, "POST", POOL_PATH, pool_manifest())
+        await eventually(lambda: all_there(cluster), what="all children despite the errors")
+        assert all(f.times == 0 for f in cluster._faults)
+        names = [json.loads(r.body)["metadata"]["name"] for r in cluster.sent("POST", "/secrets")]
+        assert len(names) == len(set(names)) == 2  # retried passes re-apply, never re-create
+    finally:
+        await op.stop()
+
+
+async def test_a_restart_mid_reconcile_makes_no_duplicates_and_keeps_the_history(cluster):
+    now = time.time()
+    seeded = {"desired": {"unified": 3},
+              "history": {"recommendations": {"unified": [[now - 5, 3]]},
+                          "last_scale_up": {"unified": now - 5},
+                          "decisions": [{"time": now - 5, "role": "unified", "to": 3}]},
+              "drain_started": {}, "router_config": None, "limited": {}}
+    manifest = pool_manifest()
+    manifest["metadata"]["annotations"] = {LOOP_STATE_ANNOTATION: json.dumps(seeded)}
+    manifest["status"] = {"roles": {"unified": {"desiredReplicas": 3}}}
+    cluster.fail("POST", r"/deployments$", 500, times=10_000)  # stuck half-way
+    first = await Operator(str(cluster.url)).start()
+    await api(cluster, "POST", POOL_PATH, manifest)
+    await eventually(lambda: len(cluster.objs("v1/services", NS)) == 2, what="half the children")
+    tokens = tokens_in(cluster)
+    await first.kill()
+    cluster._faults.clear()
+    second = await Operator(str(cluster.url)).start()
+    try:
+        await eventually(lambda: all_there(cluster), what="all children after the restart")
+        for kind, n in KINDS.items():
+            names = [o["metadata"]["name"] for o in cluster.objs(kind, NS)]
+            assert len(names) == len(set(names)) == n, kind
+        assert tokens_in(cluster) == tokens
+        assert cluster.obj(DEPLOYMENTS, NS, f"{NAME}-unified")["spec"]["replicas"] == 3
+
+        def saved_state():
+            raw = pool(cluster)["metadata"]["annotations"].get(LOOP_STATE_ANNOTATION)
+            state = json.loads(raw)
+            return state if state != seeded else None
+
+        await eventually(lambda: status_patches(cluster), what="the loop's first save")
+        state = json.loads(pool(cluster)["metadata"]["annotations"][LOOP_STATE_ANNOTATION])
+        assert state["history"]["last_scale_up"] == {"unified": now - 5}
+        assert state["history"]["decisions"][0] == seeded["history"]["decisions"][0]
+        assert state["desired"] == {"unified": 3}
+        roles = pool(cluster)["status"]["roles"]
+        assert roles["unified"]["desiredReplicas"] == 3
+    finally:
+        await second.stop()
+
+
+async def test_deleting_the_pool_stops_its_control_loop(cluster):
+    op = await Operator(str(cluster.url)).start()
+    try:
+        await api(cluster, "POST", POOL_PATH, pool_manifest())
+        await eventually(lambda: status_patches(cluster), what="the loop running")
+        pod_lists = lambda: len(cluster.sent("GET", f"/namespaces/{NS}/pods"))  # noqa: E731
+        ticks = pod_lists()
+        await eventually(lambda: pod_lists() > ticks + 1, what="the loop ticking")
+        assert "kvfleet.io/finalizer" in pool(cluster)["metadata"]["finalizers"]
+        await api(cluster, "DELETE", f"{POOL_PATH}/{NAME}")
+        await eventually(lambda: pool(cluster) is None, what="the pool gone")
+        import asyncio
+
+        await asyncio.sleep(0.5)
+        settled = pod_lists()
+        await asyncio.sleep(1.5)  # five ticks' worth
+        assert pod_lists() == settled
+    finally:
+        await op.stop()
