@@ -37,28 +37,49 @@ _ROOT = 0x6B7666_6C656574  # "kvfleet": the parent of a first block
 
 
 class ChainIndex:
-    """Per-endpoint LRU sets of block hashes with a reverse map for fast matching."""
+    """Per-endpoint LRU sets of block hashes with a reverse map for fast matching.
+
+    The reverse map's values are immutable owner sets, and a hash with one owner (the common
+    case) shares that endpoint's one interned `frozenset({endpoint})`: recording a new block
+    allocates nothing but its dict slots, so large indexes cost no garbage-collector work."""
 
     def __init__(self, max_blocks_per_endpoint: int) -> None:
         if max_blocks_per_endpoint < 1:
             raise ValueError("max_blocks_per_endpoint must be >= 1")
         self.max_blocks_per_endpoint = max_blocks_per_endpoint
         self._lru: dict[str, OrderedDict[int, None]] = {}
-        self._owners: dict[int, set[str]] = {}
+        self._owners: dict[int, frozenset[str]] = {}
+        self._solo: dict[str, frozenset[str]] = {}  # endpoint -> frozenset({endpoint})
+
+    def _solo_of(self, endpoint: str) -> frozenset[str]:
+        solo = self._solo.get(endpoint)
+        if solo is None:
+            solo = self._solo[endpoint] = frozenset((endpoint,))
+        return solo
 
     def record(self, endpoint: str, hashes: list[int]) -> None:
         """Insert or refresh a chain. Last block first, so the LRU evicts a chain's tail
         before its head: a kept head still matches, a kept tail never could."""
-        lru = self._lru.setdefault(endpoint, OrderedDict())
+        lru = self._lru.get(endpoint)
+        if lru is None:
+            lru = self._lru[endpoint] = OrderedDict()
+        solo = self._solo_of(endpoint)
+        owners_of, move = self._owners, lru.move_to_end  # hot loop: locals, no helper calls
         for h in reversed(hashes):
             if h in lru:
-                lru.move_to_end(h)
+                move(h)
                 continue
             lru[h] = None
-            self._owners.setdefault(h, set()).add(endpoint)
-        while len(lru) > self.max_blocks_per_endpoint:
-            old, _ = lru.popitem(last=False)
-            self._drop_owner(old, endpoint)
+            owners = owners_of.get(h)
+            owners_of[h] = solo if owners is None else owners | solo
+        pop = lru.popitem
+        for _ in range(len(lru) - self.max_blocks_per_endpoint):
+            old, _ = pop(last=False)
+            owners = owners_of[old]
+            if owners is solo:
+                del owners_of[old]
+            else:
+                self._drop_owner(old, endpoint)
 
     def remove(self, endpoint: str, hashes: Iterable[int]) -> None:
         lru = self._lru.get(endpoint)
@@ -107,10 +128,15 @@ class ChainIndex:
 
     def _drop_owner(self, h: int, endpoint: str) -> None:
         owners = self._owners.get(h)
-        if owners is not None:
-            owners.discard(endpoint)
-            if not owners:
-                del self._owners[h]
+        if owners is None or endpoint not in owners:
+            return
+        rest = owners - self._solo_of(endpoint)
+        if not rest:
+            del self._owners[h]
+        elif len(rest) == 1:
+            self._owners[h] = self._solo_of(next(iter(rest)))
+        else:
+            self._owners[h] = rest
 
 
 class ApproxPrefixIndex(ChainIndex):

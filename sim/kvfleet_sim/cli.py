@@ -135,7 +135,10 @@ def write_plot(path: str, runs: list[SimRun], start_s: float) -> None:
     plt.close(fig)
 
 
-def progress_bars(enabled: bool) -> Callable[[list[TraceRequest], str], Callable[[int], None]] | None:
+Progress = Callable[[list[TraceRequest], str], Callable[[int], None]]
+
+
+def progress_bars(enabled: bool) -> Progress | None:
     if not enabled:
         return None
     try:

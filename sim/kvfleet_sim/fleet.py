@@ -23,8 +23,8 @@ replica's grace period.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvfleet_engine.contract import KVEvent

@@ -65,7 +65,7 @@ class SimReplica:
         self.clock = VirtualClock(started_at)
         runner = SimulatedRunner(
             profile, num_blocks=config.num_blocks, block_size=config.block_size,
-            time_mode="virtual", clock=self.clock,
+            time_mode="virtual", clock=self.clock, check_kv=False,
         )  # fmt: skip
         self.engine = LLMEngine(config, runner, tokenizer=None, eos_token_ids=(), clock=self.clock)
         self.started_at = started_at

@@ -36,10 +36,15 @@ def _sgl_cache_aware(routing: RoutingSpec) -> RoutingSpec:
     )  # fmt: skip
 
 
+def _named(name: str) -> Callable[[RoutingSpec], RoutingSpec]:
+    def override(routing: RoutingSpec) -> RoutingSpec:
+        return dataclasses.replace(routing, policy=name)
+
+    return override
+
+
 def policy_overrides() -> dict[str, Callable[[RoutingSpec], RoutingSpec]]:
-    out: dict[str, Callable[[RoutingSpec], RoutingSpec]] = {
-        name: (lambda r, n=name: dataclasses.replace(r, policy=n)) for name in ROUTING_POLICIES
-    }
+    out = {name: _named(name) for name in ROUTING_POLICIES}
     out["sgl-cache-aware"] = _sgl_cache_aware
     return out
 

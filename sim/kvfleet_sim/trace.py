@@ -179,9 +179,9 @@ def load_trace(path: str | Path, start_s: float = 0.0, duration_s: float = 600.0
 
 @lru_cache(maxsize=16384)
 def block_tokens(hash_id: int) -> tuple[int, ...]:
-    """The 512 token ids (1..256) a hash id stands for: a pure function of the id."""
+    """The 512 token ids (0..255) a hash id stands for: a pure function of the id."""
     seed = b"kvfleet-block:" + hash_id.to_bytes(8, "little", signed=False)
-    return tuple(b + 1 for b in hashlib.shake_128(seed).digest(MOONCAKE_BLOCK_TOKENS))
+    return tuple(hashlib.shake_128(seed).digest(MOONCAKE_BLOCK_TOKENS))
 
 
 def prompt_tokens(req: TraceRequest, index: int, max_tokens: int) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from kvfleet_engine.core.sampling_params import SamplingParams
 from kvfleet_engine.core.sequence import PreloadedKV
@@ -11,6 +12,14 @@ DTYPE_BYTES = {
     "float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "uint64": 8, "int64": 8,
     "int32": 4, "uint32": 4, "int8": 1, "uint8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }
+
+
+def _are_token_ids(prompt: Sequence[object], vocab_size: int | None) -> bool:
+    """Plain ints (not bools) in [0, vocab_size), checked by C loops (map, min, max)."""
+    if set(map(type, prompt)) != {int}:
+        return False
+    ids = cast("Sequence[int]", prompt)
+    return min(ids) >= 0 and not (vocab_size and max(ids) >= vocab_size)
 
 
 def check_request(
@@ -32,12 +41,13 @@ def check_request(
         raise ValueError("priority must be an integer")
     if len(prompt) == 0:
         raise ValueError("the prompt is empty")
-    for t in prompt:
-        if (isinstance(t, bool) or not isinstance(t, int) or t < 0
-                or (vocab_size and t >= vocab_size)):  # fmt: skip
-            raise ValueError(
-                f"prompt token id {t!r} is not an integer in [0, {vocab_size or 'vocab size'})"
-            )
+    if not _are_token_ids(prompt, vocab_size):
+        for t in prompt:  # the slow path only finds the offender for the message
+            if (isinstance(t, bool) or not isinstance(t, int) or t < 0
+                    or (vocab_size and t >= vocab_size)):  # fmt: skip
+                raise ValueError(
+                    f"prompt token id {t!r} is not an integer in [0, {vocab_size or 'vocab size'})"
+                )
     total = len(prompt) + params.max_tokens
     if total > max_model_len:
         raise ValueError(

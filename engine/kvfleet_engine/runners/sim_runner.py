@@ -7,6 +7,9 @@ cache). A sampled token is a function of the last slot, so outputs depend on wha
 blocks hold: a wrong prefix hit or a block shared by mistake changes the tokens. Only
 the previous slot is read (O(1) per token); since it chains over all earlier tokens, a
 wrong block anywhere before the point where computing resumes still shows.
+`check_kv=False` (the fleet simulator, which replays millions of prompt tokens and ignores
+the outputs) skips the pseudo KV: each sampled token is then a function of the request's
+last token and position only, O(1) per sequence.
 
 Time, per `time_mode`:
 - "report":  only report the step's duration (`last_step_s`), for callers that keep time;
@@ -60,8 +63,10 @@ class SimulatedRunner:
         clock: VirtualClock | None = None,
         sleep: Callable[[float], None] = time.sleep,
         seed: int | None = None,
+        check_kv: bool = True,
     ) -> None:
         self.profile = load_profile(profile) if isinstance(profile, str) else profile
+        self.check_kv = check_kv
         if time_mode not in _TIME_MODES:
             raise ValueError(f"time_mode must be one of {_TIME_MODES}, not {time_mode!r}")
         if time_mode == "virtual" and clock is None:
@@ -84,6 +89,12 @@ class SimulatedRunner:
         bs = self.block_size
         sampled: dict[str, int] = {}
         for seq in batch.seqs:
+            if not self.check_kv:
+                if seq.do_sample:
+                    end = seq.start_pos + len(seq.token_ids)
+                    h = _mix(_SEED, seq.token_ids[-1], end)
+                    sampled[seq.request_id] = (h >> 11) % self.vocab_size
+                continue
             table = seq.block_table
             pos = seq.start_pos
             if pos == 0:
