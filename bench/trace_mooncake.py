@@ -17,7 +17,10 @@ import random
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import islice
 from pathlib import Path
+
+from kvfleet_sim.trace import mooncake_rows
 
 TRACE_PATH = (
     Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation.jsonl"
@@ -63,28 +66,17 @@ def prompt_text(hash_ids: tuple[int, ...] | list[int], block_chars: int) -> str:
 def load(
     path: Path | str, num_requests: int, speedup: float, skip: int = 0
 ) -> list[TraceRequest]:
-    """The `num_requests` requests after the first `skip`, arrivals compressed by `speedup`."""
+    """The `num_requests` requests after the first `skip`, arrivals compressed by `speedup`.
+    Rows are read and checked by the simulator's loader (`kvfleet_sim.trace`)."""
     if num_requests < 1 or speedup <= 0 or skip < 0:
         raise ValueError("num_requests and speedup must be positive, skip >= 0")
-    rows: list[dict] = []
-    with open(path, encoding="utf-8") as fh:
-        for i, line in enumerate(fh):
-            if i < skip:
-                continue
-            if len(rows) >= num_requests:
-                break
-            rows.append(json.loads(line))
+    rows = list(islice(mooncake_rows(path), skip, skip + num_requests))
     if not rows:
         raise ValueError(f"{path}: no requests after skipping {skip}")
-    t0 = rows[0]["timestamp"]
+    t0 = rows[0][1]
     return [
-        TraceRequest(
-            arrival_s=(row["timestamp"] - t0) / 1000 / speedup,
-            input_length=int(row["input_length"]),
-            output_length=int(row["output_length"]),
-            hash_ids=tuple(int(h) for h in row["hash_ids"]),
-        )
-        for row in rows
+        TraceRequest((ts - t0) / 1000 / speedup, n_in, n_out, ids)
+        for _, ts, n_in, n_out, ids in rows
     ]
 
 

@@ -98,7 +98,9 @@ def load_azure_csv(
     return out
 
 
-def _mooncake_rows(path: str | Path) -> Iterator[tuple[int, float, int, int, tuple[int, ...]]]:
+def mooncake_rows(path: str | Path) -> Iterator[tuple[int, float, int, int, tuple[int, ...]]]:
+    """(line number, timestamp ms, input_length, output_length, hash_ids) per row, checked:
+    a row that is not one JSON object with those fields raises TraceError naming its line."""
     try:
         with open(path, encoding="utf-8") as fh:
             for i, line in enumerate(fh, start=1):
@@ -127,7 +129,7 @@ def load_mooncake(
     _check_scaling(start_s, duration_s, compress)
     out: list[TraceRequest] = []
     t0: float | None = None
-    for _, ts, n_in, n_out, ids in _mooncake_rows(path):
+    for _, ts, n_in, n_out, ids in mooncake_rows(path):
         t0 = ts if t0 is None else t0
         t = (ts - t0) / 1000.0 - start_s
         if 0 <= t < duration_s:

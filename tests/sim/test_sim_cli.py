@@ -46,3 +46,97 @@ def test_bad_input_is_one_line(args, match, capsys, small_trace):
     assert cli.main(["sim", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0], err
+
+
+# --- run / compare, Mooncake, reproducibility ---
+
+MOONCAKE_ROWS = [
+    {"timestamp": i * 250, "input_length": 700 + 37 * (i % 5), "output_length": 12,
+     "hash_ids": [0, 1 + i % 7] + ([100 + i % 7] if i % 3 else [])}
+    for i in range(160)
+]  # 40 s, seven interleaved "conversations" sharing block 0 and their own second block
+
+
+@pytest.fixture
+def mooncake_trace(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in MOONCAKE_ROWS))
+    return str(path)
+
+
+def sim_args(trace, *extra):
+    return ["--trace", trace, "--start-s", "0", "--warmup-s", "0", "--duration-s", "40",
+            "--compress", "2", *extra]
+
+
+def test_run_one_configuration(mooncake_trace, tmp_path, capsys):
+    out_json = tmp_path / "run.json"
+    rc = cli.main(["sim", "run", *sim_args(mooncake_trace), "--pool", POOL,
+                   "--policy", "round-robin", "--json", str(out_json)])
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads(out_json.read_text())
+    (run,) = data["runs"]
+    assert run["variant"] == {"pool_path": POOL, "scaler": "kvfleet", "policy": "round-robin"}
+    s = run["summary"]
+    assert s["num_requests"] == 160 and s["num_failed"] == 0
+    assert 0 < s["prefix_hit_rate"] < 1 and s["e2e_p50_s"] >= s["ttft_p50_s"]
+    assert run["imbalance"] and all(v >= 0 for _, v in run["imbalance"])
+
+
+def test_compare_policies_one_table(mooncake_trace, capsys):
+    rc = cli.main(["sim", "compare", *sim_args(mooncake_trace), "--pool", POOL,
+                   "--policy", "cache-aware", "--policy", "round-robin",
+                   "--policy", "sgl-cache-aware", "--scaler", "fixed-max"])
+    assert rc == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "| cache-aware |" in out and "| round-robin |" in out and "| sgl-cache-aware |" in out
+    assert "prefix hit" in out and "E2E p50" in out and "imbalance" in out
+
+
+def run_in_process(args, seed):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONHASHSEED": str(seed)}
+    return subprocess.run([sys.executable, "-m", "kvfleet_sim.cli", *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_results_are_bit_for_bit_reproducible_across_processes(mooncake_trace, tmp_path):
+    """Same seed, two processes with different string-hash seeds: identical JSON."""
+    outs = []
+    for i, hash_seed in enumerate((1, 2)):
+        path = tmp_path / f"r{i}.json"
+        done = run_in_process(["compare", *sim_args(mooncake_trace), "--pool", POOL,
+                               "--policy", "cache-aware", "--policy", "random",
+                               "--scaler", "kvfleet", "--prefix-mode", "precise",
+                               "--seed", "7", "--json", str(path)], hash_seed)
+        assert done.returncode == 0, done.stderr
+        outs.append(path.read_bytes())
+    assert outs[0] == outs[1]
+    data = json.loads(outs[0])
+    assert all(r["summary"]["num_requests"] == 160 for r in data["runs"])
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["run", "--pool", POOL, "--rate", "0"], "rate"),
+        (["run", "--pool", POOL, "--rate", "nan"], "rate"),
+        (["run", "--pool", POOL, "--compress", "0"], "compress"),
+        (["run", "--pool", POOL, "--policy", "magic"], "invalid choice"),
+        (["run", "--pool", "LOCAL_CPU"], "simulated"),
+        (["compare", "--pool", POOL, "--pool", "LOCAL_CPU"], "simulated"),
+        (["run", "--pool", POOL, "--trace", "BAD"], "malformed"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, match, mooncake_trace, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0}\n')
+    local_cpu = str(Path(POOL).parent / "local-cpu.yaml")
+    full = [*args[:1], *sim_args(mooncake_trace), *args[1:]]
+    full = [str(bad) if a == "BAD" else local_cpu if a == "LOCAL_CPU" else a for a in full]
+    assert cli.main(["sim", *full]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0], err
