@@ -79,6 +79,11 @@ async def test_a_new_pool_gets_every_child_with_an_owner_reference(cluster, capl
             assert "status" not in sent
         # Tokens live only in their Secrets: not in the pool, not in the logs.
         await eventually(lambda: status_patches(cluster), what="a status write")
+        # kopf keeps its progress in kvfleet.io/ annotations and writes nothing into status.
+        assert not [r for r in cluster.sent("PATCH", "/status")
+                    if r.headers.get("User-Agent", "").startswith("kopf")]
+        assert "kopf" not in pool(cluster)["status"]
+        assert {k.split("/")[0] for k in pool(cluster)["metadata"]["annotations"]} == {"kvfleet.io"}
         text = json.dumps(pool(cluster)) + caplog.text
         assert tokens.admin not in text and tokens.engine not in text
         assert not any(tokens.admin in r.text for r in cluster.sent("POST", "/events"))
@@ -155,10 +160,26 @@ async def test_a_bad_spec_gives_degraded_naming_the_field_without_a_retry_storm(
         await op.stop()
 
 
-async def test_injected_409_and_500_are_retried_and_converge(cluster):
-    # Someone created the ConfigMap meanwhile (the write lands, the answer is 409), and the
-    # first Deployment create fails with a 500.
+def events_with(cluster, reason: str) -> list[dict]:
+    posted = [json.loads(r.body) for r in cluster.sent("POST", "/events")]
+    return [e for e in posted if e["reason"] == reason]
+
+
+async def test_a_409_on_create_counts_as_success(cluster):
+    # Someone created the ConfigMap meanwhile: the write lands, the answer is 409.
     cluster.fail("POST", r"/configmaps$", 409, persist=True)
+    op = await Operator(str(cluster.url)).start()
+    try:
+        await api(cluster, "POST", POOL_PATH, pool_manifest())
+        await eventually(lambda: all_there(cluster), what="all children")
+        assert cluster._faults[0].times == 0
+        assert not events_with(cluster, "ApplyFailed")  # one pass, no retry needed
+        assert len(cluster.sent("POST", "/secrets")) == 2
+    finally:
+        await op.stop()
+
+
+async def test_injected_500s_are_retried_and_converge(cluster):
     cluster.fail("POST", r"/deployments$", 500)
     cluster.fail("PATCH", r"/services/", 500)
     op = await Operator(str(cluster.url)).start()
@@ -166,6 +187,7 @@ async def test_injected_409_and_500_are_retried_and_converge(cluster):
         await api(cluster, "POST", POOL_PATH, pool_manifest())
         await eventually(lambda: all_there(cluster), what="all children despite the errors")
         assert all(f.times == 0 for f in cluster._faults)
+        assert len(events_with(cluster, "ApplyFailed")) == 2  # each failure said, then retried
         names = [json.loads(r.body)["metadata"]["name"] for r in cluster.sent("POST", "/secrets")]
         assert len(names) == len(set(names)) == 2  # retried passes re-apply, never re-create
     finally:
