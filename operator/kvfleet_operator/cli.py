@@ -2,8 +2,7 @@
 
 Each subcommand lives in the package that owns it and exposes `main(argv) -> int`.
 The dispatcher imports it lazily, so `kvfleet --help` stays fast. Only subcommands that
-exist are listed; of the Kubernetes operator, only `kvfleet operator render` is in this
-build.
+exist are listed.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("kvfleet_engine.cli", "serve one engine replica (OpenAI API, vLLM metrics)"),
     "router": ("kvfleet_router.cli", "run the cache-aware router in front of engine replicas"),
     "operator": ("kvfleet_operator.runtimes.kubernetes.cli",
-                 "Kubernetes: `render` a pool's child manifests (the operator itself: not yet)"),
+                 "Kubernetes: `run` the operator, or `render` a pool's child manifests"),
     "sim": ("kvfleet_sim.cli", "replay a trace through a simulated fleet in virtual time"),
 }
 

@@ -1,6 +1,6 @@
 """`kvfleet operator render`: every example prints parseable YAML whose documents are
 exactly `build_children`'s (with placeholder tokens); bad pools get one line and exit 2;
-`kvfleet operator` without `render` says only `render` exists."""
+`kvfleet operator` without `run` or `render` says so in one line; `run`'s options."""
 
 from __future__ import annotations
 
@@ -87,11 +87,19 @@ def test_missing_file_is_one_line(capsys):
     assert len(err) == 1 and "cannot read" in err[0]
 
 
-@pytest.mark.parametrize("argv", [[], ["run"], ["--all-namespaces"]])
-def test_only_render_exists(argv, capsys):
+@pytest.mark.parametrize("argv", [[], ["frobnicate"], ["--all-namespaces"]])
+def test_run_or_render_is_needed(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "only `render` exists" in err[0]
+    assert len(err) == 1 and "say `run` or `render`" in err[0]
+
+
+@pytest.mark.parametrize("argv", [["run"], ["run", "-n", "a", "--all-namespaces"],
+                                  ["run", "-A", "--max-tick", "0"]])
+def test_run_needs_one_scope_and_sane_options(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kvfleet operator run: ")
 
 
 def test_help():
@@ -99,3 +107,7 @@ def test_help():
     assert proc.returncode == 0 and "usage" in proc.stdout.lower() and "render" in proc.stdout
     proc = _kvfleet("operator", "render", "--help")
     assert proc.returncode == 0 and "--namespace" in proc.stdout
+    proc = _kvfleet("operator", "run", "--help")
+    assert proc.returncode == 0
+    for option in ("--namespace", "--all-namespaces", "--liveness", "Recreate"):
+        assert option in proc.stdout

@@ -1,7 +1,13 @@
-"""`kvfleet operator render pool.yaml [--namespace NS]`: print every child manifest the
-operator would own for a pool, as multi-document YAML, for review, `kubectl diff` and
-GitOps previews. Tokens are placeholders, never real secrets. Only `render` exists in this
-build: the running operator (`kvfleet operator run`) is not here yet.
+"""`kvfleet operator`: `run` the kopf operator, or `render` a pool's children.
+
+- `kvfleet operator run (--namespace NS ... | --all-namespaces) [--liveness URL]`: the
+  operator (kopf, with `handlers.py`), out of cluster with your kubeconfig or in cluster
+  with its service account. One active replica: kopf runs standalone (no peering), so run
+  exactly one, as a Deployment with `replicas: 1` and `strategy: Recreate` (the old pod is
+  gone before the new one starts).
+- `kvfleet operator render pool.yaml [--namespace NS]`: print every child manifest the
+  operator would own for a pool, as multi-document YAML, for review, `kubectl diff` and
+  GitOps previews. Tokens are placeholders, never real secrets.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from kvfleet_operator.api.pool import load_pool
 
 from .children import build_children
 from .options import KVFLEET_IMAGE, BuildOptions, Tokens
+from .run_cmd import add_run_parser, run
 
 PLACEHOLDER_TOKEN = "PLACEHOLDER-generated-by-the-operator-not-a-secret"
 PLACEHOLDER_TOKENS = Tokens(admin=PLACEHOLDER_TOKEN, engine=PLACEHOLDER_TOKEN)
@@ -24,8 +31,8 @@ PLACEHOLDER_TOKENS = Tokens(admin=PLACEHOLDER_TOKEN, engine=PLACEHOLDER_TOKEN)
 # a clean `kubectl diff` against a live pool.
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 PROG = "kvfleet operator"
-ONLY_RENDER = f"{PROG}: only `render` exists in this build (the running operator is not " \
-              "here yet); see `kvfleet operator --help`"
+COMMANDS = ("run", "render")
+USAGE_LINE = f"{PROG}: say `run` or `render`; see `kvfleet operator --help`"
 SECRET_NOTE = ("# PLACEHOLDER token: the operator generates the real one and keeps it;\n"
                "# never apply this Secret as is (--without-secrets leaves it out).\n")
 
@@ -40,9 +47,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="The Kubernetes operator's tools. Only `render` "
-                "exists in this build; the running operator is not here yet.")
-    sub = p.add_subparsers(dest="command", metavar="render")
+    p = _Parser(prog=PROG, description="The Kubernetes operator: `run` it, or `render` the "
+                "children it would own for a pool.")
+    sub = p.add_subparsers(dest="command", metavar="{run,render}")
+    add_run_parser(sub)
     r = sub.add_parser("render", help="print the child manifests of a pool (multi-document "
                        "YAML)", description="Print every child manifest the operator would "
                        "own for a pool. Tokens are placeholders.")
@@ -102,17 +110,19 @@ def render(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str], out: TextIO | None = None) -> int:
-    if not argv or argv[0] not in ("render", "-h", "--help"):
-        print(ONLY_RENDER, file=sys.stderr)
+    if not argv or argv[0] not in (*COMMANDS, "-h", "--help"):
+        print(USAGE_LINE, file=sys.stderr)
         return 2
     try:
         try:
             args = _parser().parse_args(argv)
         except SystemExit as exc:  # --help
             return int(exc.code or 0)
+        if args.command == "run":
+            return run(args)
         text = to_yaml(render(args))
     except RenderError as exc:
-        print(f"{PROG} render: {exc}", file=sys.stderr)
+        print(f"{PROG} {argv[0]}: {exc}", file=sys.stderr)
         return 2
     (out or sys.stdout).write(text)
     return 0

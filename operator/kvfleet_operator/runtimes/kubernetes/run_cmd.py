@@ -1,0 +1,81 @@
+"""`kvfleet operator run`: kopf with kvfleet's handlers, until SIGINT/SIGTERM.
+
+Credentials come from the in-cluster service account, else the kubeconfig (`KUBECONFIG`,
+`~/.kube/config`), for kopf (its `login_via_client`) and kvfleet's client alike. kopf runs
+standalone: no peering objects, so exactly one operator replica may run (see
+`operator_manifests.build_operator_deployment`: `replicas: 1`, `strategy: Recreate`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from typing import Any
+
+from .operator_config import OperatorConfig
+from .options import KVFLEET_IMAGE, BuildOptions
+
+
+def add_run_parser(sub: Any) -> None:
+    r = sub.add_parser("run", help="run the operator (kopf) until interrupted",
+                       description="Reconcile InferencePools into Deployments, Services and a "
+                       "programmed router, and run each pool's control loop. Exactly one "
+                       "replica may run (no leader election): in a cluster, a Deployment with "
+                       "replicas 1 and strategy Recreate.")  # fmt: skip
+    where = r.add_mutually_exclusive_group(required=True)
+    where.add_argument("--namespace", "-n", action="append", metavar="NS",
+                       help="watch this namespace (repeatable)")
+    where.add_argument("--all-namespaces", "-A", action="store_true",
+                       help="watch every namespace (needs cluster-wide RBAC)")
+    r.add_argument("--liveness", metavar="URL",
+                   help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
+    r.add_argument("--image", default=KVFLEET_IMAGE,
+                   help=f"kvfleet's image for routers and builtin engines (default: "
+                   f"{KVFLEET_IMAGE})")
+    r.add_argument("--prometheus", metavar="URL",
+                   help="read engine metrics from this Prometheus instead of scraping pods")
+    r.add_argument("--hf-token-secret", metavar="NAME",
+                   help="a Secret (key `token`) in each pool's namespace with the HF token")
+    r.add_argument("--max-tick", type=_positive, default=5.0, metavar="SECONDS",
+                   help="tick each pool's loop at least this often (default 5; the scaler "
+                   "still decides every autoscaling.intervalSeconds)")
+    r.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def config_from(args: argparse.Namespace) -> OperatorConfig:
+    return OperatorConfig(image=args.image, prometheus_url=args.prometheus,
+                          max_tick_s=args.max_tick,
+                          options=BuildOptions(hf_token_secret=args.hf_token_secret))  # fmt: skip
+
+
+async def operate(args: argparse.Namespace, stop_flag: asyncio.Event | None = None) -> None:
+    import kopf
+
+    from kvfleet_operator import handlers
+
+    registry = handlers.register(kopf.OperatorRegistry())
+    await kopf.operator(
+        registry=registry, standalone=True, clusterwide=bool(args.all_namespaces),
+        namespaces=list(args.namespace or ()), liveness_endpoint=args.liveness,
+        memo=kopf.Memo(config=config_from(args)), stop_flag=stop_flag,
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    import kopf
+
+    kopf.configure(debug=args.verbose, verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    try:
+        asyncio.run(operate(args))
+    except KeyboardInterrupt:
+        return 130
+    return 0
