@@ -123,6 +123,7 @@ class FakeBackend:
         self.num_generation_tokens = 0
         self.num_in_flight = 0
         self.num_blocks_in_use = 0  # held by in-flight requests, as vLLM's KV usage counts
+        self.num_tokenize = 0
         self.timeline: deque[tuple[float, int]] = deque(maxlen=MAX_TIMELINE)
         self.request_seq = 0
         if self.cache is not None:
@@ -266,6 +267,25 @@ class FakeBackend:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="")
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize, for routers that tokenize prompts themselves (vllm-router's
+        cache_aware). The fake's tokens are characters, as its cached_tokens are."""
+        self.num_tokenize += 1
+        try:
+            body = await request.json()
+            prompt = body.get("prompt")
+            if prompt is None:
+                prompt = "".join(str(m.get("content", "")) for m in body.get("messages", []))
+            if not isinstance(prompt, str):
+                raise ValueError("prompt must be a string")
+        except (ValueError, AttributeError, TypeError):
+            return web.json_response({"error": {"message": "bad tokenize request",
+                                                "type": "invalid_request_error",
+                                                "param": None, "code": 400}}, status=400)
+        tokens = [ord(c) for c in prompt]
+        return web.json_response({"count": len(tokens), "max_model_len": 1 << 20,
+                                  "tokens": tokens, "token_strs": None})
+
     async def server_info(self, request: web.Request) -> web.Response:
         # No model path, so sglang-router has no tokenizer to fetch from a hub.
         return web.json_response({"served_model_name": self.cfg.model, "max_total_num_tokens": 0})
@@ -304,6 +324,7 @@ class FakeBackend:
                 "num_hit_blocks": self.num_hit_blocks,
                 "num_cached_blocks": len(self.cache) if self.cache is not None else 0,
                 "num_in_flight": self.num_in_flight,
+                "num_tokenize": self.num_tokenize,
                 "timeline": list(self.timeline) if request.query.get("timeline") else [],
             }
         )
@@ -319,6 +340,7 @@ def build_app(backend: FakeBackend) -> web.Application:
     app.router.add_post("/v1/chat/completions", backend.chat_completions)
     app.router.add_get("/v1/models", backend.models)
     app.router.add_get("/health", backend.health)
+    app.router.add_post("/tokenize", backend.tokenize)
     app.router.add_get("/metrics", backend.metrics)
     for path in ("/server_info", "/get_server_info"):
         app.router.add_get(path, backend.server_info)

@@ -126,7 +126,7 @@ def git_state() -> dict[str, Any]:
 
     diff = git("diff", "HEAD", "--", "router/")
     return {"commit": git("rev-parse", "HEAD").strip(),
-            "router_last_commit": git("log", "-1", "--format=%h %s", "--", "router/").strip(),
+            "router_last_commit": git("log", "-1", "--format=%h %s", "--", "router/").strip()[:90],
             "router_tree_differs": bool(diff),
             "router_diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:12] if diff else ""}
 

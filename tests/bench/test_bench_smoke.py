@@ -156,6 +156,11 @@ def test_fake_backend_speaks_openai_and_counts_prefix_hits(fake_backend):
     metrics = urllib.request.urlopen(f"{fake_backend}/metrics").read().decode()
     assert 'vllm:prefix_cache_hits_total{model_name="fake-model"} 8' in metrics
     assert "vllm:num_requests_running" in metrics and "vllm:kv_cache_usage_perc" in metrics
+    req = urllib.request.Request(f"{fake_backend}/tokenize",
+                                 data=json.dumps({"model": "fake-model", "prompt": "ab"}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    tok = json.loads(urllib.request.urlopen(req).read())  # vllm-router's cache_aware asks
+    assert tok["count"] == 2 and tok["tokens"] == [97, 98]
 
 
 def test_fake_backend_answers_bad_json_with_openai_error(fake_backend):
