@@ -95,12 +95,16 @@ def test_dashboard_and_alert_queries_return_series_from_a_live_fleet(tmp_path, s
     manifest = yaml.safe_load((POOLS / "sim-unified.yaml").read_text())
     manifest["metadata"]["name"] = "observed"
     manifest["spec"]["autoscaling"]["targets"]["ttftP90Seconds"] = 2.0
+    # A fixed size: the replicas Prometheus scrapes (static targets) stay for the whole run.
+    manifest["spec"]["topology"]["unified"]["replicas"] = {"min": 2, "max": 2}
     pool_file = tmp_path / "observed.yaml"
     pool_file.write_text(yaml.safe_dump(manifest))
     fleet = start_fleet(str(pool_file))
-    state = fleet.wait_for("the endpoint", lambda s: s.get("is_serving"), 60)
+    state = fleet.wait_for("two ready replicas", lambda s: s.get("is_serving") and sum(
+        r["state"] == "ready" for r in s["replicas"] if r["role"] == "unified") == 2, 60)
     router = next(r for r in state["replicas"] if r["role"] == "router")
-    engine = next(r for r in state["replicas"] if r["role"] == "unified")
+    engines = [r for r in state["replicas"] if r["role"] == "unified"]
+    engine = engines[0]
 
     def hostport(url: str) -> str:
         return url.removeprefix("http://").split("/")[0]
@@ -111,8 +115,9 @@ def test_dashboard_and_alert_queries_return_series_from_a_live_fleet(tmp_path, s
         {"job_name": "router", "static_configs": [
             {"targets": [hostport(router["address"])], "labels": {"pool": "observed"}}]},
         {"job_name": "engines", "static_configs": [
-            {"targets": [hostport(engine["address"])],
-             "labels": {"pool": "observed", "role": "unified", "pod": engine["name"]}}]},
+            {"targets": [hostport(e["address"])],
+             "labels": {"pool": "observed", "role": "unified", "pod": e["name"]}}
+            for e in engines]},
     ]}  # fmt: skip
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
     with ProcessGroup(tmp_path / "procs") as procs:

@@ -40,6 +40,7 @@ def test_events_are_counted_by_reason():
     assert s['kvfleet_router_push_failures_total{pool="p"}'] == 1
     assert s['kvfleet_replica_crashes_total{pool="p"}'] == 1
     assert s['kvfleet_loop_errors_total{pool="p"}'] == 0  # present from the start
+    assert s['kvfleet_scale_decisions_total{pool="p",reason="PanicScaleUp"}'] == 0
 
 
 def test_status_gauges_follow_the_latest_status_without_stale_series():

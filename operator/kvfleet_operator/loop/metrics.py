@@ -81,6 +81,8 @@ class LoopMetrics:
                                    registry=r)  # fmt: skip
         self.crashes = Counter("kvfleet_replica_crashes", "replicas that exited on their own",
                                ["pool"], registry=r)  # fmt: skip
+        for reason in DECISION_REASONS:
+            self.scale_decisions.labels(pool, reason)
         for counter in (self.drain_timeouts, self.push_failures, self.loop_errors, self.crashes):
             counter.labels(pool)  # present at 0 from the start, so rate() and alerts see it
 
