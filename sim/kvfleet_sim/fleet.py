@@ -211,8 +211,7 @@ class FleetSim:
         return sum(kv.prefix_cache_queries for kv in kvs), sum(kv.prefix_cache_hits for kv in kvs)
 
     def is_busy(self, i: int, n: int, t: float, trace_end: float) -> bool:
-        has_work = any(r.num_in_flight for r in self.runtime.by_name.values()) or self.router.held
-        return i < n or t <= trace_end or bool(has_work)
+        return i < n or t <= trace_end or bool(self.serving) or bool(self.router.held)
 
     # --- control plane ---
 
