@@ -93,8 +93,15 @@ def main(argv: list[str]) -> int:
     raise_fd_limit()
     loop = new_loop()
     asyncio.set_event_loop(loop)
+    def say_listening() -> None:
+        admin = "admin API behind a bearer token" if token else "admin API disabled (no token)"
+        print(f"kvfleet router listening on http://{args.host}:{args.port} "
+              f"(policy {cfg.policy.name}, {len(cfg.endpoints)} endpoint(s), "
+              f"config version {cfg.version}; {admin})", flush=True)
+
     try:
-        loop.run_until_complete(serve(RouterApp(cfg, token).build(), args.host, args.port))
+        loop.run_until_complete(serve(RouterApp(cfg, token).build(), args.host, args.port,
+                                      say_listening))
     except OSError as exc:
         print(f"kvfleet router: cannot listen on {args.host}:{args.port}: {exc.strerror}",
               file=sys.stderr)

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import signal
+from collections.abc import Callable
 
 from aiohttp import web, web_protocol, web_server
 
@@ -42,8 +43,10 @@ class _Server(web_server.Server):
         return _Protocol(self, loop=self._loop, **self._kwargs)
 
 
-async def serve(webapp: web.Application, host: str, port: int) -> None:
-    """Listen until SIGINT/SIGTERM, then shut down (in-flight requests get 30 s)."""
+async def serve(webapp: web.Application, host: str, port: int,
+                on_listening: Callable[[], None] = lambda: None) -> None:
+    """Listen until SIGINT/SIGTERM, then shut down (in-flight requests get 30 s).
+    `on_listening` runs once the socket accepts connections."""
     runner = web.AppRunner(webapp, access_log=None, shutdown_timeout=30)
     await runner.setup()
     assert runner.server is not None
@@ -51,6 +54,7 @@ async def serve(webapp: web.Application, host: str, port: int) -> None:
     try:
         # bursts of thousands of clients connect at once
         await web.TCPSite(runner, host, port, backlog=4096).start()
+        on_listening()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):

@@ -149,3 +149,11 @@ def test_sigterm_lets_running_streams_finish_then_exits_zero(procs, tmp_path):
     t.join(30)
     assert results and results[0].count(b"slow:") == 15 and results[0].endswith(b"[DONE]\n\n")
     assert router.wait(30) == 0
+
+
+def test_a_standalone_router_says_where_it_listens(procs, tmp_path):
+    backend = start_fake(procs, "b0")
+    router = start_router(procs, tmp_path, {"endpoints": endpoints_cfg([backend])})
+    line = next(ln for ln in router.log_text().splitlines() if "listening on" in ln)
+    assert f"kvfleet router listening on http://127.0.0.1:{router.port}" in line
+    assert "1 endpoint(s)" in line and "admin API behind a bearer token" in line
