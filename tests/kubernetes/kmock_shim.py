@@ -175,6 +175,21 @@ class KubeShim(kmock.KubernetesEmulator):
         found = [o for o in self.objs(resource, namespace) if o["metadata"]["name"] == name]
         return found[0] if found else None
 
+    def operator_calls(self) -> set[tuple[str, str, str]]:
+        """(apiGroup, resource[/subresource], RBAC verb) of every API call kopf or kvfleet's
+        client made (the tests' own requests and discovery excluded)."""
+        out = set()
+        for r in self._requests:
+            agent = r.headers.get("User-Agent", "")
+            if r.resource is None or not r.resource.plural or "aiohttp" in agent:
+                continue
+            verb = {"POST": "create", "PATCH": "patch", "DELETE": "delete", "PUT": "update"}.get(
+                r.method.value) or ("watch" if r.params.get("watch") == "true"
+                                    else "get" if r.name else "list")  # fmt: skip
+            resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
+            out.add((r.resource.group or "", resource, verb))
+        return out
+
     def sent(self, method: str, path: str = "") -> list[kmock.Request]:
         """Requests received with this method whose path contains `path`."""
         return [r for r in self._requests

@@ -15,6 +15,7 @@ from k8s_pools import example
 from kmock_shim import Operator, api, eventually
 from kvfleet_operator.api import parse_pool
 from kvfleet_operator.runtimes.kubernetes import Tokens, build_children
+from kvfleet_operator.runtimes.kubernetes.operator_manifests import RBAC_RULES
 from kvfleet_operator.runtimes.kubernetes.status_store import LOOP_STATE_ANNOTATION
 
 POOLS = "kvfleet.io/v1alpha1/inferencepools"
@@ -247,6 +248,9 @@ async def test_deleting_the_pool_stops_its_control_loop(cluster):
         assert "kvfleet.io/finalizer" in pool(cluster)["metadata"]["finalizers"]
         await api(cluster, "DELETE", f"{POOL_PATH}/{NAME}")
         await eventually(lambda: pool(cluster) is None, what="the pool gone")
+        # Every call the operator made over the pool's life is one its RBAC grants.
+        granted = {(g, r, v) for g, r, verbs, _ in RBAC_RULES for v in verbs}
+        assert cluster.operator_calls() - granted == set()
         import asyncio
 
         await asyncio.sleep(0.5)

@@ -91,7 +91,7 @@ def test_missing_file_is_one_line(capsys):
 def test_run_or_render_is_needed(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "say `run` or `render`" in err[0]
+    assert len(err) == 1 and "say `run`, `render` or `manifests`" in err[0]
 
 
 @pytest.mark.parametrize("argv", [["run"], ["run", "-n", "a", "--all-namespaces"],

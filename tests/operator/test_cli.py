@@ -18,7 +18,7 @@ def test_help_lists_every_subcommand_and_each_one_answers_help(capsys):
         assert cli.main([name]) == 2
         assert "unknown command" in capsys.readouterr().err
     assert cli.main(["operator"]) == 2  # `run` or `render` is needed: one line, exit 2
-    assert "say `run` or `render`" in capsys.readouterr().err
+    assert "say `run`, `render` or `manifests`" in capsys.readouterr().err
 
 
 def test_unknown_subcommand_is_one_line_error(capsys):

@@ -5,6 +5,8 @@
   with its service account. One active replica: kopf runs standalone (no peering), so run
   exactly one, as a Deployment with `replicas: 1` and `strategy: Recreate` (the old pod is
   gone before the new one starts).
+- `kvfleet operator manifests [-n NS]`: the operator's own ServiceAccount, RBAC and
+  Deployment (`operator_manifests.py`), for `kubectl apply -f -`.
 - `kvfleet operator render pool.yaml [--namespace NS]`: print every child manifest the
   operator would own for a pool, as multi-document YAML, for review, `kubectl diff` and
   GitOps previews. Tokens are placeholders, never real secrets.
@@ -22,7 +24,8 @@ from kvfleet_operator.api.errors import SpecError
 from kvfleet_operator.api.pool import load_pool
 
 from .children import build_children
-from .options import KVFLEET_IMAGE, BuildOptions, Tokens
+from .operator_manifests import build_operator_manifests
+from .options import KVFLEET_IMAGE, OPERATOR_NAMESPACE, BuildOptions, Tokens
 from .run_cmd import add_run_parser, run
 
 PLACEHOLDER_TOKEN = "PLACEHOLDER-generated-by-the-operator-not-a-secret"
@@ -31,8 +34,8 @@ PLACEHOLDER_TOKENS = Tokens(admin=PLACEHOLDER_TOKEN, engine=PLACEHOLDER_TOKEN)
 # a clean `kubectl diff` against a live pool.
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 PROG = "kvfleet operator"
-COMMANDS = ("run", "render")
-USAGE_LINE = f"{PROG}: say `run` or `render`; see `kvfleet operator --help`"
+COMMANDS = ("run", "render", "manifests")
+USAGE_LINE = f"{PROG}: say `run`, `render` or `manifests`; see `kvfleet operator --help`"
 SECRET_NOTE = ("# PLACEHOLDER token: the operator generates the real one and keeps it;\n"
                "# never apply this Secret as is (--without-secrets leaves it out).\n")
 
@@ -49,8 +52,15 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="The Kubernetes operator: `run` it, or `render` the "
                 "children it would own for a pool.")
-    sub = p.add_subparsers(dest="command", metavar="{run,render}")
+    sub = p.add_subparsers(dest="command", metavar="{run,render,manifests}")
     add_run_parser(sub)
+    m = sub.add_parser("manifests", help="print the operator's own manifests (ServiceAccount, "
+                       "RBAC, a one-replica Deployment)", description="Print the operator's "
+                       "ServiceAccount, ClusterRole, ClusterRoleBinding and Deployment "
+                       "(replicas 1, strategy Recreate), for `kubectl apply -f -`.")
+    m.add_argument("--namespace", "-n", default=OPERATOR_NAMESPACE,
+                   help=f"where the operator runs (default {OPERATOR_NAMESPACE}; must exist)")
+    m.add_argument("--image", default=KVFLEET_IMAGE, help=f"default {KVFLEET_IMAGE}")
     r = sub.add_parser("render", help="print the child manifests of a pool (multi-document "
                        "YAML)", description="Print every child manifest the operator would "
                        "own for a pool. Tokens are placeholders.")
@@ -120,7 +130,10 @@ def main(argv: list[str], out: TextIO | None = None) -> int:
             return int(exc.code or 0)
         if args.command == "run":
             return run(args)
-        text = to_yaml(render(args))
+        if args.command == "manifests":
+            text = to_yaml(build_operator_manifests(args.namespace, args.image))
+        else:
+            text = to_yaml(render(args))
     except RenderError as exc:
         print(f"{PROG} {argv[0]}: {exc}", file=sys.stderr)
         return 2
