@@ -3,6 +3,7 @@
 The local runtime (`kvfleet up`): `local` (replicas as processes), `router_control` (the
 router's admin API over HTTP), `metrics_sources` (scrape or Prometheus), `local_store`
 (`state.json`), plus `progress` for the terminal. The simulator's ports live in
-`kvfleet_sim.ports`. `kubernetes/` so far builds the manifests a Kubernetes runtime will
-apply (`kvfleet operator render`); its ports are not in this build yet.
+`kvfleet_sim.ports`. `kubernetes/` is the Kubernetes runtime: the manifest builders
+(`kvfleet operator render`) and the ports over the Kubernetes API that `kvfleet operator
+run` (kopf, `handlers.py`) drives.
 """

@@ -16,8 +16,21 @@ The pods inside the Deployments come from `engine_pod.py` and `router_pod.py`, o
 `security.py` (the restricted securityContext) and `model_source.py` (volumes, mounts and
 env per `model.source` scheme). `meta.py` holds names, labels, selectors and owner
 references; `options.py` the build inputs that are not in the spec. `cli.py` is
-`kvfleet operator render`. Applying, observing pods and the control loop's ports are not in
-this build yet.
+`kvfleet operator` (`render`, `manifests`, and `run` in `run_cmd.py`).
+
+The running half, over the API:
+
+| module | what |
+|---|---|
+| `kube_client.py` | `KubeClient` over `kubernetes.aio`: server-side apply, merge patches, lists |
+| `tokens.py`, `pool_children.py` | tokens read back or made once; apply every child of a pool |
+| `pods.py` | pure: Deployments and Pods -> the loop's replicas |
+| `replica_runtime.py` | the `ReplicaRuntime` port (Deployments, Pods, drain annotations) |
+| `router_ports.py` | the `RouterControl` port over every router pod |
+| `status_store.py` | the `StateStore` port: the pool's status and loop-state annotation |
+| `event_sink.py` | the `EventSink` port: core/v1 Events on the pool |
+| `pool_loop.py` | one pool's `ControlLoop` over those ports, as kopf's daemon runs it |
+| `operator_config.py`, `operator_manifests.py` | `run`'s settings; the operator's RBAC and Deployment |
 """
 
 from .children import build_children
