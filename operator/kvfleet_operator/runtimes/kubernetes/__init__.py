@@ -30,7 +30,8 @@ The running half, over the API:
 | `status_store.py` | the `StateStore` port: the pool's status and loop-state annotation |
 | `event_sink.py` | the `EventSink` port: core/v1 Events on the pool |
 | `pool_loop.py` | one pool's `ControlLoop` over those ports, as kopf's daemon runs it |
-| `operator_config.py`, `operator_manifests.py` | `run`'s settings; the operator's RBAC and Deployment |
+| `operator_config.py` | what `run` passes to every pool |
+| `operator_manifests.py` | the operator's own RBAC and one-replica Deployment |
 """
 
 from .children import build_children

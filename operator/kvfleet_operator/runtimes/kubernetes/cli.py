@@ -26,7 +26,7 @@ from kvfleet_operator.api.pool import load_pool
 from .children import build_children
 from .operator_manifests import build_operator_manifests
 from .options import KVFLEET_IMAGE, OPERATOR_NAMESPACE, BuildOptions, Tokens
-from .run_cmd import add_run_parser, run
+from .run_cmd import add_build_options, add_run_parser, run
 
 PLACEHOLDER_TOKEN = "PLACEHOLDER-generated-by-the-operator-not-a-secret"
 PLACEHOLDER_TOKENS = Tokens(admin=PLACEHOLDER_TOKEN, engine=PLACEHOLDER_TOKEN)
@@ -69,13 +69,9 @@ def _parser() -> argparse.ArgumentParser:
                    "metadata.namespace, else default)")
     r.add_argument("--pool-uid", help="the live pool's metadata.uid, for owner references "
                    f"(default: {PLACEHOLDER_UID})")
-    r.add_argument("--image", default=KVFLEET_IMAGE,
-                   help=f"kvfleet's image for the router and builtin engines (default: "
-                   f"{KVFLEET_IMAGE}, not published yet)")
+    add_build_options(r)
     r.add_argument("--without-secrets", action="store_true",
                    help="leave the two token Secrets out")
-    r.add_argument("--hf-token-secret", metavar="NAME",
-                   help="a Secret with key `token` holding the HF token for hf:// models")
     return p
 
 

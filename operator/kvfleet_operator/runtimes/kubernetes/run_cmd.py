@@ -17,6 +17,16 @@ from .operator_config import OperatorConfig
 from .options import KVFLEET_IMAGE, BuildOptions
 
 
+def add_build_options(parser: argparse.ArgumentParser) -> None:
+    """The build inputs `run` and `render` share."""
+    parser.add_argument("--image", default=KVFLEET_IMAGE,
+                        help=f"kvfleet's image for routers and builtin engines (default: "
+                        f"{KVFLEET_IMAGE}, not published yet)")
+    parser.add_argument("--hf-token-secret", metavar="NAME",
+                        help="a Secret with key `token` in the pool's namespace holding the "
+                        "HF token for hf:// models")
+
+
 def add_run_parser(sub: Any) -> None:
     r = sub.add_parser("run", help="run the operator (kopf) until interrupted",
                        description="Reconcile InferencePools into Deployments, Services and a "
@@ -30,13 +40,9 @@ def add_run_parser(sub: Any) -> None:
                        help="watch every namespace (needs cluster-wide RBAC)")
     r.add_argument("--liveness", metavar="URL",
                    help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz")
-    r.add_argument("--image", default=KVFLEET_IMAGE,
-                   help=f"kvfleet's image for routers and builtin engines (default: "
-                   f"{KVFLEET_IMAGE})")
+    add_build_options(r)
     r.add_argument("--prometheus", metavar="URL",
                    help="read engine metrics from this Prometheus instead of scraping pods")
-    r.add_argument("--hf-token-secret", metavar="NAME",
-                   help="a Secret (key `token`) in each pool's namespace with the HF token")
     r.add_argument("--max-tick", type=_positive, default=5.0, metavar="SECONDS",
                    help="tick each pool's loop at least this often (default 5; the scaler "
                    "still decides every autoscaling.intervalSeconds)")
