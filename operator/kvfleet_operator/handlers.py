@@ -21,30 +21,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 import kopf
 
 from kvfleet_operator.api.errors import SpecError
 from kvfleet_operator.api.pool import GROUP, PLURAL, VERSION
-from kvfleet_operator.api.status import parse_status
 from kvfleet_operator.loop import events as ev
-from kvfleet_operator.reconcile import invalid_spec_status
 from kvfleet_operator.runtimes.kubernetes.event_sink import post_event
 from kvfleet_operator.runtimes.kubernetes.kube_client import (
     ApiError,
     KubeClient,
     load_configuration,
-    object_path,
 )
 from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
 from kvfleet_operator.runtimes.kubernetes.pool_children import apply_pool
 from kvfleet_operator.runtimes.kubernetes.pool_loop import pool_from_body, run_pool
 from kvfleet_operator.runtimes.kubernetes.status_store import (
     LOOP_STATE_ANNOTATION,
-    status_dict,
-    write_status,
+    write_invalid_spec,
 )
 
 PREFIX = "kvfleet.io"
@@ -67,14 +62,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
 
 async def report_invalid(client: KubeClient, body: Any, error: SpecError) -> None:
     metadata = body.get("metadata") or {}
-    name, namespace = str(metadata.get("name")), str(metadata.get("namespace") or "default")
-    old = parse_status(body.get("status"))
-    generation = metadata.get("generation")
-    old.observed_generation = generation if isinstance(generation, int) else 0
-    new = invalid_spec_status(old, error, datetime.now(UTC))
-    path = object_path(f"{GROUP}/{VERSION}", "InferencePool", namespace, name)
-    await write_status(client, path, dict(body.get("status") or {}), status_dict(new))
-    await post_event(client, name, namespace, str(metadata.get("uid") or ""),
+    await write_invalid_spec(client, body, error)
+    await post_event(client, str(metadata.get("name")), str(metadata.get("namespace") or
+                     "default"), str(metadata.get("uid") or ""),
                      ev.warning(INVALID_SPEC_EVENT, str(error)))  # fmt: skip
 
 

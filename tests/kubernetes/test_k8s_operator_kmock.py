@@ -118,6 +118,11 @@ async def test_a_spec_update_patches_the_children_and_keeps_replicas_and_tokens(
         assert cluster.obj(DEPLOYMENTS, NS, f"{NAME}-unified")["spec"]["replicas"] == 3
         assert tokens_in(cluster) == tokens
         assert all_there(cluster)
+        # kstatus: status describes the new generation once the loop has seen it.
+        assert pool(cluster)["metadata"]["generation"] == 2
+        await eventually(lambda: pool(cluster).get("status", {}).get("observedGeneration") == 2,
+                         what="observedGeneration 2")
+        assert all(c["observedGeneration"] == 2 for c in pool(cluster)["status"]["conditions"])
     finally:
         await op.stop()
 
@@ -164,6 +169,30 @@ async def test_a_bad_spec_gives_degraded_naming_the_field_without_a_retry_storm(
 def events_with(cluster, reason: str) -> list[dict]:
     posted = [json.loads(r.body) for r in cluster.sent("POST", "/events")]
     return [e for e in posted if e["reason"] == reason]
+
+
+async def test_a_running_pool_made_invalid_stays_degraded(cluster):
+    op = await Operator(str(cluster.url)).start()
+    try:
+        await api(cluster, "POST", POOL_PATH, pool_manifest())
+        await eventually(lambda: status_patches(cluster), what="the loop running")
+        model = pool(cluster)["spec"]["model"]
+        await api(cluster, "PATCH", f"{POOL_PATH}/{NAME}",
+                  {"spec": {"model": {**model, "source": "file:///m.gguf"}}},
+                  "application/merge-patch+json")
+
+        def reason() -> str:
+            conditions = pool(cluster)["status"]["conditions"]
+            return next(c["reason"] for c in conditions if c["type"] == "Degraded")
+
+        await eventually(lambda: reason() == "InvalidSpec", what="InvalidSpec")
+        import asyncio
+
+        await asyncio.sleep(3.0)  # the old spec's loop has stopped; nothing overwrites it
+        assert reason() == "InvalidSpec"
+        assert pool(cluster)["status"]["observedGeneration"] == 2
+    finally:
+        await op.stop()
 
 
 async def test_a_409_on_create_counts_as_success(cluster):
@@ -259,3 +288,4 @@ async def test_deleting_the_pool_stops_its_control_loop(cluster):
         assert pod_lists() == settled
     finally:
         await op.stop()
+

@@ -21,20 +21,32 @@ from kvfleet_operator.loop.ports import MetricsSource
 from kvfleet_operator.runtimes.metrics_sources import PrometheusMetrics, ScrapeMetrics
 
 from . import meta
+from .children import build_children
 from .event_sink import KubeEventSink
-from .kube_client import KubeClient
+from .kube_client import ApiError, KubeClient
 from .operator_config import OperatorConfig
+from .options import Tokens
 from .replica_runtime import KubeReplicaRuntime
 from .router_ports import PodRouterControl
-from .status_store import PoolStatusStore
+from .status_store import PoolStatusStore, is_invalid_spec_reported, write_invalid_spec
 from .tokens import read_token
 
 POLL_S = 0.2
+CHECK_TOKENS = Tokens(admin="only-to-check-the-spec", engine="only-to-check-the-spec")
+REPORT_GRACE_S = 2.0  # after this, an invalid spec not shown in status is written again
 
 
 def pool_from_body(body: Mapping[str, Any]) -> InferencePool:
     """Raises SpecError naming the field."""
     return parse_pool(copy.deepcopy(dict(body)))
+
+
+def servable_pool(body: Mapping[str, Any], config: OperatorConfig) -> InferencePool:
+    """The pool, if this runtime can run it: it parses and its children build (pure).
+    Raises SpecError (UnservableSpec included) naming the field, as the handler does."""
+    pool = pool_from_body(body)
+    build_children(pool, tokens=CHECK_TOKENS, image=config.image, options=config.options)
+    return pool
 
 
 def generation_of(body: Mapping[str, Any]) -> Any:
@@ -73,8 +85,14 @@ async def run_pool(
                 return stopped() or generation_of(body) != generation
 
             try:
-                pool = pool_from_body(body)
-            except SpecError:  # the reconcile handler reported it; wait for a new spec
+                pool = servable_pool(body, config)
+            except SpecError as exc:  # the reconcile handler reports it; wait for a new spec
+                await _sleep_until(changed, REPORT_GRACE_S)
+                if not changed() and not is_invalid_spec_reported(body):
+                    try:  # the last tick of the old spec's loop overwrote it
+                        await write_invalid_spec(client, body, exc)
+                    except ApiError:
+                        pass  # the handler's own report stands; kopf retries that one
                 await _sleep_until(changed)
                 continue
             token = await read_token(client, pool.namespace, meta.admin_secret_name(pool))

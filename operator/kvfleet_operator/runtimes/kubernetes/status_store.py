@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
-from kvfleet_operator.api.pool import InferencePool
-from kvfleet_operator.api.status import PoolStatus, parse_status
+from kvfleet_operator.api.errors import SpecError
+from kvfleet_operator.api.pool import API_VERSION, KIND, InferencePool
+from kvfleet_operator.api.status import ConditionType, PoolStatus, Reason, parse_status
 from kvfleet_operator.loop import events as ev
 from kvfleet_operator.loop.ports import EventSink, Saved
 from kvfleet_operator.loop.state import LoopState
+from kvfleet_operator.reconcile import invalid_spec_status
 
 from . import meta
 from .kube_client import ApiError, KubeClient, object_path
@@ -48,7 +51,7 @@ def merge_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]
 
 
 def pool_path(pool: InferencePool) -> str:
-    return object_path("kvfleet.io/v1alpha1", "InferencePool", pool.namespace, pool.name)
+    return object_path(API_VERSION, KIND, pool.namespace, pool.name)
 
 
 def endpoint(pool: InferencePool) -> str:
@@ -84,6 +87,25 @@ async def write_status(
         patch["conditions"] = new["conditions"]  # always whole: a merge patch replaces lists
     await client.merge_patch(path + "/status", {"status": patch})
     return True
+
+
+def is_invalid_spec_reported(body: Mapping[str, Any]) -> bool:
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == ConditionType.DEGRADED and c.get("reason") == Reason.INVALID_SPEC
+               for c in conditions if isinstance(c, Mapping))  # fmt: skip
+
+
+async def write_invalid_spec(client: KubeClient, body: Mapping[str, Any], error: SpecError) -> None:
+    """Ready=False, Degraded=True with reason InvalidSpec naming the field, for the body's
+    generation (`reconcile.invalid_spec_status`)."""
+    metadata = body.get("metadata") or {}
+    old = parse_status(body.get("status"))
+    generation = metadata.get("generation")
+    old.observed_generation = generation if isinstance(generation, int) else 0
+    new = invalid_spec_status(old, error, datetime.now(UTC))
+    path = object_path(API_VERSION, KIND, str(metadata.get("namespace") or "default"),
+                       str(metadata.get("name")))  # fmt: skip
+    await write_status(client, path, dict(body.get("status") or {}), status_dict(new))
 
 
 class PoolStatusStore:
