@@ -10,7 +10,9 @@
 scalers and policies on the same trace slice and seed, one table. Traces: the Azure LLM
 CSVs or the Mooncake JSONL (by content). Results (`--json`) are bit-for-bit reproducible
 for a given seed. Bad flags, an unreadable or malformed trace, an impossible rate or a pool
-the simulator cannot model end with one line on stderr and exit 2.
+the simulator cannot model end with one line on stderr and exit 2. Prefill/decode pools
+take the router's P/D path, with the KV hand-off over `--kv-gbytes-per-s` plus
+`--kv-latency-ms`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="the router's random seed")
     p.add_argument("--prefix-mode", choices=("approximate", "precise"), default=None,
                    help="override the endpoints' prefix index mode (default: the pool's)")
+    p.add_argument("--kv-gbytes-per-s", type=float, default=50.0,
+                   help="P/D: the prefill-to-decode KV link, GB/s")  # fmt: skip
+    p.add_argument("--kv-latency-ms", type=float, default=2.0,
+                   help="P/D: fixed latency per KV hand-off")  # fmt: skip
     p.add_argument("--ttft-slo", type=float, default=None, help="default: the pool's target")
     p.add_argument("--itl-slo", type=float, default=None, help="default: pool's, else 0.05")
     p.add_argument("--json", default=None, help="write summaries and timelines here")
@@ -171,7 +177,9 @@ def main(argv: list[str]) -> int:
             start_s=args.start_s, duration_s=args.duration_s, warmup_s=args.warmup_s,
             compress=args.compress, rate=args.rate,
             settings=SimSettings(startup_s=args.startup_s, seed=args.seed,
-                                 prefix_mode=args.prefix_mode),
+                                 prefix_mode=args.prefix_mode,
+                                 kv_bytes_per_s=args.kv_gbytes_per_s * 1e9,
+                                 kv_latency_s=args.kv_latency_ms / 1000),
             ttft_slo_s=args.ttft_slo, itl_slo_s=args.itl_slo, progress=progress_bars(show),
         )  # fmt: skip
     except (CLIError, SimError, TraceError, ValueError, OSError) as exc:

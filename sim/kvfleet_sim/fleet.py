@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from kvfleet_engine.contract import KVEvent
 from kvfleet_engine.core.config import EngineConfig
+from kvfleet_engine.core.sequence import PreloadedKV
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.api.status import DECISION_REASONS
 from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
@@ -36,8 +37,11 @@ from kvfleet_operator.loop.ports import Saved
 from kvfleet_operator.loop.state import LoopState
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.endpoint import Signals as EndpointSignals
+from kvfleet_router.pd_deciders import PDDecider, build_decider
+from kvfleet_router.policies.guard import imbalance_ratio
 from kvfleet_router.request_info import RequestInfo
 
+from kvfleet_sim.handoff import Handoff, HandoffError, kv_bytes_per_token
 from kvfleet_sim.ports import (
     HeldRequest,
     SimClock,
@@ -48,7 +52,7 @@ from kvfleet_sim.ports import (
     SimStore,
     drive,
 )
-from kvfleet_sim.replica import Finished
+from kvfleet_sim.replica import Finished, SimReplica
 from kvfleet_sim.scalers import SimScaler
 from kvfleet_sim.trace import TraceRequest, prompt_tokens
 
@@ -66,10 +70,14 @@ class SimSettings:
     sees_router_queue: bool = True  # whether the scaler is told about router-held requests
     measure_from_s: float = 0.0  # warm-up before this: run, but not measured
     prefix_mode: str | None = None  # override every endpoint's prefix_mode (approx/precise)
+    kv_bytes_per_s: float = 50e9  # P/D: the prefill -> decode link (400 Gb/s RDMA)
+    kv_latency_s: float = 0.002  # P/D: fixed cost per hand-off
 
     def __post_init__(self) -> None:
         if self.startup_s < 0 or self.scrape_interval_s <= 0 or self.tick_s <= 0:
             raise SimError("startup_s must be >= 0, scrape_interval_s and tick_s > 0")
+        if not (self.kv_bytes_per_s > 0 and self.kv_latency_s >= 0):
+            raise SimError("kv_bytes_per_s must be > 0 and kv_latency_s >= 0")
         if self.prefix_mode not in (None, "approximate", "precise"):
             raise SimError(f"prefix_mode must be approximate or precise, got {self.prefix_mode!r}")
 
@@ -87,17 +95,26 @@ class SimResult:
     imbalance: list[tuple[float, float]] = field(default_factory=list)  # (t, max-min / mean)
     prefix_tokens: tuple[int, int] = (0, 0)  # engines' (queried, hit) prompt tokens, measured
     router_hit_ratio: float = 0.0  # the router's own estimate (approximate index)
+    lifetime_roles: list[str] = field(default_factory=list)  # the role of each lifetime
+    role_timeline: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    num_prefill_legs: int = 0  # P/D: requests that took a separate prefill leg
 
 
 def engine_config(pool: InferencePool) -> EngineConfig:
     e = pool.spec.engine
     if e.kind != "builtin" or e.runner != "simulated" or not e.profile:
         raise SimError("the simulator needs engine.kind: builtin, runner: simulated, a profile")
-    if pool.spec.topology.is_disaggregated:
-        raise SimError("the simulator runs unified pools only (prefill/decode is not modelled)")
     from kvfleet_engine.runners.cost_model import load_profile
 
-    profile = load_profile(e.profile)
+    try:
+        profile = load_profile(e.profile)
+    except (OSError, ValueError, KeyError) as exc:
+        raise SimError(f"engine.profile {e.profile!r}: {exc}") from None
+    if pool.spec.topology.is_disaggregated:
+        try:
+            kv_bytes_per_token(profile)
+        except HandoffError as exc:
+            raise SimError(str(exc)) from None
     return EngineConfig(
         num_blocks=e.num_blocks or profile.num_gpu_blocks,
         block_size=e.block_size,
@@ -132,9 +149,22 @@ class FleetSim:
         )  # fmt: skip
         self.finished: list[Finished] = []
         self.timeline: list[tuple[float, int, int]] = []
+        self.role_timeline: list[tuple[float, dict[str, int]]] = []
         self.imbalance: list[tuple[float, float]] = []
         self.serving: dict[str, EndpointState] = {}  # request id -> the endpoint it holds
         self.prefix_at_start: tuple[int, int] | None = None  # engines' counters at warm-up end
+        self.is_pd = self.spec.topology.is_disaggregated
+        self.handoff: Handoff | None = None
+        if self.is_pd:
+            from kvfleet_engine.runners.cost_model import load_profile
+
+            profile = load_profile(self.spec.engine.profile or "")
+            self.handoff = Handoff(kv_bytes_per_token(profile), settings.kv_bytes_per_s,
+                                   settings.kv_latency_s)  # fmt: skip
+        self.prefilling: dict[str, tuple[HeldRequest, EndpointState]] = {}  # id -> prefill leg
+        self.in_transfer: dict[str, tuple[HeldRequest, SimReplica, PreloadedKV]] = {}
+        self.num_prefill_legs = 0
+        self._decider: tuple[object, PDDecider] | None = None
 
     @staticmethod
     def check_pool(pool: InferencePool) -> None:
@@ -184,9 +214,14 @@ class FleetSim:
                 self.scrape(t)
                 if is_busy:
                     self.push(t + self.settings.scrape_interval_s, "scrape")
+            elif kind == "handoff":
+                self.handoff_done(name, t)
             elif kind == "kill":
                 for f in self.runtime.kill(name):
-                    self.release(f.request_id)
+                    if f.request_id.startswith("p:"):
+                        self.prefill_done(f, None, t)
+                    else:
+                        self.release(f.request_id)
         if progress is not None:
             progress(len(trace))
         return self.result(t, num_clipped)
@@ -194,15 +229,19 @@ class FleetSim:
     def result(self, end: float, num_clipped: int) -> SimResult:
         lifetimes = [(r.started_at, stopped) for r, stopped in self.runtime.retired]
         lifetimes += [(r.started_at, end) for r in self.runtime.by_name.values()]
+        roles = [r.role for r, _ in self.runtime.retired]
+        roles += [r.role for r in self.runtime.by_name.values()]
         gaps = array("d")
         for r in [r for r, _ in self.runtime.retired] + list(self.runtime.by_name.values()):
             gaps.extend(r.itl_gaps)
         scale = [(t, e.message) for t, e in self.events.events if e.reason in DECISION_REASONS]
         queried, hit = self.prefix_counters()
         q0, h0 = self.prefix_at_start or (0, 0)
-        return SimResult(self.finished + self.runtime.cut_off, gaps, self.timeline, lifetimes,
+        cut = [f for f in self.runtime.cut_off if not f.request_id.startswith("p:")]
+        return SimResult(self.finished + cut, gaps, self.timeline, lifetimes,
                          end, len(scale), num_clipped, scale, self.imbalance,
-                         (queried - q0, hit - h0), self.router.core.prefix_hit_ratio)  # fmt: skip
+                         (queried - q0, hit - h0), self.router.core.prefix_hit_ratio, roles,
+                         self.role_timeline, self.num_prefill_legs)  # fmt: skip
 
     def prefix_counters(self) -> tuple[int, int]:
         """Prompt tokens looked up in, and found in, every engine's prefix cache so far."""
@@ -222,34 +261,92 @@ class FleetSim:
             provisioned = sum(r.state != "stopping" for r in replicas)
             ready = sum(r.state == "ready" for r in replicas)
             self.timeline.append((t, provisioned, ready))
+            by_role = {role: 0 for role in self.spec.topology.roles()}
+            for r in replicas:
+                if r.state != "stopping":
+                    by_role[r.role] = by_role.get(r.role, 0) + 1
+            self.role_timeline.append((t, by_role))
         self.dispatch(t)
 
     # --- data plane ---
 
     def dispatch(self, t: float) -> None:
         """Route held requests in arrival order through the router core; stop at the first
-        one it cannot place (no endpoint, or all saturated): it waits at the queue's head."""
+        one it cannot place (no endpoint, or all saturated): it waits at the queue's head.
+        A disaggregated pool takes the router's P/D path (`kvfleet_router.pd`): decode first,
+        then a prefill leg when the decider wants one and a prefill endpoint is free."""
         held = self.router.held
         if not held:
             return
         core, model = self.router.core, self.spec.model.api_name
+        role = "decode" if self.is_pd else "unified"
         num_routed = 0
         for h in held:
             info = RequestInfo(model=model, prompt_token_ids=h.prompt, max_tokens=h.num_output)
-            routed = core.route(info, "unified", t)
+            routed = core.route(info, role, t)
             ep = core.start(routed)
             if ep is None:
                 break
             num_routed += 1
             self.serving[h.request_id] = ep
-            replica = self.runtime.by_name[ep.name]
-            num_output = min(h.num_output, self.config.max_model_len - len(h.prompt))
-            replica.add(h.request_id, h.prompt, num_output, h.arrival)
-            if not replica.is_stepping:
-                replica.is_stepping = True
-                self.push(max(t, replica.clock.now_s), "step", ep.name)
+            if self.is_pd and self.decider().wants_prefill(routed) and core.has_role("prefill"):
+                # The prefill leg never queues: a busy prefill tier is skipped (pd.py).
+                prefill = core.start(core.route(info, "prefill", t))
+                if prefill is not None:
+                    self.num_prefill_legs += 1
+                    self.prefilling[h.request_id] = (h, prefill)
+                    self.send(prefill.name, "p:" + h.request_id, h, t, is_prefill=True)
+                    continue
+            self.send(ep.name, h.request_id, h, t)
         if num_routed:
             del held[:num_routed]
+
+    def decider(self) -> PDDecider:
+        """The P/D decider of the config in force (rebuilt after a push), as pd.py keeps it."""
+        cfg = self.router.core.cfg
+        if self._decider is None or self._decider[0] is not cfg:
+            self._decider = (cfg, build_decider(cfg))
+        return self._decider[1]
+
+    def send(self, name: str, request_id: str, h: HeldRequest, t: float,
+             is_prefill: bool = False, preloaded: PreloadedKV | None = None) -> None:  # fmt: skip
+        replica = self.runtime.by_name[name]
+        num_output = 1 if is_prefill else min(h.num_output,
+                                              self.config.max_model_len - len(h.prompt))
+        replica.add(request_id, h.prompt, num_output, h.arrival, hold_kv=is_prefill,
+                    preloaded_kv=preloaded)  # fmt: skip
+        if not replica.is_stepping:
+            replica.is_stepping = True
+            self.push(max(t, replica.clock.now_s), "step", name)
+
+    def prefill_done(self, f: Finished, replica: SimReplica | None, t: float) -> None:
+        """The prefill leg answered: its endpoint is free; the KV travels to decode. A failed
+        leg (cut off) leaves the decode endpoint to compute the prompt itself, as pd.py does."""
+        rid = f.request_id[2:]
+        h, prefill = self.prefilling.pop(rid)
+        self.router.core.finish(prefill)
+        decode = self.serving.get(rid)
+        if decode is None:
+            return
+        if f.is_aborted or replica is None or self.handoff is None:
+            if decode.name in self.runtime.by_name:
+                self.send(decode.name, rid, h, t)
+            return
+        preload = replica.handoff(f.request_id)
+        self.in_transfer[rid] = (h, replica, preload)
+        self.push(t + self.handoff.seconds(preload.num_tokens), "handoff", rid)
+
+    def handoff_done(self, rid: str, t: float) -> None:
+        h, prefill_replica, preload = self.in_transfer.pop(rid)
+        prefill_replica.engine.release_held("p:" + rid)
+        decode = self.serving.get(rid)
+        if decode is None:
+            return
+        if decode.name not in self.runtime.by_name:  # the decode replica is gone: lost
+            self.finished.append(Finished(rid, decode.name, h.arrival, t, t, 0, True))
+            self.release(rid)
+            return
+        self.send(decode.name, rid, h, t, preloaded=preload)
 
     def release(self, request_id: str) -> None:
         ep = self.serving.pop(request_id, None)
@@ -264,6 +361,9 @@ class FleetSim:
         end, done = replica.step(t)
         self.feed_kv_events(name, replica.engine.drain_kv_events())
         for f in done:
+            if f.request_id.startswith("p:"):
+                self.prefill_done(f, replica, end)
+                continue
             self.finished.append(f)
             self.release(f.request_id)
         if replica.engine.has_unfinished_requests():
@@ -289,7 +389,7 @@ class FleetSim:
         load-imbalance sample over the endpoints taking requests."""
         if self.prefix_at_start is None and t >= self.settings.measure_from_s:
             self.prefix_at_start = self.prefix_counters()
-        loads: list[float] = []
+        loads: dict[str, list[float]] = {}
         for name, ep in self.router.endpoints.items():
             replica = self.runtime.by_name.get(name)
             if replica is None:
@@ -304,8 +404,7 @@ class FleetSim:
             ))  # fmt: skip
             ep.is_signals_fresh = True
             if ep.is_accepting() and replica.state == "ready":
-                loads.append(ep.queue_depth() / ep.capacity)
+                loads.setdefault(ep.role, []).append(ep.queue_depth() / ep.capacity)
         if t >= self.settings.measure_from_s and loads:
-            mean = sum(loads) / len(loads)
-            self.imbalance.append((t, (max(loads) - min(loads)) / mean if mean > 0 else 0.0))
+            self.imbalance.append((t, max(imbalance_ratio(v) for v in loads.values())))
         self.dispatch(t)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.core.engine import LLMEngine
 from kvfleet_engine.core.sampling_params import SamplingParams
+from kvfleet_engine.core.sequence import PreloadedKV
 from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
 from kvfleet_engine.server.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from kvfleet_operator.signals import ReplicaSample
@@ -87,10 +88,21 @@ class SimReplica:
     def num_in_flight(self) -> int:
         return len(self._arrival)
 
-    def add(self, request_id: str, prompt: list[int], num_output: int, arrival: float) -> None:
+    def add(self, request_id: str, prompt: list[int], num_output: int, arrival: float,
+            hold_kv: bool = False, preloaded_kv: PreloadedKV | None = None) -> None:  # fmt: skip
+        """A request as the server would get it; `hold_kv` for a P/D prefill leg (the
+        blocks stay until `release_held`), `preloaded_kv` for a decode leg."""
         params = SamplingParams(max_tokens=num_output, temperature=0.0, ignore_eos=True)
-        self.engine.add_request(request_id, prompt, params, arrival_time=arrival)
+        self.engine.add_request(request_id, prompt, params, arrival_time=arrival,
+                                hold_kv=hold_kv, preloaded_kv=preloaded_kv)  # fmt: skip
         self._arrival[request_id] = arrival
+
+    def handoff(self, request_id: str) -> PreloadedKV:
+        """A finished prefill leg's KV, as the decode replica's pull would read it."""
+        engine = self.engine
+        n = engine.get_held_num_tokens(request_id)
+        blocks = engine.get_held_blocks(request_id)[: -(-n // engine.config.block_size)]
+        return PreloadedKV(n, engine.runner.read_blocks(blocks))
 
     def step(self, now: float) -> tuple[float, list[Finished]]:
         """Run one engine step starting at `now`; returns (end time, finished requests)."""

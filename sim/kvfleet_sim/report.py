@@ -45,12 +45,13 @@ class Summary:
     imbalance_mean: float  # load imbalance over time: (max - min) / mean of queue/capacity
     imbalance_p90: float
     replica_seconds: float
+    replica_seconds_by_role: dict[str, float]
     mean_replicas: float
     max_replicas: int
     num_scale_events: int
     duration_s: float
 
-    def to_dict(self) -> dict[str, float | int | str]:
+    def to_dict(self) -> dict[str, float | int | str | dict[str, float]]:
         return asdict(self)
 
 
@@ -82,6 +83,9 @@ def summarize(
         met += f.first_token - f.arrival <= ttft_slo_s and tpot <= itl_slo_s
     n = len(measured)
     seconds = replica_seconds(result.lifetimes, start_s, end_s)
+    by_role: dict[str, float] = {}
+    for life, role in zip(result.lifetimes, result.lifetime_roles, strict=True):
+        by_role[role] = by_role.get(role, 0.0) + replica_seconds([life], start_s, end_s)
     span = end_s - start_s
     queried, hit = result.prefix_tokens
     imbalance = sorted(v for t, v in result.imbalance if start_s <= t < end_s)
@@ -104,6 +108,7 @@ def summarize(
         imbalance_mean=sum(imbalance) / len(imbalance) if imbalance else 0.0,
         imbalance_p90=_ranked(imbalance, 90) if imbalance else 0.0,
         replica_seconds=seconds,
+        replica_seconds_by_role=dict(sorted(by_role.items())),
         mean_replicas=seconds / span if span > 0 else math.nan,
         max_replicas=max((p for t, p, _ in result.timeline if start_s <= t < end_s), default=0),
         num_scale_events=sum(1 for t, _ in result.reasons if start_s <= t < end_s),

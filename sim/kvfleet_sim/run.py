@@ -86,6 +86,8 @@ class SimRun:
             "variant": dataclasses.asdict(self.variant),
             "summary": self.summary.to_dict(),
             "timeline": self.result.timeline,
+            "role_timeline": self.result.role_timeline,
+            "num_prefill_legs": self.result.num_prefill_legs,
             "scale_reasons": self.result.reasons,
             "imbalance": self.result.imbalance,
             "num_clipped_prompts": self.result.num_clipped,
