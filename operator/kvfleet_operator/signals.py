@@ -13,6 +13,11 @@ Public API (pure unless marked async):
   per-role `RoleSignals` over `[now - window_s, now]`: waiting/running (window mean,
   summed over replicas), KV usage mean and max, waiting prompt tokens, TTFT/ITL p90 from
   histogram deltas, preemptions/s, request rate, prompt tokens/s (all and uncached).
+  A metric a replica does not export is unknown, never 0: `kvfleet:num_waiting_prompt_tokens`
+  (absent on vLLM) is then derived from vLLM's own series (`backlog_from`): queued
+  requests x their mean prompt length (`vllm:prompt_tokens_total` over requests, in the
+  window, else since start) x the uncached fraction (1 - prefix-cache hits/queries). With
+  nothing to derive it from it stays None and the autoscaler says so.
   A replica whose newest scrape failed or is older than `stale_after_s` is *unknown*:
   it is counted in `num_unknown` and contributes nothing, so it never looks idle.
 - `async scrape(session, replica, url, now, timeout_s) -> Scrape`: one replica's /metrics.
@@ -45,7 +50,7 @@ class ReplicaSample:
     num_running: float = 0.0
     num_waiting: float = 0.0
     kv_usage: float = 0.0  # 0-1 fraction
-    num_waiting_prompt_tokens: float = 0.0
+    num_waiting_prompt_tokens: float | None = None  # None: not exported (vLLM)
     num_preemptions: float = 0.0
     num_prompt_tokens: float = 0.0
     num_generation_tokens: float = 0.0
@@ -142,7 +147,7 @@ class RoleSignals:
     num_running: float = 0.0
     kv_usage_mean: float = 0.0
     kv_usage_max: float = 0.0
-    num_waiting_prompt_tokens: float = 0.0
+    num_waiting_prompt_tokens: float | None = None  # None: unknown (see backlog_from)
     ttft_p90_s: float | None = None
     itl_p90_s: float | None = None
     preemptions_per_s: float = 0.0
@@ -151,6 +156,7 @@ class RoleSignals:
     uncached_prompt_tokens_per_s: float = 0.0
     generation_tokens_per_s: float = 0.0
     num_held_requests: int = 0  # held by the router for this pool (scale from zero)
+    backlog_from: str = ""  # BACKLOG_*: where num_waiting_prompt_tokens came from
 
     @property
     def is_idle(self) -> bool:
@@ -174,6 +180,40 @@ class Signals:
     t: float
     window_s: float
     roles: dict[str, RoleSignals]
+
+
+# Where a role's queued prompt tokens came from (RoleSignals.backlog_from).
+BACKLOG_EXPORTED = "kvfleet:num_waiting_prompt_tokens"
+BACKLOG_DERIVED = (
+    "derived: vllm:num_requests_waiting x mean prompt (vllm:prompt_tokens_total / requests)"
+    " x (1 - vllm:prefix_cache_hits/queries)"
+)
+BACKLOG_UNKNOWN = "unknown: requests wait but no prompt length is known yet"
+
+
+def _replica_backlog(
+    gauges: list[ReplicaSample], first: ReplicaSample | None, last: ReplicaSample
+) -> tuple[float | None, str]:
+    """(queued uncached prompt tokens, source) for one replica over the window."""
+    exported = [g.num_waiting_prompt_tokens for g in gauges]
+    if all(v is not None for v in exported):
+        return sum(v for v in exported if v is not None) / len(exported), BACKLOG_EXPORTED
+    waiting = sum(g.num_waiting for g in gauges) / len(gauges)
+    if waiting == 0:
+        return 0.0, BACKLOG_DERIVED
+    base = first if first is not None and last.num_requests > first.num_requests else None
+    if base is not None and last.num_prompt_tokens >= base.num_prompt_tokens:
+        prompt = last.num_prompt_tokens - base.num_prompt_tokens
+        requests = last.num_requests - base.num_requests
+        queries = last.num_prefix_queries - base.num_prefix_queries
+        hits = last.num_prefix_hits - base.num_prefix_hits
+    else:  # no request started in the window (or a restart): the process lifetime
+        prompt, requests = last.num_prompt_tokens, last.num_requests
+        queries, hits = last.num_prefix_queries, last.num_prefix_hits
+    if requests <= 0 or prompt <= 0:
+        return None, BACKLOG_UNKNOWN
+    uncached = 1.0 - min(1.0, max(0.0, hits / queries)) if queries > 0 else 1.0
+    return waiting * prompt / requests * uncached, BACKLOG_DERIVED
 
 
 def _rate(first: float, last: float, dt: float) -> float:
@@ -244,6 +284,7 @@ def aggregate(
     out: dict[str, RoleSignals] = {role: RoleSignals() for role in expected_roles}
     hists: dict[str, dict[str, dict[float, float]]] = {}
     kv_means: dict[str, list[float]] = {}
+    backlogs: dict[str, list[tuple[float | None, str]]] = {}
     for replica, role in roles.items():
         rs = out.setdefault(role, RoleSignals())
         rs.num_replicas += 1
@@ -259,11 +300,12 @@ def aggregate(
         n = len(gauges)
         rs.num_waiting += sum(g.num_waiting for g in gauges) / n
         rs.num_running += sum(g.num_running for g in gauges) / n
-        rs.num_waiting_prompt_tokens += sum(g.num_waiting_prompt_tokens for g in gauges) / n
         kv_means.setdefault(role, []).append(sum(g.kv_usage for g in gauges) / n)
         rs.kv_usage_max = max(rs.kv_usage_max, max(g.kv_usage for g in gauges))
         first = baseline or (inside[0] if inside else None)
         last = inside[-1] if inside else None
+        backlogs.setdefault(role, []).append(_replica_backlog(
+            gauges, first.sample if first is not None and first is not last else None, newest))
         if first is None or last is None or first is last:
             continue  # one point: no rate yet
         a, b = first.sample, last.sample
@@ -284,6 +326,13 @@ def aggregate(
         means = kv_means.get(role, [])
         rs.kv_usage_mean = sum(means) / len(means) if means else 0.0
         rs.num_held_requests = num_held_requests
+        parts = backlogs.get(role, [])
+        if parts:
+            sources = {src for _, src in parts}
+            known = [v for v, _ in parts if v is not None]
+            rs.num_waiting_prompt_tokens = sum(known) if len(known) == len(parts) else None
+            rs.backlog_from = (BACKLOG_UNKNOWN if rs.num_waiting_prompt_tokens is None
+                               else " + ".join(sorted(sources)))
         if role in hists:
             rs.ttft_p90_s = histogram_quantile(0.9, hists[role]["ttft"])
             rs.itl_p90_s = histogram_quantile(0.9, hists[role]["itl"])

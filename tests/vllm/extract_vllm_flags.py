@@ -5,8 +5,8 @@ vLLM venv's python; no vLLM import happens in kvfleet itself).
         > operator/kvfleet_operator/vllm_flags.json
 
 `make test-vllm` checks that the committed file matches the installed vLLM.
-With `--parse ARG...` it instead parses ARGs with vLLM's own parser and prints
-{"ok": true} or {"ok": false, "error": ...}.
+With `--parse JSON` (a list of argument lists) it instead parses each with vLLM's own
+parser and its serve-time checks, and prints one {"ok": ..., "error": ...} per list.
 """
 
 from __future__ import annotations
@@ -46,18 +46,23 @@ def flags() -> dict[str, object]:
 
 
 def parse(argv: list[str]) -> dict[str, object]:
+    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
             ns = _parser().parse_args(argv)
+        validate_parsed_serve_args(ns)
     except SystemExit:
-        return {"ok": False, "error": err.getvalue().strip().splitlines()[-1:]}
+        return {"ok": False, "error": " ".join(err.getvalue().strip().splitlines()[-1:])}
+    except (TypeError, ValueError) as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
     return {"ok": True, "block_size": getattr(ns, "block_size", None),
             "kv_events_config": str(getattr(ns, "kv_events_config", None))}
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--parse"]:
-        print(json.dumps(parse(json.loads(sys.argv[2]))))
+        print(json.dumps([parse(argv) for argv in json.loads(sys.argv[2])]))
     else:
         print(json.dumps(flags(), indent=1))
