@@ -176,3 +176,19 @@ async def test_scale_up_and_a_drained_scale_down_through_the_kubernetes_ports(cl
     assert again.state.desired == {"unified": 2}
     annotation = cluster.obj(POOLS, NS, NAME)["metadata"]["annotations"][LOOP_STATE_ANNOTATION]
     assert json.loads(annotation)["history"] == history
+
+
+async def test_a_deployment_deleted_by_hand_comes_back_with_its_replicas(cluster, client):
+    await api(cluster, "POST", POOL_PATH, pool_manifest())
+    pool = parse_pool(cluster.obj(POOLS, NS, NAME))
+    await apply_pool(client, pool, image="img", options=BuildOptions())
+    clock = FakeClock()
+    kubelet = Kubelet(cluster, clock)
+    loop, _ = await make_loop(cluster, client, clock, FakeRouters(2), SteeredScaler({}))
+    await kubelet.sync()
+    await loop.tick()
+    await api(cluster, "DELETE", f"/apis/apps/v1/namespaces/{NS}/deployments/{DEPLOYMENT}")
+    for pod in cluster.objs(PODS, NS):  # what garbage collection would do
+        await api(cluster, "DELETE", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}")
+    await loop.tick()
+    assert replicas(cluster) == 2

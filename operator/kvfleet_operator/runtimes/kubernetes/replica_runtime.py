@@ -3,7 +3,8 @@
 - `supervise()` lists the pool's engine Deployments and Pods (and router pods) once per
   tick; `replicas()` answers from that (`pods.role_replicas`).
 - `create` applies the role's Deployment (the full manifest from `build_engine_deployment`,
-  server-side apply) with one more replica; the ReplicaSet starts the pod.
+  server-side apply) with one more replica; the ReplicaSet starts the pod. A Deployment
+  that went away is applied again (one not made yet is the reconcile handler's).
 - `mark_draining` annotates the pod `kvfleet.io/draining` and gives it a low
   `controller.kubernetes.io/pod-deletion-cost`; `mark_ready` takes both off.
 - `delete` marks the victim `kvfleet.io/stopping` with the lowest deletion cost, then applies
@@ -63,6 +64,7 @@ class KubeReplicaRuntime:
         self._pods: dict[str, dict[str, Any]] = {}
         self.router_urls: list[str] = []
         self._reported: set[str] = set()
+        self._seen: set[str] = set()  # roles whose Deployment this runtime has seen
 
     # --- observing ------------------------------------------------------------------------
 
@@ -81,6 +83,8 @@ class KubeReplicaRuntime:
             found = by_name.get(name)
             count = (found.get("spec") or {}).get("replicas") if found else None
             self.counts[role] = count if isinstance(count, int) else None
+            if found:
+                self._seen.add(role)
             mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(meta.ROLE_LABEL)
                     == role]  # fmt: skip
             replicas += role_replicas(role, name, self.counts[role], mine, engine_port(pool), now)
@@ -109,12 +113,14 @@ class KubeReplicaRuntime:
         self.counts[role] = max(0, count)
 
     async def create(self, spec: PoolSpec, plan: RolePlan) -> None:
-        count = self.counts.get(plan.role)
-        if count is None:  # the reconcile handler creates the Deployment; next tick, then
+        """One more replica. A Deployment not made yet is the reconcile handler's to make;
+        one that went away (deleted by hand) is applied again, with the replicas asked for."""
+        if plan.role not in self._seen:
             return
-        await self._apply_count(plan.role, count + 1)
+        count = (self.counts.get(plan.role) or 0) + 1
+        await self._apply_count(plan.role, count)
         self._say(ev.EventReason.REPLICA_STARTED,
-                  f"scale {meta.engine_name(self.pool, plan.role)} to {count + 1}")
+                  f"scale {meta.engine_name(self.pool, plan.role)} to {count}")
 
     async def _annotate(self, name: str, annotations: dict[str, str | None]) -> None:
         path = object_path("v1", "Pod", self.pool.namespace, name)
