@@ -110,7 +110,8 @@ def test_results_are_bit_for_bit_reproducible_across_processes(mooncake_trace, t
         path = tmp_path / f"r{i}.json"
         done = run_in_process(["compare", *sim_args(mooncake_trace), "--pool", POOL,
                                "--policy", "cache-aware", "--policy", "random",
-                               "--scaler", "kvfleet", "--prefix-mode", "precise",
+                               "--scaler", "fixed-max", "--scaler", "kvfleet",
+                               "--prefix-mode", "precise",
                                "--seed", "7", "--json", str(path)], hash_seed)
         assert done.returncode == 0, done.stderr
         outs.append(path.read_bytes())
