@@ -6,18 +6,20 @@ What is real and what is simulated:
   indexes, policies with their filters, scorers and saturation guard; every request goes
   through `route` and `start`, as the dispatcher does, and precise-mode endpoints get their
   engine's BlockStored/BlockRemoved events after each step, as `kv_events.py` feeds them),
-  and the control loop itself: `ControlLoop.tick()` (signals, the scaler under test,
-  reconcile, the router push, drains), the same code `kvfleet up` runs, over the
-  virtual-time ports in `ports.py`;
-- simulated: GPU time (the engine's cost-model profile, per step), process start-up
+  for a prefill/decode pool the router's P/D path (decode first, the P/D decider, a
+  prefill leg that holds its KV for the decode replica's preload), and the control loop
+  itself: `ControlLoop.tick()` (signals, the scaler under test, reconcile, the router
+  push, drains), the same code `kvfleet up` runs, over the virtual-time ports in `ports.py`;
+- simulated: GPU time (the engine's cost-model profile, per step), the P/D KV hand-off
+  (`handoff.py`: bytes over a link plus a fixed latency), process start-up
   (`startup_s` from provisioning to ready), the network (zero latency: KV events arrive at
   the end of the step that made them), and the router's hold queue (unbounded and FIFO
   here; the real router answers 429 after its queue timeout).
 
 Events run in time order: arrivals, replica steps (each replica on its own clock), the
 router's scrapes of its endpoints every `scrape_interval_s`, control-loop ticks every
-`tick_s` (the loop decides every `autoscaling.intervalSeconds`), and the end of a stopped
-replica's grace period.
+`tick_s` (the loop decides every `autoscaling.intervalSeconds`), the end of a P/D KV
+hand-off, and the end of a stopped replica's grace period.
 """
 
 from __future__ import annotations
