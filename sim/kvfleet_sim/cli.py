@@ -5,14 +5,17 @@
         --compress 1 --scaler fixed-max
     kvfleet sim compare --trace ... --pool a.yaml --policy cache-aware --policy round-robin
     kvfleet sim --trace ... --pool ...   # (no subcommand) compare every scaler, as before
+    kvfleet sim gate --baseline old.yaml --candidate new.yaml --trace ...   # exit 1: worse
 
 `run` replays one configuration; `compare` replays every combination of the given pools,
-scalers and policies on the same trace slice and seed, one table. Traces: the Azure LLM
-CSVs or the Mooncake JSONL (by content). Results (`--json`) are bit-for-bit reproducible
-for a given seed. Bad flags, an unreadable or malformed trace, an impossible rate or a pool
-the simulator cannot model end with one line on stderr and exit 2. Prefill/decode pools
-take the router's P/D path, with the KV hand-off over `--kv-gbytes-per-s` plus
-`--kv-latency-ms`.
+scalers and policies on the same trace slice and seed, one table; `gate` replays a
+baseline and a candidate pool and exits 1 when the candidate's SLO attainment is lower, or
+its replica-seconds higher, beyond a tolerance (the check a GitOps pull request runs).
+Traces: the Azure LLM CSVs or the Mooncake JSONL (by content). Results (`--json`) are
+bit-for-bit reproducible for a given seed. Prefill/decode pools take the router's P/D
+path, with the KV hand-off over `--kv-gbytes-per-s` plus `--kv-latency-ms`. Bad flags, an
+unreadable or malformed trace, an impossible rate or a pool the simulator cannot model end
+with one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from kvfleet_sim.run import POLICIES, SimRun, Variant, run_variants
 from kvfleet_sim.scalers import SCALERS
 from kvfleet_sim.trace import TraceError, TraceRequest
 
-COMMANDS = ("run", "compare")
+COMMANDS = ("run", "compare", "gate")
 
 
 class CLIError(Exception):
@@ -84,12 +87,35 @@ def build_parser() -> argparse.ArgumentParser:
                      help="repeatable; default: all of them")  # fmt: skip
     cmp.add_argument("--policy", action="append", choices=sorted(POLICIES),
                      help="repeatable; default: each pool's own")  # fmt: skip
+    gate = sub.add_parser("gate", help="exit 1 when a candidate pool is worse than a baseline")
+    _common(gate)
+    gate.add_argument("--baseline", required=True, help="InferencePool YAML in force")
+    gate.add_argument("--candidate", required=True, help="InferencePool YAML proposed")
+    gate.add_argument("--scaler", choices=sorted(SCALERS), default="kvfleet")
+    gate.add_argument("--slo-tolerance", type=float, default=0.005,
+                      help="SLO attainment the candidate may lose (absolute fraction)")
+    gate.add_argument("--cost-tolerance", type=float, default=0.05,
+                      help="replica-seconds the candidate may add (relative)")  # fmt: skip
     return p
+
+
+def gate_verdict(base: Summary, cand: Summary, slo_tol: float, cost_tol: float) -> list[str]:
+    """Why the candidate fails the gate; empty when it passes."""
+    why = []
+    if cand.slo_attainment < base.slo_attainment - slo_tol:
+        why.append(f"SLO attainment {cand.slo_attainment:.2%} < baseline "
+                   f"{base.slo_attainment:.2%} - {slo_tol:.2%}")  # fmt: skip
+    if cand.replica_seconds > base.replica_seconds * (1 + cost_tol):
+        why.append(f"replica-seconds {cand.replica_seconds:.0f} > baseline "
+                   f"{base.replica_seconds:.0f} + {cost_tol:.0%}")  # fmt: skip
+    return why
 
 
 def variants_of(args: argparse.Namespace) -> list[Variant]:
     if args.command == "run":
         return [Variant(args.pool, args.scaler, args.policy)]
+    if args.command == "gate":
+        return [Variant(args.baseline, args.scaler), Variant(args.candidate, args.scaler)]
     scalers = args.scaler or list(SCALERS)
     policies: list[str | None] = list(args.policy) if args.policy else [None]
     return [Variant(pool, scaler, policy)
@@ -170,6 +196,8 @@ def main(argv: list[str]) -> int:
         argv = ["compare", *argv]  # `kvfleet sim --trace ... --pool ...`, as before
     try:
         args = build_parser().parse_args(argv)
+        if args.command == "gate" and not (args.slo_tolerance >= 0 and args.cost_tolerance >= 0):
+            raise CLIError("--slo-tolerance and --cost-tolerance must be >= 0")
         started = time.perf_counter()
         show = sys.stderr.isatty() if args.progress is None else args.progress
         runs, ttft_slo, itl_slo = run_variants(
@@ -186,6 +214,9 @@ def main(argv: list[str]) -> int:
         print(f"kvfleet sim: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
     summaries = [r.summary for r in runs]
+    if args.command == "gate":
+        for s, role in zip(summaries, ("baseline", "candidate"), strict=True):
+            s.name = f"{role}: {s.name}"
     print(format_table(summaries, ttft_slo, itl_slo))
     print(f"({len(runs)} runs in {time.perf_counter() - started:.0f} s wall)")
     if args.json:
@@ -195,6 +226,10 @@ def main(argv: list[str]) -> int:
         Path(args.json).write_text(json.dumps(out, indent=1))
     if args.plot:
         write_plot(args.plot, runs, runs[0].start_s if runs else 0.0)
+    if args.command == "gate":
+        why = gate_verdict(summaries[0], summaries[1], args.slo_tolerance, args.cost_tolerance)
+        print("gate: " + ("; ".join(why) if why else "candidate is no worse than baseline"))
+        return 1 if why else 0
     return 0
 
 

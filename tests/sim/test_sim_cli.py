@@ -141,3 +141,35 @@ def test_bad_input_is_one_line_and_exit_2(args, match, mooncake_trace, tmp_path,
     assert cli.main(["sim", *full]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0], err
+
+
+# --- gate ---
+
+
+@pytest.fixture
+def small_pool(tmp_path):
+    import yaml
+
+    m = yaml.safe_load(Path(POOL).read_text())
+    m["spec"]["topology"]["unified"]["replicas"] = {"min": 1, "max": 1}
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(m))
+    return str(path)
+
+
+def test_gate_passes_an_equal_candidate_and_fails_a_worse_one(small_trace, small_pool, capsys):
+    base = ["--trace", small_trace, "--start-s", "5", "--duration-s", "20", "--warmup-s", "5",
+            "--compress", "4", "--rate", "10", "--scaler", "fixed-max", "--baseline", POOL]
+    assert cli.main(["sim", "gate", *base, "--candidate", POOL]) == 0
+    assert "gate: candidate is no worse" in capsys.readouterr().out
+    # One replica instead of six at 40x the rate: cheaper, but the SLO is missed.
+    assert cli.main(["sim", "gate", *base, "--candidate", small_pool]) == 1
+    out = capsys.readouterr().out
+    assert "| baseline: " in out and "| candidate: " in out and "SLO attainment" in out
+    # The other way round the candidate costs more replica-seconds.
+    swapped = [a if a != POOL else small_pool for a in base]
+    assert cli.main(["sim", "gate", *swapped, "--candidate", POOL]) == 1
+    assert "replica-seconds" in capsys.readouterr().out.splitlines()[-1]
+    assert cli.main(["sim", "gate", *swapped, "--candidate", POOL,
+                     "--cost-tolerance", "10"]) == 0
+    assert cli.main(["sim", "gate", *base, "--candidate", POOL, "--slo-tolerance", "-1"]) == 2
