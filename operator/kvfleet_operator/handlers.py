@@ -14,7 +14,8 @@
   is `kvfleet.io/finalizer`; handlers return None, so kopf writes nothing into status.
 
 Everything a handler needs comes through kopf's `memo`: `memo.client` (a `KubeClient`,
-made at startup unless given) and `memo.config` (an `OperatorConfig`).
+made at startup unless given), `memo.config` (an `OperatorConfig`) and `memo.metrics`
+(every pool's loop series, served on `config.metrics_port` when set).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import kopf
 from kvfleet_operator.api.errors import SpecError
 from kvfleet_operator.api.pool import GROUP, PLURAL, VERSION
 from kvfleet_operator.loop import events as ev
+from kvfleet_operator.runtimes import metrics_server
 from kvfleet_operator.runtimes.kubernetes.event_sink import post_event
 from kvfleet_operator.runtimes.kubernetes.kube_client import (
     ApiError,
@@ -35,6 +37,7 @@ from kvfleet_operator.runtimes.kubernetes.kube_client import (
     load_configuration,
 )
 from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
+from kvfleet_operator.runtimes.kubernetes.operator_metrics import OperatorMetrics
 from kvfleet_operator.runtimes.kubernetes.pool_children import apply_pool
 from kvfleet_operator.runtimes.kubernetes.pool_loop import pool_from_body, run_pool
 from kvfleet_operator.runtimes.kubernetes.status_store import (
@@ -47,6 +50,7 @@ FINALIZER = f"{PREFIX}/finalizer"
 RESOURCE = (GROUP, VERSION, PLURAL)
 INVALID_SPEC_EVENT = "InvalidSpec"
 APPLY_FAILED_EVENT = "ApplyFailed"
+METRICS_HOST = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the operator's pod
 CANCEL_BACKOFF_S = 5.0  # a stopping loop finishes its tick (its `stopped` flag) before a cancel
 
 
@@ -107,9 +111,15 @@ def register(
         if memo.get("client") is None:
             memo.client = KubeClient(await load_configuration())
             memo.owns_client = True
+        memo.metrics = OperatorMetrics()
+        if memo.config.metrics_port is not None:
+            memo.metrics_runner, memo.metrics_port = await metrics_server.start(
+                memo.metrics, METRICS_HOST, memo.config.metrics_port)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: Any, **_: Any) -> None:
+        if memo.get("metrics_runner") is not None:
+            await memo.metrics_runner.cleanup()
         if memo.get("owns_client"):
             await memo.client.close()
 
@@ -125,6 +135,6 @@ def register(
     @kopf.daemon(*RESOURCE, registry=registry, id="control-loop",
                  cancellation_backoff=CANCEL_BACKOFF_S, cancellation_timeout=10.0)
     async def control_loop(body: Any, memo: Any, stopped: Any, **_: Any) -> None:
-        await run_pool(body, memo.client, memo.config, lambda: bool(stopped))
+        await run_pool(body, memo.client, memo.config, lambda: bool(stopped), memo.metrics)
 
     return registry

@@ -65,10 +65,11 @@ async def test_kubectl_and_kvfleet_operator_run_as_a_user_would(cluster, user_en
                   str(ROOT / "crds" / "inferencepools.kvfleet.io.yaml"))
     await kubectl(env, "apply", "--validate=false", "-f", str(ROOT / "examples" /
                                                               "vllm-unified.yaml"))
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     operator = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "kvfleet_operator.cli", "operator", "run", "--all-namespaces",
-        "--liveness", f"http://127.0.0.1:{port}/healthz", "--max-tick", "0.5", env=env,
+        "--liveness", f"http://127.0.0.1:{port}/healthz", "--max-tick", "0.5",
+        "--metrics-port", str(metrics_port), env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         await eventually(lambda: len(cluster.objs("apps/v1/deployments", NS)) == 2, 60,
@@ -86,6 +87,12 @@ async def test_kubectl_and_kvfleet_operator_run_as_a_user_would(cluster, user_en
                 break
             await asyncio.sleep(0.2)
         assert await ready_reason() in ("RouterNotReady", "ReplicasNotReady")
+        async with aiohttp.ClientSession() as http:  # the operator's own series, per pool
+            async with http.get(f"http://127.0.0.1:{metrics_port}/metrics") as resp:
+                text = await resp.text()
+        assert f'kvfleet_pool_replicas{{pool="{NS}/{NAME}",role="unified",state="desired"}} 2.0' \
+            in text
+        assert f'kvfleet_pool_condition{{pool="{NS}/{NAME}",reason="' in text
 
         changed = example("vllm-unified.yaml")
         changed["spec"]["engine"]["maxNumSeqs"] = 64

@@ -95,7 +95,8 @@ def test_run_or_render_is_needed(argv, capsys):
 
 
 @pytest.mark.parametrize("argv", [["run"], ["run", "-n", "a", "--all-namespaces"],
-                                  ["run", "-A", "--max-tick", "0"]])
+                                  ["run", "-A", "--max-tick", "0"],
+                                  ["run", "-A", "--metrics-port", "70000"]])
 def test_run_needs_one_scope_and_sane_options(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from aiohttp import web
+from typing import Protocol
 
-from kvfleet_operator.loop.metrics import LoopMetrics
+from aiohttp import web
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-async def start(metrics: LoopMetrics, host: str, port: int) -> tuple[web.AppRunner, int]:
+class Renders(Protocol):
+    """`loop.metrics.LoopMetrics`, or the operator's metrics of every pool."""
+
+    def render(self) -> bytes: ...
+
+
+async def start(metrics: Renders, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Start serving GET /metrics; returns the runner (cleanup stops it) and the bound port."""
 
     async def handle(_request: web.Request) -> web.Response:

@@ -15,6 +15,8 @@ class OperatorConfig:
     - `retry_delay_s`: how long kopf waits before re-running a reconcile that hit an API
       error (an invalid spec is never retried until the spec changes).
     - `prometheus_url`: read engine metrics from this Prometheus instead of scraping pods.
+    - `metrics_port`: serve the operator's own `/metrics` (every pool's loop series) here,
+      on all addresses; None: not served.
     """
 
     image: str = KVFLEET_IMAGE
@@ -22,7 +24,10 @@ class OperatorConfig:
     max_tick_s: float = 5.0
     retry_delay_s: float = 10.0
     prometheus_url: str | None = None
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_tick_s <= 0 or self.retry_delay_s <= 0:
             raise ValueError("max_tick_s and retry_delay_s must be > 0")
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"metrics_port {self.metrics_port} is out of range")

@@ -19,6 +19,7 @@ from .security import container_security_context, pod_security_context
 
 NAME = "kvfleet-operator"
 LIVENESS_PORT = 8080
+METRICS_PORT = 9090
 
 # (apiGroup, resource, verbs, why)
 RBAC_RULES: list[tuple[str, str, tuple[str, ...], str]] = [
@@ -65,8 +66,10 @@ def build_operator_manifests(
         "image": image,
         "command": ["kvfleet"],
         "args": ["operator", "run", "--all-namespaces",
-                 "--liveness", f"http://0.0.0.0:{LIVENESS_PORT}/healthz"],
-        "ports": [{"name": "liveness", "containerPort": LIVENESS_PORT, "protocol": "TCP"}],
+                 "--liveness", f"http://0.0.0.0:{LIVENESS_PORT}/healthz",
+                 "--metrics-port", str(METRICS_PORT)],
+        "ports": [{"name": "liveness", "containerPort": LIVENESS_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "livenessProbe": probe,
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
                       "limits": {"memory": "512Mi"}},

@@ -17,6 +17,7 @@ import aiohttp
 from kvfleet_operator.api.errors import SpecError
 from kvfleet_operator.api.pool import InferencePool, parse_pool
 from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
+from kvfleet_operator.loop.events import Fanout
 from kvfleet_operator.loop.ports import MetricsSource
 from kvfleet_operator.runtimes.metrics_sources import PrometheusMetrics, ScrapeMetrics
 
@@ -25,6 +26,7 @@ from .children import build_children
 from .event_sink import KubeEventSink
 from .kube_client import ApiError, KubeClient
 from .operator_config import OperatorConfig
+from .operator_metrics import OperatorMetrics
 from .options import Tokens
 from .replica_runtime import KubeReplicaRuntime
 from .router_ports import PodRouterControl
@@ -71,9 +73,10 @@ async def _sleep_until(done: Callable[[], bool], timeout_s: float | None = None)
 
 async def run_pool(
     body: Mapping[str, Any], client: KubeClient, config: OperatorConfig,
-    stopped: Callable[[], bool],
+    stopped: Callable[[], bool], metrics: OperatorMetrics | None = None,
 ) -> None:  # fmt: skip
-    """`body` is kopf's live view of the pool (it follows the object as it changes)."""
+    """`body` is kopf's live view of the pool (it follows the object as it changes);
+    `metrics`, when given, gets this pool's series while its loop runs."""
     timeout = aiohttp.ClientTimeout(total=5.0)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         store: PoolStatusStore | None = None
@@ -108,14 +111,21 @@ async def run_pool(
             runtime = KubeReplicaRuntime(client, pool, image=config.image,
                                          options=config.options, events=events)  # fmt: skip
             tick_s = min(float(pool.spec.autoscaling.interval_seconds), config.max_tick_s)
+            series = metrics.for_pool(pool) if metrics is not None else None
             loop = ControlLoop(
                 pool, runtime=runtime,
                 router=PodRouterControl(session, runtime.routers, token),
-                metrics=metrics_source(session, pool, config), store=store, events=events,
+                metrics=metrics_source(session, pool, config), store=store,
+                events=events if series is None else Fanout(events, series),
                 timing=LoopTiming(tick_s=tick_s),
             )  # fmt: skip
+
+            def observed(loop: ControlLoop = loop, series: Any = series) -> None:
+                if series is not None:
+                    series.observe_status(loop.pool.status, loop.num_held)
+
             stop = asyncio.Event()
-            task = asyncio.create_task(loop.run(stop))
+            task = asyncio.create_task(loop.run(stop, observed))
             try:
                 await _sleep_until(lambda t=task, c=changed: c() or t.done())  # type: ignore[misc]
                 stop.set()
@@ -124,3 +134,5 @@ async def run_pool(
                 task.cancel()
         if events is not None:
             await events.aclose()
+            if metrics is not None:
+                metrics.forget(events.pool)

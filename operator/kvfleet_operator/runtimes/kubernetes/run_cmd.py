@@ -43,6 +43,9 @@ def add_run_parser(sub: Any) -> None:
     add_build_options(r)
     r.add_argument("--prometheus", metavar="URL",
                    help="read engine metrics from this Prometheus instead of scraping pods")
+    r.add_argument("--metrics-port", type=_port, metavar="PORT",
+                   help="serve the operator's /metrics (every pool's control-loop series) "
+                   "on this port, all addresses")
     r.add_argument("--max-tick", type=_positive, default=5.0, metavar="SECONDS",
                    help="tick each pool's loop at least this often (default 5; the scaler "
                    "still decides every autoscaling.intervalSeconds)")
@@ -56,9 +59,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"not a port: {text}")
+    return value
+
+
 def config_from(args: argparse.Namespace) -> OperatorConfig:
     return OperatorConfig(image=args.image, prometheus_url=args.prometheus,
-                          max_tick_s=args.max_tick,
+                          max_tick_s=args.max_tick, metrics_port=args.metrics_port,
                           options=BuildOptions(hf_token_secret=args.hf_token_secret))  # fmt: skip
 
 
