@@ -1,6 +1,10 @@
 """Subscribe to a kvfleet engine's GET /v1/kv_events (NDJSON of contract.KVEvent) and feed
 the precise prefix index. On disconnect the endpoint's index is reset (events were missed)
 and the subscriber reconnects with capped backoff.
+
+An endpoint that answers 404 there is taken for vLLM: its events come from vLLM's ZMQ
+publisher instead (`vllm_kv_events.follow_vllm`, PUB on the HTTP port + 1, replay on + 2),
+with replay over gaps. Both feed the same `PreciseKVIndex`.
 """
 
 from __future__ import annotations
@@ -48,11 +52,13 @@ async def subscribe_forever(session: aiohttp.ClientSession, name: str, url: str,
     backoff = 0.2
     token = os.environ.get(ENGINE_TOKEN_ENV)  # engines that guard their KV events want it
     headers = {"Authorization": f"Bearer {token}"} if token else None
+    is_vllm = False
     while True:
         try:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=None)
             async with session.get(url + "/v1/kv_events", timeout=timeout,
                                    headers=headers) as resp:
+                is_vllm = resp.status == 404
                 if resp.status == 200:
                     backoff = 0.2
                     index.reset(name)
@@ -63,9 +69,25 @@ async def subscribe_forever(session: aiohttp.ClientSession, name: str, url: str,
                             apply_line(index, name, line)
         except (TimeoutError, aiohttp.ClientError, OSError):
             pass
+        if is_vllm:
+            await _follow_vllm(name, url, index)  # returns only when it cannot follow
+        is_vllm = False
         index.reset(name)
         await asyncio.sleep(backoff)
         backoff = min(backoff * 2, max_backoff_s)
+
+
+async def _follow_vllm(name: str, url: str, index: PreciseKVIndex) -> None:
+    try:
+        from kvfleet_router.vllm_kv_events import follow_vllm
+    except ImportError:
+        log.warning("kv_events from %s: vLLM's ZMQ events need pyzmq and msgpack "
+                    "(pip install 'kvfleet[vllm-events]'); precise index stays empty", name)
+        return
+    try:
+        await follow_vllm(name, url, index)
+    except Exception as exc:  # a zmq or decoding failure must not end the follower
+        log.warning("kv_events from %s: vLLM ZMQ follower stopped: %s", name, exc)
 
 
 def apply_line(index: PreciseKVIndex, name: str, line: bytes) -> None:

@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from vllm_helpers import ROOT, post_json, run_vllm_script
 from kvfleet_operator import engine_args as ea
 from kvfleet_operator import vllm_compat as vc
 from kvfleet_operator.api.errors import UnservableSpecError
 from kvfleet_operator.api.pool import load_pool
+from vllm_helpers import ROOT, post_json, run_vllm_script
 
 EXAMPLES = sorted((ROOT / "examples").glob("vllm-*.yaml"))
 

