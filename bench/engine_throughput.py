@@ -433,7 +433,7 @@ def bench_model(name: str, args: argparse.Namespace) -> tuple[str, list[Run]]:
                     pass
                 else:
                     plan += [("kvfleet", {"engine": "static", "batch_size": b})
-                             for b in args.static_batch]
+                             for b in args.static_batch if b > 0]
                 if not args.skip_sequential and r == 0 and w == "mixed":
                     # slow and steady: one round of the mixed load gives the ratio
                     plan.append(("kvfleet", {"engine": "one-at-a-time"}))
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default=None, help="default: float32 tiny, bfloat16 others")
     p.add_argument("--batched-tokens", type=int, default=1024)
     p.add_argument("--static-batch", type=int, nargs="+", default=[16, 64],
-                   help="static batch sizes to run (64 = the same concurrency as kvfleet)")
+                   help="static batch sizes to run (64 = the same concurrency as kvfleet; 0: none)")
     p.add_argument("--trace", type=Path, default=TRACE)
     p.add_argument("--skip-vllm", action="store_true")
     p.add_argument("--vllm-eager", action="store_true",
