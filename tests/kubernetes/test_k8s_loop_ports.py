@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from k8s_pools import example
 from kmock_shim import api
 from kubernetes.aio import client as kclient
 from kvfleet_operator.api import parse_pool
@@ -192,3 +193,32 @@ async def test_a_deployment_deleted_by_hand_comes_back_with_its_replicas(cluster
         await api(cluster, "DELETE", f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}")
     await loop.tick()
     assert replicas(cluster) == 2
+
+
+async def test_a_topology_change_drains_the_old_role_away(cluster, client):
+    await api(cluster, "POST", POOL_PATH, pool_manifest())
+    pool = parse_pool(cluster.obj(POOLS, NS, NAME))
+    await apply_pool(client, pool, image="img", options=BuildOptions())
+    clock, routers = FakeClock(), FakeRouters(1)
+    kubelet = Kubelet(cluster, clock)
+    loop, _ = await make_loop(cluster, client, clock, routers, SteeredScaler({}))
+    await kubelet.sync()
+    await loop.tick()
+    await loop.tick()
+    # unified -> prefill/decode, as a user would edit the pool
+    topology = example("vllm-disaggregated.yaml")["spec"]["topology"]
+    await api(cluster, "PATCH", f"{POOL_PATH}/{NAME}", {"spec": {"topology": {
+        "unified": None, **topology}}}, "application/merge-patch+json")
+    pool = parse_pool(cluster.obj(POOLS, NS, NAME))
+    await apply_pool(client, pool, image="img", options=BuildOptions())
+    loop, _ = await make_loop(cluster, client, clock, routers, SteeredScaler({}))
+    for _ in range(4):
+        clock.t += 1
+        await loop.tick()
+        await kubelet.sync()
+    assert replicas(cluster) == 0
+    assert len(kubelet.removed) == 2
+    names = {e["name"] for e in routers.configs[0]["endpoints"]}
+    assert not any(n.startswith(DEPLOYMENT) for n in names)
+    for role in ("prefill", "decode"):
+        assert cluster.obj("apps/v1/deployments", NS, f"{NAME}-{role}") is not None

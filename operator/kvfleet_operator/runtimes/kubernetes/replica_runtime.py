@@ -78,7 +78,12 @@ class KubeReplicaRuntime:
         now = self.clock()
         self._pods = {p["metadata"]["name"]: p for p in pods}
         replicas: list[KubeReplica] = []
-        for role in pool.spec.topology.roles():
+        roles = list(pool.spec.topology.roles())
+        # Roles the spec no longer has (a topology change) stay observed, so the loop drains
+        # their replicas away and their Deployments go down to zero.
+        roles += sorted({(d["metadata"].get("labels") or {}).get(meta.ROLE_LABEL, "")
+                         for d in deployments} - set(roles) - {""})  # fmt: skip
+        for role in roles:
             name = meta.engine_name(pool, role)
             found = by_name.get(name)
             count = (found.get("spec") or {}).get("replicas") if found else None
@@ -107,10 +112,15 @@ class KubeReplicaRuntime:
     # --- changing -------------------------------------------------------------------------
 
     async def _apply_count(self, role: str, count: int) -> None:
-        manifest = build_engine_deployment(self.pool, role, max(0, count), self.image,
-                                           self.options)  # fmt: skip
-        await self.client.apply(manifest)
-        self.counts[role] = max(0, count)
+        count = max(0, count)
+        if role in self.pool.spec.topology.roles():
+            await self.client.apply(build_engine_deployment(self.pool, role, count, self.image,
+                                                            self.options))  # fmt: skip
+        else:  # a role the spec dropped: nothing to build it from; only its count goes down
+            path = object_path("apps/v1", "Deployment", self.pool.namespace,
+                               meta.engine_name(self.pool, role))  # fmt: skip
+            await self.client.merge_patch(path, {"spec": {"replicas": count}})
+        self.counts[role] = count
 
     async def create(self, spec: PoolSpec, plan: RolePlan) -> None:
         """One more replica. A Deployment not made yet is the reconcile handler's to make;
