@@ -20,11 +20,12 @@ dicts, replaces lists), `/scale`, validation, garbage collection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -257,6 +258,16 @@ class Operator:
             self.task = None
         if self.client is not None:
             await self.client.close()
+
+
+@contextlib.asynccontextmanager
+async def operator_running(url: str, config: OperatorConfig | None = None
+                           ) -> AsyncIterator[Operator]:  # fmt: skip
+    operator = await Operator(url, config).start()
+    try:
+        yield operator
+    finally:
+        await operator.stop()
 
 
 async def eventually(check: Callable[[], Any], timeout_s: float = 15.0, what: str = "") -> Any:

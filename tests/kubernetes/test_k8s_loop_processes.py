@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kmock_shim import Operator, api, eventually
+from kmock_shim import api, eventually, operator_running
 from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
 from process_kubelet import ProcessKubelet
 
@@ -53,9 +53,8 @@ def replicas(cluster) -> int:
 
 @pytest.mark.timeout(240)
 async def test_load_scales_up_and_down_through_drain_with_real_processes(cluster, tmp_path):
-    op = await Operator(str(cluster.url), OperatorConfig(max_tick_s=0.5,
-                                                         retry_delay_s=0.5)).start()
-    try:
+    config = OperatorConfig(max_tick_s=0.5, retry_delay_s=0.5)
+    async with operator_running(str(cluster.url), config):
         async with ProcessKubelet(cluster, NS, tmp_path) as kubelet:
             await api(cluster, "POST", f"/apis/kvfleet.io/v1alpha1/namespaces/{NS}/inferencepools",
                       POOL)
@@ -78,5 +77,3 @@ async def test_load_scales_up_and_down_through_drain_with_real_processes(cluster
                 annotations = pod["metadata"].get("annotations") or {}
                 assert "kvfleet.io/draining" in annotations, annotations
                 assert annotations["controller.kubernetes.io/pod-deletion-cost"] == "-2147483647"
-    finally:
-        await op.stop()

@@ -12,7 +12,7 @@ import json
 import time
 
 from k8s_pools import example
-from kmock_shim import Operator, api, eventually
+from kmock_shim import Operator, api, eventually, operator_running
 from kvfleet_operator.api import parse_pool
 from kvfleet_operator.runtimes.kubernetes import Tokens, build_children
 from kvfleet_operator.runtimes.kubernetes.operator_manifests import RBAC_RULES
@@ -55,8 +55,7 @@ def status_patches(cluster) -> list[dict]:
 
 
 async def test_a_new_pool_gets_every_child_with_an_owner_reference(cluster, caplog):
-    op = await Operator(str(cluster.url)).start()
-    try:
+    async with operator_running(str(cluster.url)):
         await api(cluster, "POST", POOL_PATH, pool_manifest())
         await eventually(lambda: all_there(cluster), what="all children")
         uid = pool(cluster)["metadata"]["uid"]
@@ -88,13 +87,10 @@ async def test_a_new_pool_gets_every_child_with_an_owner_reference(cluster, capl
         text = json.dumps(pool(cluster)) + caplog.text
         assert tokens.admin not in text and tokens.engine not in text
         assert not any(tokens.admin in r.text for r in cluster.sent("POST", "/events"))
-    finally:
-        await op.stop()
 
 
 async def test_a_spec_update_patches_the_children_and_keeps_replicas_and_tokens(cluster):
-    op = await Operator(str(cluster.url)).start()
-    try:
+    async with operator_running(str(cluster.url)):
         await api(cluster, "POST", POOL_PATH, pool_manifest())
         await eventually(lambda: all_there(cluster), what="all children")
         tokens = tokens_in(cluster)
@@ -123,13 +119,10 @@ async def test_a_spec_update_patches_the_children_and_keeps_replicas_and_tokens(
         await eventually(lambda: pool(cluster).get("status", {}).get("observedGeneration") == 2,
                          what="observedGeneration 2")
         assert all(c["observedGeneration"] == 2 for c in pool(cluster)["status"]["conditions"])
-    finally:
-        await op.stop()
 
 
 async def test_a_bad_spec_gives_degraded_naming_the_field_without_a_retry_storm(cluster):
-    op = await Operator(str(cluster.url)).start()
-    try:
+    async with operator_running(str(cluster.url)):
         bad = pool_manifest()
         bad["spec"]["model"]["source"] = "file:///models/llama.gguf"  # the CRD allows it
         await api(cluster, "POST", POOL_PATH, bad)
@@ -162,8 +155,6 @@ async def test_a_bad_spec_gives_degraded_naming_the_field_without_a_retry_storm(
                   "application/merge-patch+json")
         await eventually(lambda: all_there(cluster), what="children after the fix")
         await eventually(lambda: degraded()["reason"] != "InvalidSpec", what="Degraded cleared")
-    finally:
-        await op.stop()
 
 
 def events_with(cluster, reason: str) -> list[dict]:
@@ -172,8 +163,7 @@ def events_with(cluster, reason: str) -> list[dict]:
 
 
 async def test_a_running_pool_made_invalid_stays_degraded(cluster):
-    op = await Operator(str(cluster.url)).start()
-    try:
+    async with operator_running(str(cluster.url)):
         await api(cluster, "POST", POOL_PATH, pool_manifest())
         await eventually(lambda: status_patches(cluster), what="the loop running")
         model = pool(cluster)["spec"]["model"]
@@ -191,37 +181,29 @@ async def test_a_running_pool_made_invalid_stays_degraded(cluster):
         await asyncio.sleep(3.0)  # the old spec's loop has stopped; nothing overwrites it
         assert reason() == "InvalidSpec"
         assert pool(cluster)["status"]["observedGeneration"] == 2
-    finally:
-        await op.stop()
 
 
 async def test_a_409_on_create_counts_as_success(cluster):
     # Someone created the ConfigMap meanwhile: the write lands, the answer is 409.
     cluster.fail("POST", r"/configmaps$", 409, persist=True)
-    op = await Operator(str(cluster.url)).start()
-    try:
+    async with operator_running(str(cluster.url)):
         await api(cluster, "POST", POOL_PATH, pool_manifest())
         await eventually(lambda: all_there(cluster), what="all children")
         assert cluster._faults[0].times == 0
         assert not events_with(cluster, "ApplyFailed")  # one pass, no retry needed
         assert len(cluster.sent("POST", "/secrets")) == 2
-    finally:
-        await op.stop()
 
 
 async def test_injected_500s_are_retried_and_converge(cluster):
     cluster.fail("POST", r"/deployments$", 500)
     cluster.fail("PATCH", r"/services/", 500)
-    op = await Operator(str(cluster.url)).start()
-    try:
+    async with operator_running(str(cluster.url)):
         await api(cluster, "POST", POOL_PATH, pool_manifest())
         await eventually(lambda: all_there(cluster), what="all children despite the errors")
         assert all(f.times == 0 for f in cluster._faults)
         assert len(events_with(cluster, "ApplyFailed")) == 2  # each failure said, then retried
         names = [json.loads(r.body)["metadata"]["name"] for r in cluster.sent("POST", "/secrets")]
         assert len(names) == len(set(names)) == 2  # retried passes re-apply, never re-create
-    finally:
-        await op.stop()
 
 
 async def test_a_restart_mid_reconcile_makes_no_duplicates_and_keeps_the_history(cluster):
@@ -267,8 +249,7 @@ async def test_a_restart_mid_reconcile_makes_no_duplicates_and_keeps_the_history
 
 
 async def test_deleting_the_pool_stops_its_control_loop(cluster):
-    op = await Operator(str(cluster.url)).start()
-    try:
+    async with operator_running(str(cluster.url)):
         await api(cluster, "POST", POOL_PATH, pool_manifest())
         await eventually(lambda: status_patches(cluster), what="the loop running")
         pod_lists = lambda: len(cluster.sent("GET", f"/namespaces/{NS}/pods"))  # noqa: E731
@@ -286,6 +267,4 @@ async def test_deleting_the_pool_stops_its_control_loop(cluster):
         settled = pod_lists()
         await asyncio.sleep(1.5)  # five ticks' worth
         assert pod_lists() == settled
-    finally:
-        await op.stop()
 
