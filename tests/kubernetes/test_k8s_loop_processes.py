@@ -6,6 +6,7 @@ drain; no client request fails."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -63,6 +64,9 @@ async def test_load_scales_up_and_down_through_drain_with_real_processes(cluster
             base = f"http://{router.ip}:8000/v1"
             burst = await run_load(base, MODEL, concurrency=24, duration_s=8, max_tokens=48)
             assert kubelet.max_replicas[DEPLOYMENT] > 1, "the load step did not scale up"
+            status = cluster.obj("kvfleet.io/v1alpha1/inferencepools", NS, NAME)["status"]
+            decision = status["roles"]["unified"]["lastScaleDecision"]
+            assert decision["reason"] in ("ScalingUp", "PanicScaleUp") and decision["signals"]
             calm = await run_load(base, MODEL, concurrency=1, duration_s=2, max_tokens=16)
             await eventually(lambda: replicas(cluster) == 1 and len(
                 [p for p in kubelet.pods.values() if p.deployment == DEPLOYMENT]) == 1,
@@ -70,6 +74,9 @@ async def test_load_scales_up_and_down_through_drain_with_real_processes(cluster
             for result in (burst, calm):
                 assert result.num_failed == 0, result.errors
             assert burst.num_ok > 0 and calm.num_ok > 0
+            reasons = {json.loads(r.body)["reason"] for r in cluster.sent("POST", "/events")}
+            assert {"ReplicaDraining", "ReplicaStopping"} <= reasons, reasons
+            assert reasons & {"ScalingUp", "PanicScaleUp"} and "ScalingDown" in reasons
             engines = [p for p in kubelet.removed
                        if p["metadata"]["labels"].get("kvfleet.io/role") == "unified"]
             assert engines, "no engine pod was removed"

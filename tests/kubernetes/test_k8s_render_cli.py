@@ -112,3 +112,23 @@ def test_help():
     assert proc.returncode == 0
     for option in ("--namespace", "--all-namespaces", "--liveness", "Recreate"):
         assert option in proc.stdout
+
+
+def test_run_starts_kopf_standalone_with_the_scope_asked_for(monkeypatch):
+    import kopf
+
+    seen = {}
+
+    async def fake_operator(**kwargs):
+        seen.update(kwargs)
+
+    monkeypatch.setattr(kopf, "operator", fake_operator)
+    monkeypatch.setattr(kopf, "configure", lambda **_: None)  # leave the tests' logging be
+    assert main(["run", "-n", "a", "-n", "b", "--liveness", "http://0.0.0.0:8080/healthz",
+                 "--metrics-port", "9090"]) == 0
+    assert seen["standalone"] is True  # no peering: exactly one replica (Recreate) acts
+    assert seen["clusterwide"] is False and seen["namespaces"] == ["a", "b"]
+    assert seen["liveness_endpoint"] == "http://0.0.0.0:8080/healthz"
+    assert seen["memo"].config.metrics_port == 9090
+    assert main(["run", "-A"]) == 0
+    assert seen["clusterwide"] is True and seen["namespaces"] == []
