@@ -29,7 +29,7 @@ def pod(name="p", ip="10.0.0.1", ready=True, phase="Running", annotations=None, 
     ({"annotations": {"kvfleet.io/draining": "t"}, "ip": ""}, "stopping"),
     ({"annotations": {"kvfleet.io/stopping": "t"}}, "stopping"),
     ({"deleting": True}, "stopping"),
-    ({"phase": "Failed", "ready": False}, "failed"),
+    ({"phase": "Failed", "ready": False}, "stopping"),  # evicted: replaced, not restarted
     ({"waiting": {"reason": "CrashLoopBackOff"}, "ready": False, "restarts": 3}, "failed"),
     ({"waiting": {"reason": "ContainerCreating"}, "ready": False}, "starting"),
 ])  # fmt: skip

@@ -5,11 +5,13 @@ annotations kvfleet puts on pods it is taking away:
 
 | pod | phase |
 |---|---|
-| `deletionTimestamp` set, or annotated `kvfleet.io/stopping` | `stopping` |
+| terminating, annotated `kvfleet.io/stopping`, or phase `Failed`/`Succeeded` | `stopping` |
 | annotated `kvfleet.io/draining` (and has an IP) | `draining` |
-| phase `Failed`, or the engine container waiting in an error state or restarting | `failed` |
+| the engine container waiting in an error state (CrashLoopBackOff, image pull, ...) | `failed` |
 | `Ready` condition true, with a pod IP | `ready` |
 | anything else | `starting` |
+
+(A `Failed` pod, e.g. evicted, is gone for good: the ReplicaSet replaces it.)
 
 Per role, the Deployment's `spec.replicas` is the truth about how many replicas there are:
 when it is ahead of the pods (the ReplicaSet has not created them yet), the missing ones
@@ -32,6 +34,7 @@ DRAINING_COST = "-1000"  # the ReplicaSet prefers these when it scales down
 VICTIM_COST = "-2147483647"  # the one(s) being removed now: lowest of all
 ENGINE_CONTAINER = "engine"
 PENDING = "-pending-"
+TERMINAL = ("Failed", "Succeeded")  # e.g. evicted: gone for good, the ReplicaSet replaces it
 ERROR_WAITING = {"CrashLoopBackOff", "ErrImagePull", "ImagePullBackOff", "CreateContainerError",
                  "CreateContainerConfigError", "InvalidImageName", "RunContainerError"}
 
@@ -69,10 +72,7 @@ def _engine_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _failure(pod: Mapping[str, Any]) -> str | None:
-    """Why the engine is failing, or None."""
-    status = pod.get("status") or {}
-    if status.get("phase") == "Failed":
-        return str(status.get("reason") or status.get("message") or "pod failed")
+    """Why the engine is failing (it is being restarted in place), or None."""
     engine = _engine_status(pod)
     waiting = (engine.get("state") or {}).get("waiting") or {}
     if waiting.get("reason") in ERROR_WAITING:
@@ -98,7 +98,8 @@ def pod_replica(pod: Mapping[str, Any], role: str, port: int) -> KubeReplica:
     ip = str(status.get("podIP") or "")
     engine = _engine_status(pod)
     failure = _failure(pod)
-    if meta.get("deletionTimestamp") or STOPPING_ANNOTATION in annotations:
+    if meta.get("deletionTimestamp") or STOPPING_ANNOTATION in annotations \
+            or status.get("phase") in TERMINAL:  # fmt: skip
         state = "stopping"
     elif DRAINING_ANNOTATION in annotations:
         state = "draining" if ip else "stopping"
