@@ -222,3 +222,15 @@ async def test_a_topology_change_drains_the_old_role_away(cluster, client):
     assert not any(n.startswith(DEPLOYMENT) for n in names)
     for role in ("prefill", "decode"):
         assert cluster.obj("apps/v1/deployments", NS, f"{NAME}-{role}") is not None
+
+
+async def test_an_api_server_that_does_not_answer_is_an_api_error():
+    from kvfleet_operator.runtimes.kubernetes.kube_client import ApiError
+
+    dead = KubeClient(kclient.Configuration(host="http://127.0.0.1:9"))  # discard port
+    try:
+        with pytest.raises(ApiError) as caught:
+            await dead.get("/api/v1/namespaces/x/secrets/y")
+        assert caught.value.status == 0
+    finally:
+        await dead.close()

@@ -14,7 +14,8 @@ stay the plain dicts the `build_*` functions return.
   counts as success, and the apply is sent again.
 - `merge_patch`: JSON merge patches for what kvfleet does not own whole (pod annotations,
   the pool's status and its loop-state annotation).
-- Errors are `ApiError(status, reason, message)`; nothing logs a request body (Secrets).
+- Errors are `ApiError(status, reason, message)` (status 0: no answer at all); nothing logs
+  a request body (Secrets).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
+import aiohttp
 from kubernetes.aio import client as kclient
 from kubernetes.aio import config as kconfig
 
@@ -95,6 +97,8 @@ class KubeClient:
             return self._api.response_deserialize(response, {"2XX": "object"}).data
         except kclient.ApiException as exc:
             raise _api_error(exc) from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:  # no answer at all
+            raise ApiError(0, "Unreachable", f"{type(exc).__name__}: {exc}") from None
 
     async def get(self, path: str) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""

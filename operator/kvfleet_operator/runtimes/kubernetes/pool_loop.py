@@ -98,7 +98,10 @@ async def run_pool(
                         pass  # the handler's own report stands; kopf retries that one
                 await _sleep_until(changed)
                 continue
-            token = await read_token(client, pool.namespace, meta.admin_secret_name(pool))
+            try:
+                token = await read_token(client, pool.namespace, meta.admin_secret_name(pool))
+            except ApiError:
+                token = None  # the API is having a moment: try again next tick
             if token is None:  # the reconcile handler has not created it yet
                 await _sleep_until(changed, config.max_tick_s)
                 continue
