@@ -84,3 +84,15 @@ async def test_load_scales_up_and_down_through_drain_with_real_processes(cluster
                 annotations = pod["metadata"].get("annotations") or {}
                 assert "kvfleet.io/draining" in annotations, annotations
                 assert annotations["controller.kubernetes.io/pod-deletion-cost"] == "-2147483647"
+
+            # The router pod dies; its replacement (a new pod IP) gets the config pushed again.
+            router.proc.kill()
+
+            def new_router():
+                return next((p for p in kubelet.pods.values() if p.is_ready
+                             and p.deployment == f"{NAME}-router" and p.ip != router.ip), None)
+
+            replacement = await eventually(new_router, 60, "a new router pod")
+            again = await run_load(f"http://{replacement.ip}:8000/v1", MODEL, concurrency=2,
+                                   duration_s=2, max_tokens=8)
+            assert again.num_failed == 0 and again.num_ok > 0, again.errors
