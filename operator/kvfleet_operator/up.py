@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -28,7 +29,7 @@ from kvfleet_operator.api.advice import odd_settings
 from kvfleet_operator.api.errors import SpecError
 from kvfleet_operator.api.pool import InferencePool, load_pool
 from kvfleet_operator.api.status import FALSE, ConditionType, Reason
-from kvfleet_operator.engine_args import engine_command
+from kvfleet_operator.engine_args import VLLM_PYTHON_ENV, engine_command
 from kvfleet_operator.loop import events as ev
 from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
 from kvfleet_operator.loop.events import Fanout
@@ -105,16 +106,30 @@ class Progress:
         self._last_counts = counts
 
 
+def _can_import(python: str, module: str) -> bool:
+    """Whether `python` can import `module` (without importing it: vLLM takes seconds)."""
+    check = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    try:
+        return subprocess.run([python, "-c", check], capture_output=True,
+                              timeout=30).returncode == 0  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
 def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir]:
     try:
         pool = load_pool(args.pool)
     except SpecError as exc:
         text = str(exc)
         raise UpError(text if str(args.pool) in text else f"{args.pool}: {text}") from None
-    command = engine_command(pool.spec)[0]
-    if shutil.which(command) is None:
-        raise UpError(f"engine.kind {pool.spec.engine.kind} needs `{command}` on PATH "
+    command = engine_command(pool.spec)
+    if shutil.which(command[0]) is None:
+        raise UpError(f"engine.kind {pool.spec.engine.kind} needs `{command[0]}` on PATH "
                       "(local fleets without it use engine.kind: builtin)")
+    if command[1:2] == ["-m"] and not _can_import(command[0], command[2].split(".")[0]):
+        raise UpError(f"engine.kind {pool.spec.engine.kind} needs a Python with "
+                      f"`{command[2].split('.')[0]}` installed; {command[0]} has none (set "
+                      f"{VLLM_PYTHON_ENV} to one, or use engine.kind: builtin)")
     if not 0 < args.restart_backoff <= MAX_RESTART_BACKOFF_S:
         raise UpError(f"--restart-backoff must be in (0, {MAX_RESTART_BACKOFF_S:g}] seconds")
     if not 0 <= args.port < 65536:

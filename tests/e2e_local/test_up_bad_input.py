@@ -36,7 +36,7 @@ def _bad_pool(tmp_path, text):
         (["/no/such/pool.yaml"], "cannot read"),
         ([f"{EXAMPLES}/local-sim.yaml", "--port", "70000"], "out of range"),
         ([f"{EXAMPLES}/local-sim.yaml", "--port", "x"], "invalid int value"),
-        ([f"{EXAMPLES}/vllm-unified.yaml"], "needs `vllm` on PATH"),
+        ([f"{EXAMPLES}/vllm-unified.yaml"], "needs a Python with `vllm` installed"),
         ([f"{EXAMPLES}/local-sim.yaml", "--restart-backoff", "0"], "--restart-backoff must be"),
     ],
 )
