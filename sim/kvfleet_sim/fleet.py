@@ -41,7 +41,9 @@ from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.endpoint import Signals as EndpointSignals
 from kvfleet_router.pd_deciders import PDDecider, build_decider
 from kvfleet_router.policies.guard import imbalance_ratio
+from kvfleet_router.proxy import Outcome
 from kvfleet_router.request_info import RequestInfo
+from kvfleet_router.router_core import Routed
 
 from kvfleet_sim.handoff import Handoff, HandoffError, kv_bytes_per_token
 from kvfleet_sim.ports import (
@@ -154,6 +156,7 @@ class FleetSim:
         self.role_timeline: list[tuple[float, dict[str, int]]] = []
         self.imbalance: list[tuple[float, float]] = []
         self.serving: dict[str, EndpointState] = {}  # request id -> the endpoint it holds
+        self.routed: dict[str, Routed] = {}  # request id -> its routing decision (feedback)
         self.prefix_at_start: tuple[int, int] | None = None  # engines' counters at warm-up end
         self.is_pd = self.spec.topology.is_disaggregated
         self.handoff: Handoff | None = None
@@ -281,6 +284,7 @@ class FleetSim:
         if not held:
             return
         core, model = self.router.core, self.spec.model.api_name
+        feedback = self.router.feedback
         role = "decode" if self.is_pd else "unified"
         num_routed = 0
         for h in held:
@@ -291,10 +295,13 @@ class FleetSim:
                 break
             num_routed += 1
             self.serving[h.request_id] = ep
+            self.routed[h.request_id] = routed
+            feedback.attempt(ep, t)
             if self.is_pd and self.decider().wants_prefill(routed) and core.has_role("prefill"):
                 # The prefill leg never queues: a busy prefill tier is skipped (pd.py).
                 prefill = core.start(core.route(info, "prefill", t))
                 if prefill is not None:
+                    feedback.attempt(prefill, t)
                     self.num_prefill_legs += 1
                     self.prefilling[h.request_id] = (h, prefill)
                     self.send(prefill.name, "p:" + h.request_id, h, t, is_prefill=True)
@@ -327,6 +334,8 @@ class FleetSim:
         rid = f.request_id[2:]
         h, prefill = self.prefilling.pop(rid)
         self.router.core.finish(prefill)
+        if not f.is_aborted:
+            self.router.feedback.success(prefill)  # the non-streamed side call went well
         decode = self.serving.get(rid)
         if decode is None:
             return
@@ -350,8 +359,17 @@ class FleetSim:
             return
         self.send(decode.name, rid, h, t, preloaded=preload)
 
-    def release(self, request_id: str) -> None:
+    def release(self, request_id: str, done: Finished | None = None) -> None:
+        """The exchange ended: the endpoint's in-flight count drops, and a completed one
+        feeds the router's health feedback (breaker, latency/UCB/SLO learners) as the
+        dispatcher's `exchange_done` does; TTFT and total time count from the decision."""
         ep = self.serving.pop(request_id, None)
+        routed = self.routed.pop(request_id, None)
+        if ep is not None and routed is not None and done is not None and not done.is_aborted:
+            now = routed.ctx.now
+            outcome = Outcome(done.first_token - now, done.finished - now,
+                              done.num_output_tokens, is_stream=True)  # fmt: skip
+            self.router.feedback.exchange_done(ep, routed, outcome, done.finished)
         if ep is not None:
             self.router.core.finish(ep)
             self.router.core.registry.prune_retired()
@@ -367,7 +385,7 @@ class FleetSim:
                 self.prefill_done(f, replica, end)
                 continue
             self.finished.append(f)
-            self.release(f.request_id)
+            self.release(f.request_id, f)
         if replica.engine.has_unfinished_requests():
             self.push(end, "step", name)
         else:

@@ -8,7 +8,8 @@ that `kvfleet up` runs, over these instead of processes and HTTP.
 - `SimRouter`: the router's own `RouterCore` (registry, prefix indexes, policies) behind
   its `ConfigStore`: `push` goes through `ConfigStore.push`, the code path of an admin PUT
   (versions only go up); its view is what `GET /admin/config` lists (retired endpoints
-  with in-flight requests included); held requests wait in it.
+  with in-flight requests included); held requests wait in it; its `HealthFeedback` learns
+  from every finished exchange, as the dispatcher's does.
 - `SimMetrics`: a replica's engine stats read directly (no network, never stale).
 - `SimStore` keeps state in memory; `SimEvents` records every event with its time.
 - `drive(coro)`: run a coroutine that never suspends (every port here is synchronous).
@@ -32,6 +33,8 @@ from kvfleet_operator.signals import Scrape
 from kvfleet_router.config import RouterConfig
 from kvfleet_router.config_store import ConfigStore
 from kvfleet_router.endpoint import EndpointState
+from kvfleet_router.feedback import HealthFeedback
+from kvfleet_router.metrics import RouterMetrics
 from kvfleet_router.router_core import RouterCore
 
 from kvfleet_sim.replica import Finished, SimReplica
@@ -138,6 +141,8 @@ class SimRouter:
         self.rng = random.Random(seed)
         self.core = RouterCore(RouterConfig.from_dict({"version": 0}), rng=self.rng)
         self.store = ConfigStore(self.core)
+        metrics = RouterMetrics(lambda: self.core, lambda: len(self.held))
+        self.feedback = HealthFeedback(metrics, lambda: self.core.cfg)
         self.held: list[HeldRequest] = []
         self.sees_held = sees_held  # whether the scaler is told about held requests
         self.prefix_mode = prefix_mode

@@ -100,3 +100,20 @@ def test_prefix_mode_override_reaches_the_registry():
     router = SimRouter(seed=0, prefix_mode="precise")
     drive(router.push({"version": 1, "endpoints": [{"name": "a", "url": "http://sim.a:8000"}]}))
     assert router.endpoints["a"].prefix_mode == "precise"
+
+
+@pytest.mark.parametrize("policy", ["latency", "ucb", "slo"])
+def test_adaptive_policies_learn_from_every_finished_exchange(policy):
+    """The sim reports each finished exchange to the router's HealthFeedback, as the
+    dispatcher does, so the latency/UCB/SLO scorers are not stuck on their priors."""
+    from kvfleet_sim.trace import TraceRequest
+
+    p = pool(policy, replicas=4)
+    trace = [TraceRequest(i * 0.05, 500 + 10 * (i % 7), 16) for i in range(200)]
+    sim = FleetSim(p, SCALERS["fixed-max"](p.spec), SimSettings())
+    result = sim.run(trace)
+    eps = list(sim.router.endpoints.values())
+    assert sum(e.num_ucb_pulls for e in eps) == len(result.finished) == 200
+    served = [e for e in eps if e.name in {f.replica for f in result.finished}]
+    assert served and all(e.ttft.num_samples == e.num_ucb_pulls > 0 for e in served)
+    assert all(e.decode_s_per_token.value and e.prefill_s_per_token.value for e in served)
