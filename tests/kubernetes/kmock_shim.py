@@ -45,7 +45,7 @@ RESOURCES: dict[str, tuple[str, set[str]]] = {
     "v1/secrets": ("Secret", set()),
     "v1/configmaps": ("ConfigMap", set()),
     "v1/services": ("Service", set()),
-    "v1/pods": ("Pod", set()),
+    "v1/pods": ("Pod", {"status"}),
     "v1/events": ("Event", set()),
     "apps/v1/deployments": ("Deployment", {"status", "scale"}),
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", {"status"}),

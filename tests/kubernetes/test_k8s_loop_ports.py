@@ -74,13 +74,6 @@ class Kubelet:
             pods.append(pod)
 
 
-@pytest.fixture
-async def client(cluster):
-    kube = KubeClient(kclient.Configuration(host=str(cluster.url).rstrip("/")))
-    yield kube
-    await kube.close()
-
-
 async def make_loop(cluster, client, clock, routers, scaler):
     body = cluster.obj(POOLS, NS, NAME)
     pool = parse_pool(body)

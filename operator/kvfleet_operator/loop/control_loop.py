@@ -232,8 +232,19 @@ class ControlLoop:
         self, now: float, decisions: dict[str, ScaleDecision]
     ) -> Desired:
         state = self.state
-        observed = observe(self.runtime.replicas(), self.view, self.scrapes,
+        replicas = self.runtime.replicas()
+        # A replica the runtime reports draining on its own (a Kubernetes rollout's victim):
+        # its drain starts now, and no router has been told yet, so their counts vouch for
+        # nothing until a view taken after this tick's push.
+        fresh = {r.name for r in replicas
+                 if r.state == "draining" and r.name not in state.drain_started}  # fmt: skip
+        for name in fresh:
+            state.drain_started[name] = now
+        observed = observe(replicas, self.view, self.scrapes,
                            state.drain_started, self.signals)  # fmt: skip
+        for replica in observed.replicas:
+            if replica.name in fresh:
+                replica.num_in_flight = UNKNOWN_IN_FLIGHT
         desired = reconcile(
             self.pool,
             observed,

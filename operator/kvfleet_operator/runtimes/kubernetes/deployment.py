@@ -2,11 +2,16 @@
 
 The operator owns `replicas` (the control loop's desired count; `reconcile.initial_replicas`
 when none is given), so these children never live in Git and GitOps has nothing to fight
-over. Rollouts add one new pod before removing an old one (maxSurge 1, maxUnavailable 0).
+over. Rollouts add one new pod before removing an old one (maxSurge 1, maxUnavailable 0);
+engine pods carry `kvfleet.io/template-hash` so the operator knows which pods are being
+replaced, and a readiness gate (`engine_pod.ROUTED_GATE`) so that the ReplicaSet removes an
+old pod only after the operator drained it in every router (see `replica_runtime`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from kvfleet_operator.api.pool import InferencePool
@@ -14,10 +19,17 @@ from kvfleet_operator.api.pool import InferencePool
 from . import meta
 from .engine_pod import GRACE_MARGIN_S, STARTUP_BUDGET_S, engine_pod_template
 from .options import BuildOptions
+from .pods import TEMPLATE_HASH
 from .router_pod import router_pod_template
 
 ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
 REVISION_HISTORY = 3
+
+
+def template_hash(template: dict[str, Any]) -> str:
+    """A digest of the pod template (before this annotation is added): a pod whose
+    annotation differs from its Deployment's is an old one, being rolled."""
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _deployment(
@@ -45,6 +57,7 @@ def build_engine_deployment(
     metadata = meta.object_meta(pool, meta.engine_name(pool, role), meta.engine_app(pool),
                                 meta.ENGINE, role)
     template = engine_pod_template(pool, role, image, options)
+    template["metadata"]["annotations"][TEMPLATE_HASH] = template_hash(template)
     deadline = STARTUP_BUDGET_S[pool.spec.engine.kind] + GRACE_MARGIN_S * 10
     return _deployment(metadata, replicas, meta.selector(pool, meta.ENGINE, role), template,
                        deadline)

@@ -27,6 +27,7 @@ from . import meta
 from .model_source import model_volumes
 from .options import VLLM_IMAGE, BuildOptions
 from .placement import ENGINE_PORT, engine_port, engine_port_name, is_sidecar
+from .pods import ROUTED_GATE
 from .router_pod import ROUTER_GRACE_S, router_container, router_volumes
 from .secret import TOKEN_KEY
 from .security import cache_env, container_security_context, pod_security_context, scratch_volumes
@@ -156,6 +157,9 @@ def engine_pod_template(
         "terminationGracePeriodSeconds": grace_s,
         "automountServiceAccountToken": False,  # engines never call the API server
         "enableServiceLinks": False,  # a Service named vllm would set VLLM_PORT and break vLLM
+        # Ready only once kvfleet routes to it (and, in a rollout, drained the pod it
+        # replaces in every router): the Deployment removes old pods only after that.
+        "readinessGates": [{"conditionType": ROUTED_GATE}],
     })
     if options.service_account:
         pod["serviceAccountName"] = options.service_account

@@ -13,7 +13,8 @@ stay the plain dicts the `build_*` functions return.
   falls back to `POST`; a 409 on that create means someone created it meanwhile, which
   counts as success, and the apply is sent again.
 - `merge_patch`: JSON merge patches for what kvfleet does not own whole (pod annotations,
-  the pool's status and its loop-state annotation).
+  the pool's status and its loop-state annotation); `strategic_patch` for a pod's status
+  condition (kvfleet's readiness gate), merged by type beside the kubelet's.
 - Errors are `ApiError(status, reason, message)` (status 0: no answer at all); nothing logs
   a request body (Secrets).
 """
@@ -32,6 +33,7 @@ from kubernetes.aio import config as kconfig
 FIELD_MANAGER = "kvfleet"
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"  # lists merge by key (conditions)
 TIMEOUT_S = 30.0
 
 # apiVersion/kind -> plural, for the kinds kvfleet reads or writes.
@@ -140,6 +142,11 @@ class KubeClient:
 
     async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> None:
         await self.request("PATCH", path, body=dict(patch), content_type=MERGE_PATCH,
+                           query={"fieldManager": FIELD_MANAGER})  # fmt: skip
+
+    async def strategic_patch(self, path: str, patch: Mapping[str, Any]) -> None:
+        """A pod's status conditions merge by `type`, leaving the kubelet's own in place."""
+        await self.request("PATCH", path, body=dict(patch), content_type=STRATEGIC_PATCH,
                            query={"fieldManager": FIELD_MANAGER})  # fmt: skip
 
     async def post(self, path: str, body: Mapping[str, Any]) -> None:

@@ -6,9 +6,9 @@ annotations kvfleet puts on pods it is taking away:
 | pod | phase |
 |---|---|
 | terminating, annotated `kvfleet.io/stopping`, or phase `Failed`/`Succeeded` | `stopping` |
-| annotated `kvfleet.io/draining` (and has an IP) | `draining` |
+| annotated `kvfleet.io/draining` or `kvfleet.io/replaced` (and has an IP) | `draining` |
 | the engine container waiting in an error state (CrashLoopBackOff, image pull, ...) | `failed` |
-| `Ready` condition true, with a pod IP | `ready` |
+| containers ready (`ContainersReady`, else `Ready`), with a pod IP | `ready` |
 | anything else | `starting` |
 
 (A `Failed` pod, e.g. evicted, is gone for good: the ReplicaSet replaces it.)
@@ -18,6 +18,14 @@ when it is ahead of the pods (the ReplicaSet has not created them yet), the miss
 show as `starting` placeholders named `<deployment>-pending-N`, so the loop does not ask
 again; when pods outnumber it (a rollout's surge pod), the surplus, not-ready first, shows
 as `stopping`, so the loop does not scale down a rollout.
+
+Rollouts (`rollout_step`): a pod whose `kvfleet.io/template-hash` differs from its
+Deployment's template is outdated. Each new pod whose containers are ready but whose
+`kvfleet.io/routed` readiness gate is still closed gets one outdated pod as its victim
+(annotated `kvfleet.io/replaced`, shown as `draining`, not counted against `spec.replicas`:
+it is the old ReplicaSet's, which the Deployment has not scaled down yet). The gate opens
+(the new pod turns Ready, the Deployment may remove an old one) only when a victim's drain
+is over, or at once when nothing is outdated (a plain scale-up).
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ from typing import Any
 
 DRAINING_ANNOTATION = "kvfleet.io/draining"
 STOPPING_ANNOTATION = "kvfleet.io/stopping"
+REPLACED_ANNOTATION = "kvfleet.io/replaced"  # a rollout victim: drained before it may go
+TEMPLATE_HASH = "kvfleet.io/template-hash"
+ROUTED_GATE = "kvfleet.io/routed"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 DRAINING_COST = "-1000"  # the ReplicaSet prefers these when it scales down
 VICTIM_COST = "-2147483647"  # the one(s) being removed now: lowest of all
@@ -49,6 +60,7 @@ class KubeReplica:
     num_restarts: int = 0
     last_error: str = ""
     pod_ip: str = ""
+    is_replaced: bool = False  # a rollout victim (its replacement waits on its drain)
 
     @property
     def is_placeholder(self) -> bool:
@@ -84,11 +96,59 @@ def _failure(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _is_ready(pod: Mapping[str, Any]) -> bool:
+def _condition(pod: Mapping[str, Any], kind: str) -> str | None:
     for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Ready":
-            return cond.get("status") == "True"
-    return False
+        if cond.get("type") == kind:
+            return str(cond.get("status"))
+    return None
+
+
+def _is_ready(pod: Mapping[str, Any]) -> bool:
+    """Serving: its containers are ready. (`Ready` also waits on kvfleet's own readiness
+    gate, which opens only once the routers use the pod.)"""
+    containers = _condition(pod, "ContainersReady")
+    return (containers if containers is not None else _condition(pod, "Ready")) == "True"
+
+
+def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return (pod.get("metadata") or {}).get("annotations") or {}
+
+
+def _is_going(pod: Mapping[str, Any]) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp")
+                or STOPPING_ANNOTATION in _annotations(pod)
+                or (pod.get("status") or {}).get("phase") in TERMINAL)  # fmt: skip
+
+
+def is_gate_closed(pod: Mapping[str, Any]) -> bool:
+    gates = [g.get("conditionType") for g in (pod.get("spec") or {}).get("readinessGates") or []]
+    return ROUTED_GATE in gates and _condition(pod, ROUTED_GATE) != "True"
+
+
+@dataclass(slots=True)
+class RolloutStep:
+    waiting: list[str]  # new pods, containers ready, readiness gate still closed
+    to_open: list[str]  # gates to open now: nothing outdated is left to drain first
+    new_victims: list[str]  # outdated pods to drain now, one per waiting pod without one
+
+
+def rollout_step(pods: Sequence[Mapping[str, Any]], template_hash: str | None) -> RolloutStep:
+    """One role's pods and its Deployment's template hash -> what the rollout does next.
+    (A victim's end of drain opens one waiting gate: `KubeReplicaRuntime.delete`.)"""
+    alive = [p for p in pods if not _is_going(p)]
+    waiting = sorted(str(p["metadata"]["name"]) for p in alive
+                     if is_gate_closed(p) and _is_ready(p))  # fmt: skip
+    outdated = [p for p in alive if template_hash is not None
+                and _annotations(p).get(TEMPLATE_HASH) != template_hash]  # fmt: skip
+    if not outdated:
+        return RolloutStep(waiting=waiting, to_open=waiting, new_victims=[])
+    num_victims = sum(REPLACED_ANNOTATION in _annotations(p) for p in outdated)
+    spare = sorted((p for p in outdated if REPLACED_ANNOTATION not in _annotations(p)),
+                   key=lambda p: (_is_ready(p), int(_annotations(p).get(DELETION_COST, 0)),
+                                  str(p["metadata"]["name"])))  # fmt: skip
+    num_new = max(0, len(waiting) - num_victims)
+    return RolloutStep(waiting=waiting, to_open=[],
+                       new_victims=[str(p["metadata"]["name"]) for p in spare[:num_new]])
 
 
 def pod_replica(pod: Mapping[str, Any], role: str, port: int) -> KubeReplica:
@@ -98,10 +158,10 @@ def pod_replica(pod: Mapping[str, Any], role: str, port: int) -> KubeReplica:
     ip = str(status.get("podIP") or "")
     engine = _engine_status(pod)
     failure = _failure(pod)
-    if meta.get("deletionTimestamp") or STOPPING_ANNOTATION in annotations \
-            or status.get("phase") in TERMINAL:  # fmt: skip
+    is_replaced = REPLACED_ANNOTATION in annotations
+    if _is_going(pod):
         state = "stopping"
-    elif DRAINING_ANNOTATION in annotations:
+    elif DRAINING_ANNOTATION in annotations or is_replaced:
         state = "draining" if ip else "stopping"
     elif failure is not None:
         state = "failed"
@@ -118,6 +178,7 @@ def pod_replica(pod: Mapping[str, Any], role: str, port: int) -> KubeReplica:
         num_restarts=int(engine.get("restartCount") or 0),
         last_error=failure or "",
         pod_ip=ip,
+        is_replaced=is_replaced and state == "draining",
     )
 
 
@@ -131,7 +192,7 @@ def role_replicas(
     """One role's replicas; `num_replicas` is the Deployment's `spec.replicas` (None: no
     Deployment yet, so no placeholders)."""
     replicas = [pod_replica(p, role, port) for p in pods]
-    alive = [r for r in replicas if r.state != "stopping"]
+    alive = [r for r in replicas if r.state != "stopping" and not r.is_replaced]
     if num_replicas is None:
         return replicas
     alive.sort(key=lambda r: (_KEEP_ORDER.get(r.state, 3), r.started_at, r.name))

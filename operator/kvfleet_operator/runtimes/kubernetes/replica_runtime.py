@@ -14,6 +14,14 @@
   count. A victim still there, not terminating, `grace_s` after it was marked means the
   ReplicaSet removed another pod: that is reported as a warning event and the victim, which
   the routers no longer use, is deleted.
+- Rollouts (`pods.rollout_step`): a new pod whose containers are ready waits behind its
+  `kvfleet.io/routed` readiness gate; `supervise` gives it an outdated pod as its victim
+  (`kvfleet.io/replaced`, reported `draining`), so the loop pushes that pod as draining to
+  every router and waits for its drain exactly as for a scale-down. `delete` of a victim
+  does not lower `replicas`: it marks the victim `kvfleet.io/stopping` with the lowest
+  deletion cost and opens one waiting gate; the new pod turns Ready and only then does the
+  Deployment scale the old ReplicaSet down, removing the drained victim. With nothing
+  outdated (a scale-up) gates open as soon as the containers are ready.
 """
 
 from __future__ import annotations
@@ -39,11 +47,15 @@ from .pods import (
     DELETION_COST,
     DRAINING_ANNOTATION,
     DRAINING_COST,
+    REPLACED_ANNOTATION,
+    ROUTED_GATE,
     STOPPING_ANNOTATION,
+    TEMPLATE_HASH,
     VICTIM_COST,
     KubeReplica,
     parse_time,
     role_replicas,
+    rollout_step,
     router_urls,
 )
 
@@ -65,6 +77,7 @@ class KubeReplicaRuntime:
         self.router_urls: list[str] = []
         self._reported: set[str] = set()
         self._seen: set[str] = set()  # roles whose Deployment this runtime has seen
+        self._waiting: dict[str, list[str]] = {}  # per role, new pods behind their gate
 
     # --- observing ------------------------------------------------------------------------
 
@@ -92,6 +105,7 @@ class KubeReplicaRuntime:
                 self._seen.add(role)
             mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(meta.ROLE_LABEL)
                     == role]  # fmt: skip
+            await self._roll(role, found, mine)
             replicas += role_replicas(role, name, self.counts[role], mine, engine_port(pool), now)
         self._replicas = replicas
         if is_sidecar(pool):
@@ -101,6 +115,29 @@ class KubeReplicaRuntime:
                                              meta.selector(pool, meta.ROUTER))  # fmt: skip
             self.router_urls = router_urls(routers, ROUTER_PORT)
         await self._check_victims(now)
+
+    async def _roll(self, role: str, deployment: dict[str, Any] | None,
+                    pods: list[dict[str, Any]]) -> None:  # fmt: skip
+        template = ((deployment or {}).get("spec") or {}).get("template") or {}
+        current = ((template.get("metadata") or {}).get("annotations") or {}).get(TEMPLATE_HASH)
+        step = rollout_step(pods, current)
+        for name in step.new_victims:
+            annotations: dict[str, str | None] = {REPLACED_ANNOTATION: _stamp(self.clock()),
+                                                  DELETION_COST: DRAINING_COST}  # fmt: skip
+            await self._annotate(name, annotations)
+            self._pods[name]["metadata"].setdefault("annotations", {}).update(annotations)
+            self._say(ev.EventReason.REPLICA_DRAINING,
+                      f"rollout: drain {name} before the Deployment replaces it")
+        for name in step.to_open:
+            await self._open_gate(name)
+        self._waiting[role] = [n for n in step.waiting if n not in step.to_open]
+
+    async def _open_gate(self, name: str) -> None:
+        """The pod is routed (and whatever it replaces drained): let it turn Ready."""
+        path = object_path("v1", "Pod", self.pool.namespace, name) + "/status"
+        condition = {"type": ROUTED_GATE, "status": "True",
+                     "lastTransitionTime": _stamp(self.clock())}  # fmt: skip
+        await self.client.strategic_patch(path, {"status": {"conditions": [condition]}})
 
     def replicas(self) -> list[KubeReplica]:
         return list(self._replicas)
@@ -142,7 +179,8 @@ class KubeReplicaRuntime:
         self._set_state(name, "draining")
 
     async def mark_ready(self, name: str) -> None:
-        await self._annotate(name, {DRAINING_ANNOTATION: None, DELETION_COST: None})
+        await self._annotate(name, {DRAINING_ANNOTATION: None, REPLACED_ANNOTATION: None,
+                                    DELETION_COST: None})  # fmt: skip
         self._set_state(name, "ready")
 
     async def delete(self, name: str, grace_s: float) -> None:
@@ -150,6 +188,14 @@ class KubeReplicaRuntime:
         if replica is None:
             return
         count = self.counts.get(replica.role)
+        if replica.is_replaced:  # drained: its replacement may turn Ready, the Deployment
+            await self._annotate(name, {STOPPING_ANNOTATION: _stamp(self.clock()),  # removes it
+                                        DELETION_COST: VICTIM_COST})  # fmt: skip
+            waiting = self._waiting.get(replica.role) or []
+            if waiting:
+                await self._open_gate(waiting.pop(0))
+            self._set_state(name, "stopping")
+            return
         if not replica.is_placeholder:
             await self._annotate(name, {STOPPING_ANNOTATION: _stamp(self.clock()),
                                         DELETION_COST: VICTIM_COST})  # fmt: skip
