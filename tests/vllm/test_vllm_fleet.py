@@ -87,7 +87,9 @@ def test_kvfleet_up_with_vllm_scales_up_and_drains_down_without_a_failed_request
             results, t_up = [], None
             deadline = time.monotonic() + 420
             while time.monotonic() < deadline:
-                results.append(await run_load(fleet.endpoint, MODEL, concurrency=6,
+                # 4 = the router's per-endpoint capacity (2 x maxNumSeqs): the queue builds
+                # in vLLM (waiting 2 > target 1), never in the router (which sheds with 429).
+                results.append(await run_load(fleet.endpoint, MODEL, concurrency=4,
                                               duration_s=30, max_tokens=48))
                 if _ready(fleet.state()) >= 2:
                     t_up = time.monotonic()
