@@ -43,6 +43,7 @@ from kvfleet_operator.runtimes.metrics_sources import ScrapeMetrics
 from kvfleet_operator.runtimes.progress import summary_line
 from kvfleet_operator.runtimes.router_control import HttpRouterControl
 from kvfleet_operator.runtimes.state_dir import StateDir, default_state_dir
+from kvfleet_operator.vllm_compat import check_vllm_engine
 
 ROUTER_START_TIMEOUT_S = 60.0
 NUM_EVENTS_KEPT = 50
@@ -106,6 +107,11 @@ class Progress:
         self._last_counts = counts
 
 
+def local_device() -> str:
+    """What a local vLLM replica runs on: a GPU when this machine has NVIDIA's driver."""
+    return "cuda" if Path("/dev/nvidiactl").exists() else "cpu"
+
+
 def _can_import(python: str, module: str) -> bool:
     """Whether `python` can import `module` (without importing it: vLLM takes seconds)."""
     check = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
@@ -122,6 +128,10 @@ def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir]:
     except SpecError as exc:
         text = str(exc)
         raise UpError(text if str(args.pool) in text else f"{args.pool}: {text}") from None
+    try:  # a local vLLM runs on this machine's device: its limits are known here
+        check_vllm_engine(pool.spec, device=local_device())
+    except SpecError as exc:
+        raise UpError(f"{args.pool}: spec.{exc}") from None
     command = engine_command(pool.spec)
     if shutil.which(command[0]) is None:
         raise UpError(f"engine.kind {pool.spec.engine.kind} needs `{command[0]}` on PATH "

@@ -36,7 +36,6 @@ def _bad_pool(tmp_path, text):
         (["/no/such/pool.yaml"], "cannot read"),
         ([f"{EXAMPLES}/local-sim.yaml", "--port", "70000"], "out of range"),
         ([f"{EXAMPLES}/local-sim.yaml", "--port", "x"], "invalid int value"),
-        ([f"{EXAMPLES}/vllm-unified.yaml"], "needs a Python with `vllm` installed"),
         ([f"{EXAMPLES}/local-sim.yaml", "--restart-backoff", "0"], "--restart-backoff must be"),
     ],
 )
@@ -72,3 +71,23 @@ def test_port_in_use(busy_port, tmp_path):
                "--state-dir", str(tmp_path / "s"))
     assert proc.returncode == 2
     assert f"port {busy_port} on 127.0.0.1 is in use" in proc.stderr
+
+
+def test_a_vllm_pool_needs_a_python_with_vllm(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVFLEET_VLLM_PYTHON", raising=False)
+    pool = _bad_pool(tmp_path, (Path(EXAMPLES) / "vllm-unified.yaml").read_text()
+                     .replace("blockSize: 16", "blockSize: 32"))  # fmt: skip
+    proc = _up(pool, "--state-dir", str(tmp_path / "s"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "needs a Python with `vllm` installed" in lines[0]
+    assert "KVFLEET_VLLM_PYTHON" in lines[0]
+
+
+def test_a_vllm_pool_with_a_block_size_the_cpu_backend_cannot_use(tmp_path):
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("this machine has a GPU: vLLM would not run on its CPU backend")
+    proc = _up(f"{EXAMPLES}/vllm-unified.yaml", "--state-dir", str(tmp_path / "s"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "spec.engine.blockSize: 16 cannot run on vLLM's CPU backend" in lines[0]
