@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvfleet_operator.vllm_compat import VLLM_IMAGE
+
 # kvfleet's own image (router and builtin engine). Pinned to this release; not published yet.
 KVFLEET_IMAGE = "ghcr.io/kvfleet/kvfleet:0.1.0"
-# vLLM pods without `engine.image` run this one (the image the examples name).
-VLLM_IMAGE = "vllm/vllm-openai:v0.8.5"
+# vLLM pods without `engine.image` run VLLM_IMAGE: the release engine_args renders flags for
+# (vllm_compat), so the image and the flag list change together.
+__all__ = ["KVFLEET_IMAGE", "VLLM_IMAGE"]
 
 OPERATOR_NAMESPACE = "kvfleet-system"
 OPERATOR_POD_LABELS = {"app.kubernetes.io/name": "kvfleet-operator"}
