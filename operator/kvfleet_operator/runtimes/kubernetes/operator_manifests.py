@@ -36,6 +36,9 @@ RBAC_RULES: list[tuple[str, str, tuple[str, ...], str]] = [
     ("", "pods", ("list", "patch", "delete"),
      "observe replicas; drain and deletion-cost annotations; remove a victim the "
      "ReplicaSet kept"),
+    ("", "pods/status", ("patch",),
+     "open the `kvfleet.io/routed` readiness gate once a pod is routed (and, in a rollout, "
+     "the pod it replaces drained)"),
     ("", "events", ("create",), "Events on the pools (kvfleet's and kopf's)"),
     ("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"),
      "kopf notices the InferencePool CRD appear or change"),

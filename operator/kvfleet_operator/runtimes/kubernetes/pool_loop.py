@@ -111,9 +111,10 @@ async def run_pool(
             if store is None:
                 store = PoolStatusStore(client, pool, body, events)
             store.pool = pool
-            runtime = KubeReplicaRuntime(client, pool, image=config.image,
-                                         options=config.options, events=events)  # fmt: skip
             tick_s = min(float(pool.spec.autoscaling.interval_seconds), config.max_tick_s)
+            runtime = KubeReplicaRuntime(client, pool, image=config.image,
+                                         options=config.options, events=events,
+                                         list_max_age_s=min(config.list_cache_s, tick_s / 2))
             series = metrics.for_pool(pool) if metrics is not None else None
             loop = ControlLoop(
                 pool, runtime=runtime,

@@ -63,7 +63,7 @@ from .pods import (
 class KubeReplicaRuntime:
     def __init__(
         self, client: KubeClient, pool: InferencePool, *, image: str, options: BuildOptions,
-        events: EventSink, clock: Callable[[], float] = time.time,
+        events: EventSink, clock: Callable[[], float] = time.time, list_max_age_s: float = 0.0,
     ) -> None:  # fmt: skip
         self.client = client
         self.pool = pool
@@ -71,6 +71,8 @@ class KubeReplicaRuntime:
         self.options = options
         self.events = events
         self.clock = clock
+        self.list_max_age_s = list_max_age_s  # > 0: lists shared with every pool's loop
+        self._wrote = True  # since the last list: then list afresh, to see our own change
         self.counts: dict[str, int | None] = {}  # each Deployment's spec.replicas (None: none)
         self._replicas: list[KubeReplica] = []
         self._pods: dict[str, dict[str, Any]] = {}
@@ -83,11 +85,15 @@ class KubeReplicaRuntime:
 
     async def supervise(self) -> None:
         pool, ns = self.pool, self.pool.namespace
+        max_age_s = 0.0 if self._wrote else self.list_max_age_s
+        self._wrote = False
         deployments = await self.client.list(collection_path("apps/v1", "Deployment", ns),
-                                             meta.selector(pool, meta.ENGINE))  # fmt: skip
+                                             meta.selector(pool, meta.ENGINE),
+                                             max_age_s)  # fmt: skip
         by_name = {d["metadata"]["name"]: d for d in deployments}
         pods = await self.client.list(collection_path("v1", "Pod", ns),
-                                      meta.selector(pool, meta.ENGINE))  # fmt: skip
+                                      meta.selector(pool, meta.ENGINE),
+                                      max_age_s)  # fmt: skip
         now = self.clock()
         self._pods = {p["metadata"]["name"]: p for p in pods}
         replicas: list[KubeReplica] = []
@@ -112,7 +118,8 @@ class KubeReplicaRuntime:
             self.router_urls = router_urls(pods, ROUTER_PORT)
         else:
             routers = await self.client.list(collection_path("v1", "Pod", ns),
-                                             meta.selector(pool, meta.ROUTER))  # fmt: skip
+                                             meta.selector(pool, meta.ROUTER),
+                                             max_age_s)  # fmt: skip
             self.router_urls = router_urls(routers, ROUTER_PORT)
         await self._check_victims(now)
 
@@ -134,6 +141,7 @@ class KubeReplicaRuntime:
 
     async def _open_gate(self, name: str) -> None:
         """The pod is routed (and whatever it replaces drained): let it turn Ready."""
+        self._wrote = True
         path = object_path("v1", "Pod", self.pool.namespace, name) + "/status"
         condition = {"type": ROUTED_GATE, "status": "True",
                      "lastTransitionTime": _stamp(self.clock())}  # fmt: skip
@@ -149,6 +157,7 @@ class KubeReplicaRuntime:
     # --- changing -------------------------------------------------------------------------
 
     async def _apply_count(self, role: str, count: int) -> None:
+        self._wrote = True
         count = max(0, count)
         if role in self.pool.spec.topology.roles():
             await self.client.apply(build_engine_deployment(self.pool, role, count, self.image,
@@ -170,6 +179,7 @@ class KubeReplicaRuntime:
                   f"scale {meta.engine_name(self.pool, plan.role)} to {count}")
 
     async def _annotate(self, name: str, annotations: dict[str, str | None]) -> None:
+        self._wrote = True
         path = object_path("v1", "Pod", self.pool.namespace, name)
         await self.client.merge_patch(path, {"metadata": {"annotations": annotations}})
 
@@ -221,6 +231,7 @@ class KubeReplicaRuntime:
                 self._say(ev.EventReason.REPLICA_STOPPING,
                           f"the ReplicaSet kept victim {name}; deleting it", is_warning=True)
                 self._reported.add(name)
+            self._wrote = True
             try:
                 await self.client.request("DELETE", object_path("v1", "Pod",
                                           self.pool.namespace, name))  # fmt: skip

@@ -1,0 +1,217 @@
+"""How the operator scales: N InferencePools against kmock, `kvfleet operator run` in its own
+process, time until every pool's children exist, and the operator's peak RSS.
+
+    .venv/bin/python bench/operator_scale.py --pools 1000 --json bench/results/operator_scale.json
+
+kmock (0.8, with the test shim that fills its gaps: tests/kubernetes/kmock_shim.py) runs in
+this process; the operator is the real console command (`kvfleet operator run
+--all-namespaces`) with a kubeconfig pointing at it, exactly as tests/kubernetes runs it.
+The pools (examples/vllm-unified.yaml, renamed) are created through the API as fast as the
+mock takes them; the clock starts with the first create and stops when every pool has all
+its children (2 Secrets, a ConfigMap, a NetworkPolicy, 2 Services, 2 PDBs, 2 Deployments).
+Then the run holds `--hold` seconds to measure what the idle operator costs the API server
+(requests per second). Peak RSS is the operator process's VmHWM from /proc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "kubernetes"))
+import kmock  # noqa: E402
+from kmock_shim import KubeShim  # noqa: E402
+
+NS = "bench"
+
+
+class BenchShim(KubeShim):
+    """The shim without kmock's request history: kmock matches every request against every
+    request it has ever seen (its assertion DSL), which is quadratic and, at tens of
+    thousands of requests, would measure the mock, not the operator. Each request leaves the
+    history once served; `num_served` counts them."""
+
+    num_served = 0
+
+    async def _handle(self, request: kmock.Request) -> Any:
+        try:
+            return await super()._handle(request)
+        finally:
+            self._requests.remove(request)
+            type(self).num_served += 1
+
+POOL_PATH = f"/apis/kvfleet.io/v1alpha1/namespaces/{NS}/inferencepools"
+CHILDREN = {  # per pool
+    "v1/secrets": 2, "v1/configmaps": 1, "networking.k8s.io/v1/networkpolicies": 1,
+    "v1/services": 2, "policy/v1/poddisruptionbudgets": 2, "apps/v1/deployments": 2,
+}  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pool_body(i: int) -> dict[str, Any]:
+    data = yaml.safe_load((REPO / "examples" / "vllm-unified.yaml").read_text())
+    data = copy.deepcopy(data)
+    data["metadata"] = {"name": f"pool-{i:04d}", "namespace": NS}
+    return data
+
+
+def vm_hwm_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def count_children(shim: KubeShim, num_pools: int) -> int:
+    """How many pools have every child (counted per kind, by the pool label)."""
+    per_pool: Counter[str] = Counter()
+    for resource, each in CHILDREN.items():
+        owners = Counter(o.raw.get("metadata", {}).get("labels", {}).get("kvfleet.io/pool")
+                         for (r, _, _), o in shim.objects.items()
+                         if str(r.plural) == resource.rsplit("/", 1)[1] and not o.deleted)
+        for pool, n in owners.items():
+            if pool and n >= each:
+                per_pool[pool] += 1
+    return sum(1 for n in per_pool.values() if n == len(CHILDREN))
+
+
+def num_requests(shim: KubeShim) -> int:
+    return BenchShim.num_served
+
+
+async def create_pools(url: str, num_pools: int, concurrency: int) -> None:
+    import aiohttp
+
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(num_pools):
+        queue.put_nowait(i)
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        while not queue.empty():
+            i = queue.get_nowait()
+            async with http.post(url + POOL_PATH, json=pool_body(i)) as resp:
+                assert resp.status < 300, await resp.text()
+
+    async with aiohttp.ClientSession() as http:
+        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    async with BenchShim() as shim, kmock.Server(shim) as server:
+        shim.declare()
+        url = str(server.url).rstrip("/")
+        with tempfile.TemporaryDirectory() as tmp:
+            config = {
+                "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+                "clusters": [{"name": "kmock", "cluster": {"server": url}}],
+                "users": [{"name": "me", "user": {"token": "not-checked"}}],
+                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "me"}}],
+            }  # fmt: skip
+            (Path(tmp) / "kubeconfig").write_text(yaml.safe_dump(config))
+            env = {**os.environ, "KUBECONFIG": str(Path(tmp) / "kubeconfig"), "HOME": tmp}
+            profile = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []
+            cmd = [sys.executable, *profile, "-m", "kvfleet_operator.cli", "operator", "run",
+                   "--all-namespaces", "--liveness", f"http://127.0.0.1:{free_port()}/healthz",
+                   *(["--max-tick", str(args.max_tick)] if args.max_tick else [])]
+            log = open(Path(tmp) / "operator.log", "wb")  # noqa: SIM115
+            operator = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                await asyncio.sleep(args.settle)  # kopf starts and watches (nothing to do yet)
+                rss_idle = vm_hwm_mb(operator.pid)
+                started = time.monotonic()
+                await create_pools(url, args.pools, args.concurrency)
+                created_s = time.monotonic() - started
+                done, done_s = 0, None
+                while time.monotonic() - started < args.timeout:
+                    done = count_children(shim, args.pools)
+                    if done >= args.pools:
+                        done_s = time.monotonic() - started
+                        break
+                    if operator.poll() is not None:
+                        break
+                    if args.verbose:
+                        kinds = Counter(str(r.plural) for (r, _, _), o in shim.objects.items()
+                                        if not o.deleted)
+                        print(f"{time.monotonic() - started:.1f}s {done} pools done {dict(kinds)}",
+                              file=sys.stderr)
+                    await asyncio.sleep(0.5)
+                before, t0 = num_requests(shim), time.monotonic()
+                await asyncio.sleep(args.hold)
+                idle_rps = (num_requests(shim) - before) / (time.monotonic() - t0)
+                rss_peak = vm_hwm_mb(operator.pid)
+            finally:
+                if operator.poll() is None:
+                    operator.send_signal(signal.SIGTERM)
+                    try:
+                        operator.wait(60)
+                    except subprocess.TimeoutExpired:
+                        operator.kill()
+                log.close()
+                text = (Path(tmp) / "operator.log").read_text(errors="replace")
+                if args.verbose:
+                    print(text[-4000:], file=sys.stderr)
+            num_tracebacks = text.count("Traceback")
+    return {
+        "num_pools": args.pools,
+        "seconds_to_all_children": None if done_s is None else round(done_s, 1),
+        "seconds_to_create_pools": round(created_s, 1),
+        "num_pools_with_all_children": done,
+        "operator_peak_rss_mb": round(rss_peak, 1),
+        "operator_idle_rss_mb_before_pools": round(rss_idle, 1),
+        "idle_api_requests_per_s": round(idle_rps, 1),
+        "hold_s": args.hold,
+        "max_tick_s": args.max_tick,
+        "operator_tracebacks": num_tracebacks,
+        "targets": {"seconds_to_all_children": 60, "operator_peak_rss_mb": 300},
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                                 capture_output=True, text=True).stdout.strip(),  # fmt: skip
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared)",
+        "command": "python bench/operator_scale.py " + " ".join(sys.argv[1:]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pools", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=20, help="pool creates in flight")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--hold", type=float, default=20.0, help="idle seconds measured after")
+    parser.add_argument("--settle", type=float, default=3.0)
+    parser.add_argument("--max-tick", type=float, default=None, help="operator --max-tick")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--profile", type=Path, default=None, help="cProfile the operator")
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    ok = result["num_pools_with_all_children"] == args.pools
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
