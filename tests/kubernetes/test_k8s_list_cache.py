@@ -1,0 +1,41 @@
+"""The pools' loops share one list per collection (`KubeClient.list(max_age_s=...)`), and a
+loop that wrote lists afresh, so it always sees its own change."""
+
+from __future__ import annotations
+
+from kmock_shim import api
+from kvfleet_operator.api import parse_pool
+from kvfleet_operator.runtimes.kubernetes.event_sink import KubeEventSink
+from kvfleet_operator.runtimes.kubernetes.options import BuildOptions
+from kvfleet_operator.runtimes.kubernetes.pool_children import apply_pool
+from kvfleet_operator.runtimes.kubernetes.replica_runtime import KubeReplicaRuntime
+from test_k8s_loop_ports import DEPLOYMENT, Kubelet
+from test_k8s_operator_kmock import NAME, NS, POOL_PATH, POOLS, pool_manifest
+
+
+def pod_lists(cluster) -> int:
+    return len([r for r in cluster.sent("GET", f"/namespaces/{NS}/pods") if not r.name])
+
+
+async def test_loops_share_lists_and_see_their_own_writes(cluster, client):
+    await api(cluster, "POST", POOL_PATH, pool_manifest())
+    pool = parse_pool(cluster.obj(POOLS, NS, NAME))
+    await apply_pool(client, pool, image="img", options=BuildOptions())
+    await Kubelet(cluster, None).sync()
+    events = KubeEventSink(client, pool)
+    one, two = (KubeReplicaRuntime(client, pool, image="img", options=BuildOptions(),
+                                   events=events, list_max_age_s=60.0) for _ in range(2))
+    await one.supervise()  # a fresh runtime lists for itself (it may have written before)
+    await two.supervise()
+    await one.supervise()  # the first shared list
+    before = pod_lists(cluster)
+    await one.supervise()
+    await two.supervise()
+    assert pod_lists(cluster) == before  # both answered from one shared list
+    assert len(one.replicas()) == 2
+    victim = f"{DEPLOYMENT}-abc1"
+    await one.mark_draining(victim)
+    await one.supervise()  # it wrote: it lists afresh and sees its own annotation
+    assert pod_lists(cluster) > before
+    assert {r.name: r.state for r in one.replicas()}[victim] == "draining"
+    await events.aclose()
