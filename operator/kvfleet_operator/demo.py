@@ -21,7 +21,7 @@ from typing import Any
 
 from kvfleet_operator.api.errors import SpecError
 from kvfleet_operator.api.pool import load_pool
-from kvfleet_operator.runtimes.procs import die_with_parent
+from kvfleet_operator.runtimes.procs import die_with_parent, last_line
 
 QUESTION = "What is the capital of France? Answer in one sentence."
 READY_TIMEOUT_S = 600.0  # loading a real model on a busy 2-core machine takes a while
@@ -51,21 +51,13 @@ def _read_state(state_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _last_log_line(path: Path) -> str:
-    try:
-        lines = [line.strip() for line in path.read_text(errors="replace").splitlines()]
-    except OSError:
-        return "(no log)"
-    return next((line for line in reversed(lines) if line), "(empty log)")
-
-
 def _fail_if_crash_looping(state: dict[str, Any], state_dir: Path) -> None:
     """A process that keeps dying will not get better by waiting: say why, at once."""
     for rep in state.get("replicas", []):
         if rep.get("num_restarts", 0) >= MAX_RESTARTS_WHILE_WAITING and rep.get("state") != "ready":
             log = state_dir / "logs" / f"{rep['name']}.log"
             raise DemoError(f"{rep['name']} keeps exiting (code {rep.get('last_exit_code')}): "
-                            f"{_last_log_line(log)}")
+                            f"{last_line(log) or '(no log line)'}")
 
 
 def _wait_ready(up: subprocess.Popen, state_dir: Path, roles: list[str]) -> str:

@@ -53,14 +53,14 @@ def warning(reason: str, message: str) -> Event:
     return Event(WARNING, reason, message)
 
 
-class EventSinkLike(Protocol):
+class EventSink(Protocol):
     def emit(self, event: Event) -> None: ...
 
 
 class Fanout:
     """One sink that hands every event to several (the terminal, the metrics, ...)."""
 
-    def __init__(self, *sinks: EventSinkLike) -> None:
+    def __init__(self, *sinks: EventSink) -> None:
         self.sinks = sinks
 
     def emit(self, event: Event) -> None:

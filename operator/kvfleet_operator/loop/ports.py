@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.api.status import PoolStatus
-from kvfleet_operator.loop.events import Event
+from kvfleet_operator.loop.events import EventSink as EventSink  # a port, defined with Event
 from kvfleet_operator.loop.state import LoopState
 from kvfleet_operator.reconcile import RolePlan
 from kvfleet_operator.signals import Scrape
@@ -111,5 +111,3 @@ class StateStore(Protocol):
         besides (signals, router endpoints)."""
 
 
-class EventSink(Protocol):
-    def emit(self, event: Event) -> None: ...

@@ -8,10 +8,12 @@ sums the requests they hold (`kvfleet_router_queue_length`). Endpoints: kvfleet_
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
+from kvfleet_engine.contract import parse_text
 
 from kvfleet_operator.loop.ports import EndpointView, RouterControlError, RouterView
 
@@ -86,13 +88,9 @@ async def get_queue_length(session: aiohttp.ClientSession, base_url: str) -> int
             text = await r.text()
     except (TimeoutError, aiohttp.ClientError, OSError):
         return None
-    for line in text.splitlines():
-        if line.startswith(QUEUE_METRIC + " ") or line.startswith(QUEUE_METRIC + "{"):
-            try:
-                return int(float(line.rsplit(" ", 1)[1]))
-            except ValueError:
-                return None
-    return None
+    samples = parse_text(text, only=[QUEUE_METRIC]).samples  # the one /metrics reader
+    values = [x.value for x in samples if x.name == QUEUE_METRIC and math.isfinite(x.value)]
+    return int(values[0]) if values else None
 
 
 class HttpRouterControl:
