@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 from kvfleet_operator.runtimes import registry
-from kvfleet_operator.runtimes.procs import is_pid_alive
 from kvfleet_operator.runtimes.progress import render_status
-from kvfleet_operator.runtimes.state_dir import STATE_FILE, StateDir
+from kvfleet_operator.runtimes.state_dir import STATE_FILE, StateDir, running_pid
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,9 +27,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _is_running(state_dir: Path) -> bool:
-    state = StateDir(state_dir).read_state() or {}
-    pid = state.get("pid")
-    return isinstance(pid, int) and not state.get("is_stopped") and is_pid_alive(pid)
+    return running_pid(StateDir(state_dir).read_state()) is not None
 
 
 def known_fleets() -> list[registry.Entry]:

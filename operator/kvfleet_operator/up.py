@@ -42,7 +42,7 @@ from kvfleet_operator.runtimes.local_store import StateFileStore
 from kvfleet_operator.runtimes.metrics_sources import ScrapeMetrics
 from kvfleet_operator.runtimes.progress import summary_line
 from kvfleet_operator.runtimes.router_control import HttpRouterControl
-from kvfleet_operator.runtimes.state_dir import StateDir, default_state_dir
+from kvfleet_operator.runtimes.state_dir import StateDir, default_state_dir, running_pid
 from kvfleet_operator.vllm_compat import check_vllm_engine
 
 ROUTER_START_TIMEOUT_S = 60.0
@@ -151,10 +151,8 @@ def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir]:
     if args.metrics_port and not procs.can_bind(args.metrics_port, HOST):
         raise UpError(f"port {args.metrics_port} on {HOST} is in use")
     state_dir = StateDir(args.state_dir or default_state_dir(pool.name))
-    previous = state_dir.read_state()
-    pid = previous.get("pid") if previous else None
-    if previous and not previous.get("is_stopped") and isinstance(pid, int) \
-            and pid != os.getpid() and procs.is_pid_alive(pid):
+    pid = running_pid(state_dir.read_state())
+    if pid is not None and pid != os.getpid():
         raise UpError(f"a fleet is already running from {state_dir.path} (pid {pid})")
     try:
         state_dir.create()

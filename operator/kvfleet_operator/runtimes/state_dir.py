@@ -77,3 +77,13 @@ class StateDir:
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
+
+
+def running_pid(state: dict[str, Any] | None) -> int | None:
+    """The pid of the `kvfleet up` that wrote `state`, if it still runs and has not stopped."""
+    from kvfleet_operator.runtimes.procs import is_pid_alive
+
+    pid = (state or {}).get("pid")
+    if not isinstance(pid, int) or (state or {}).get("is_stopped") or not is_pid_alive(pid):
+        return None
+    return pid
