@@ -1,0 +1,49 @@
+"""Render charts/kvfleet offline with helm-python-sdk (Helm v4's own Go SDK; no binary)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import yaml
+
+ROOT = Path(__file__).parents[2]
+CHART = ROOT / "charts" / "kvfleet"
+RELEASE = "kvfleet"
+NAMESPACE = "kvfleet-system"  # options.OPERATOR_NAMESPACE: the chart refuses any other
+EXAMPLE_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+# Every values set the tests render: the defaults, and each example values file.
+VALUE_SETS: dict[str, dict[str, Any] | None] = {
+    "default": None,
+    **{p.stem: yaml.safe_load(p.read_text()) for p in EXAMPLE_VALUES},
+}
+
+
+def render_raw(values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> dict[str, str]:
+    """Template path -> rendered text (NOTES.txt included)."""
+    with helm.Chart.load(CHART) as chart:
+        return chart.render(values, name=RELEASE, namespace=namespace)
+
+
+def manifests(values: dict[str, Any] | None = None, namespace: str = NAMESPACE) -> list[dict]:
+    """Every rendered object (not the CRDs: Helm installs crds/ apart from templates)."""
+    out: list[dict] = []
+    for path, text in sorted(render_raw(values, namespace).items()):
+        if path.endswith(".yaml"):
+            out += [doc for doc in yaml.safe_load_all(text) if doc]
+    return out
+
+
+def of_kind(objs: list[dict], kind: str) -> list[dict]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[dict], kind: str) -> dict:
+    [found] = of_kind(objs, kind)
+    return found
+
+
+def crd_documents() -> list[dict]:
+    return [doc for p in sorted((CHART / "crds").glob("*.yaml"))
+            for doc in yaml.safe_load_all(p.read_text()) if doc]  # fmt: skip
