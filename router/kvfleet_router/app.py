@@ -14,12 +14,16 @@ Each piece gets only what it uses:
 - AdminAPI (store, token), OpenAIFront and StatusFront (front.py): the HTTP handlers.
 Background tasks probe /health, scrape /metrics and (for precise endpoints) follow
 /v1/kv_events, all over the forwarder's session.
+With `epp` options, the same core, dispatcher and feedback also serve the gRPC ext_proc
+front (epp/: a Gateway API Inference Extension Endpoint Picker), started and stopped
+with the app; its readiness follows the config (ready once it names an endpoint).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from aiohttp import web
 
@@ -28,6 +32,7 @@ from kvfleet_router.admin import AdminAPI
 from kvfleet_router.config import MAX_BODY_BYTES_CEILING, RouterConfig
 from kvfleet_router.config_store import ConfigStore
 from kvfleet_router.dispatch import Dispatcher
+from kvfleet_router.epp.options import EppOptions
 from kvfleet_router.errors import json_errors
 from kvfleet_router.feedback import HealthFeedback
 from kvfleet_router.front import OpenAIFront, StatusFront
@@ -40,13 +45,17 @@ from kvfleet_router.wait_queue import WaitQueue
 
 
 class RouterApp:
-    def __init__(self, cfg: RouterConfig, admin_token: str | None = None) -> None:
+    def __init__(self, cfg: RouterConfig, admin_token: str | None = None,
+                 epp: EppOptions | None = None) -> None:
         core = self.core = RouterCore(cfg)
         queue = self.queue = WaitQueue(cfg.queue.max_size)
         metrics = self.metrics = RouterMetrics(lambda: core, lambda: len(queue))
         forwarder = self.forwarder = Forwarder(cfg.timeouts)
         feedback = HealthFeedback(metrics, lambda: core.cfg)
         dispatcher = Dispatcher(core, queue, metrics, forwarder, feedback)
+        self._dispatcher, self._feedback, self.epp_options = dispatcher, feedback, epp
+        self.epp_server: Any = None  # an epp.server.EppServer once started
+        self.epp_port = 0
         disaggregator = Disaggregator(core, dispatcher, forwarder, feedback, metrics)
         self.store = ConfigStore(core)
         self.store.on_apply(lambda c: forwarder.set_timeouts(c.timeouts))
@@ -81,6 +90,24 @@ class RouterApp:
         self._followers = KVEventFollowers(session, self.core.precise)
         self._followers.sync(eps())
         self.store.on_apply(self._sync_followers)
+        if self.epp_options is not None:
+            await self._start_epp(self.epp_options)
+
+    async def _start_epp(self, opts: EppOptions) -> None:
+        from kvfleet_router.epp.exchange import Picker
+        from kvfleet_router.epp.server import EppServer
+
+        server = EppServer(Picker(self.core, self._dispatcher, self._feedback, opts), opts)
+        self.epp_port = await server.start()
+        self.epp_server = server
+
+        def follow(cfg: RouterConfig) -> None:
+            task = asyncio.get_running_loop().create_task(
+                server.set_ready(bool(cfg.endpoints)))
+            self._tasks = [t for t in self._tasks if not t.done()] + [task]
+
+        follow(self.core.cfg)
+        self.store.on_apply(follow)
 
     async def _cleanup(self, _: web.Application) -> None:
         tasks = self._tasks + (self._followers.tasks() if self._followers else [])
@@ -89,6 +116,8 @@ class RouterApp:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.epp_server is not None:
+            await self.epp_server.stop()
         await self.forwarder.close()
 
     def build(self) -> web.Application:

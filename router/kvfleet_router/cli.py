@@ -2,6 +2,13 @@
 
 The config file (see config.py) may list static endpoints; without --config the router
 starts empty (version 0) and waits for the operator's first push to /admin/config.
+
+`--epp-port P` also serves the same routing core as a Gateway API Inference Extension
+Endpoint Picker (Envoy ext_proc over gRPC, TLS with a self-signed certificate unless
+--epp-cert-file/--epp-key-file or --epp-insecure) on P. The HTTP port keeps /admin,
+/health and /metrics (and the OpenAI API), so the operator programs a picker exactly as
+it programs a router. It needs the `epp` extra (grpcio, grpcio-health-checking,
+xds-protos, cryptography).
 The admin token comes from --admin-token-file, else from $KVFLEET_ADMIN_TOKEN; without
 either, /admin answers 401 to everyone. A bad config or flag is one line and exit code 2.
 """
@@ -15,6 +22,7 @@ import os
 import sys
 
 from kvfleet_router.config import ConfigError, RouterConfig, load_file
+from kvfleet_router.epp.options import EppOptions
 
 TOKEN_ENV = "KVFLEET_ADMIN_TOKEN"
 
@@ -35,7 +43,38 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    f"(default: ${TOKEN_ENV})")
     p.add_argument("--log-level", default="warning",
                    choices=["debug", "info", "warning", "error"])
+    g = p.add_argument_group("endpoint picker (GIE ext_proc front)")
+    g.add_argument("--epp-port", type=int, help="serve ext_proc gRPC on this port")
+    g.add_argument("--epp-host", help="address for --epp-port (default: --host)")
+    g.add_argument("--epp-cert-file", help="TLS certificate PEM (default: self-signed)")
+    g.add_argument("--epp-key-file", help="TLS private key PEM, with --epp-cert-file")
+    g.add_argument("--epp-insecure", action="store_true",
+                   help="plaintext gRPC (tests, or a mesh that adds mTLS itself)")
+    g.add_argument("--epp-fallbacks", type=int, default=0,
+                   help="ordered fallback endpoints after the primary (default 0; the "
+                   "gateway must honour a list, e.g. Envoy's override_host policy)")
     return p.parse_args(argv)
+
+
+def epp_options(args: argparse.Namespace) -> EppOptions | None:
+    if args.epp_port is None:
+        for flag in ("epp_host", "epp_cert_file", "epp_key_file"):
+            if getattr(args, flag):
+                raise ConfigError(f"--{flag.replace('_', '-')} needs --epp-port")
+        return None
+    try:
+        opts = EppOptions(args.epp_port, args.epp_host or args.host, args.epp_cert_file,
+                          args.epp_key_file, args.epp_insecure, args.epp_fallbacks)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        import grpc  # noqa: F401
+        from envoy.service.ext_proc.v3 import external_processor_pb2  # noqa: F401
+        from grpc_health.v1 import health  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(f"--epp-port needs the `epp` extra (pip install 'kvfleet[epp]'): "
+                          f"{exc}") from None
+    return opts
 
 
 def read_token(path: str | None) -> str | None:
@@ -78,6 +117,7 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load_file(args.config) if args.config else RouterConfig()
         token = read_token(args.admin_token_file)
+        epp = epp_options(args)
     except ConfigError as exc:
         print(f"kvfleet router: {exc}", file=sys.stderr)
         return 2
@@ -98,12 +138,18 @@ def main(argv: list[str]) -> int:
         print(f"kvfleet router listening on http://{args.host}:{args.port} "
               f"(policy {cfg.policy.name}, {len(cfg.endpoints)} endpoint(s), "
               f"config version {cfg.version}; {admin})", flush=True)
+        if epp is not None:
+            tls = "plaintext" if epp.is_insecure else \
+                "TLS" if epp.cert_file else "TLS, self-signed"
+            print(f"kvfleet endpoint picker (ext_proc) on {epp.host}:{epp.port} ({tls}, "
+                  f"{epp.num_fallbacks} fallback(s))", flush=True)
 
     try:
-        loop.run_until_complete(serve(RouterApp(cfg, token).build(), args.host, args.port,
-                                      say_listening))
+        loop.run_until_complete(serve(RouterApp(cfg, token, epp).build(), args.host,
+                                      args.port, say_listening))
     except OSError as exc:
-        print(f"kvfleet router: cannot listen on {args.host}:{args.port}: {exc.strerror}",
-              file=sys.stderr)
+        why = f"cannot listen on {args.host}:{args.port}: {exc.strerror}" if exc.strerror \
+            else str(exc)
+        print(f"kvfleet router: {why}", file=sys.stderr)
         return 1
     return 0

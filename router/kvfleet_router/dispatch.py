@@ -46,10 +46,10 @@ class Dispatcher:
         self._request_counters: dict[tuple[str, str], object] = {}
 
     def try_route(self, info: RequestInfo, role: str, policy: str | None,
-                  exclude: frozenset[str]) -> Routed:
+                  exclude: frozenset[str], allowed: frozenset[str] | None = None) -> Routed:
         core, metrics = self.core, self.metrics
         t0 = time.perf_counter()
-        routed = core.route(info, role, time.monotonic(), policy, exclude)
+        routed = core.route(info, role, time.monotonic(), policy, exclude, allowed)
         e = routed.decision.endpoint
         if e is not None:
             core.start(routed)
@@ -75,12 +75,13 @@ class Dispatcher:
             headers={"Retry-After": str(cfg.queue.retry_after_s)}))
 
     async def acquire(self, info: RequestInfo, role: str, policy: str | None,
-                      exclude: frozenset[str]) -> Routed:
-        """Route now, or wait in the bounded priority queue; raises Rejected."""
+                      exclude: frozenset[str], allowed: frozenset[str] | None = None) -> Routed:
+        """Route now, or wait in the bounded priority queue; raises Rejected. `allowed`
+        narrows the candidates (RouterCore.route); the HTTP front never sets it."""
         queue, qcfg = self.queue, self.core.cfg.queue
         reason = "saturated"
         if len(queue) == 0 or exclude:  # never overtake requests already waiting
-            routed = self.try_route(info, role, policy, exclude)
+            routed = self.try_route(info, role, policy, exclude, allowed)
             if routed.decision.endpoint is not None:
                 return routed
             reason = routed.decision.reason
@@ -108,7 +109,7 @@ class Dispatcher:
                 if fut.done():
                     fut = queue.rearm(fut)
                 if queue.is_head(fut):
-                    routed = self.try_route(info, role, policy, exclude)
+                    routed = self.try_route(info, role, policy, exclude, allowed)
                     if routed.decision.endpoint is not None:
                         return routed
                     reason = routed.decision.reason

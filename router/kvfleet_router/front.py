@@ -1,9 +1,10 @@
 """The client-facing HTTP handlers: the OpenAI API (completions, chat, models), /health and
 /metrics. Built from what they use; the wiring into an aiohttp app is in app.py.
 
-A completion is parsed once (no tokenizer), checked (body size, policy override, model),
-then handed to the P/D orchestrator when the pool has decode endpoints, else to the
-dispatcher as a unified request.
+A completion is read within the body limits, admitted (admission.py: parsed once, no
+tokenizer; policy override and model checked, as the ext_proc front does too), then handed
+to the P/D orchestrator when the pool has decode endpoints, else to the dispatcher as a
+unified request.
 """
 
 from __future__ import annotations
@@ -17,14 +18,13 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from kvfleet_engine.contract.http_limits import UploadSlots
 
+from kvfleet_router.admission import admit
 from kvfleet_router.config import LimitsConfig
 from kvfleet_router.dispatch import Dispatcher
 from kvfleet_router.errors import RequestError, error_response
 from kvfleet_router.metrics import RouterMetrics
 from kvfleet_router.pd import Disaggregator
-from kvfleet_router.policies.policy import POLICIES
 from kvfleet_router.proxy import Forwarder
-from kvfleet_router.request_info import parse_request
 from kvfleet_router.router_core import RouterCore
 
 log = logging.getLogger(__name__)
@@ -85,26 +85,11 @@ class OpenAIFront:
         self.uploads = UploadSlots(core.cfg.limits.max_uploads_per_client)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        cfg = self.core.cfg
-        raw = await read_body(request, cfg.limits, self.uploads)
-        info = parse_request(raw, request.path, request.headers, cfg.session.header,
-                             cfg.session.use_user_field)
-        policy = None
-        if cfg.policy.allow_override:
-            policy = request.headers.get(cfg.policy.override_header) or None
-            if policy is not None and policy not in POLICIES:
-                raise RequestError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}",
-                                   param=cfg.policy.override_header)
-        if info.model and self._is_unknown_model(info.model):
-            raise RequestError(f"The model `{info.model}` does not exist.", param="model",
-                               status=404, code="model_not_found")
+        raw = await read_body(request, self.core.cfg.limits, self.uploads)
+        info, policy = admit(self.core, raw, request.path, request.headers)
         if self.core.has_role("decode"):
             return await self.disaggregator.serve(request, raw, info, policy)
         return await self.dispatcher.serve(request, raw, info, "unified", policy)
-
-    def _is_unknown_model(self, model: str) -> bool:
-        eps = self.core.registry.endpoints
-        return bool(eps) and all(e.models and model not in e.models for e in eps)
 
     async def models(self, request: web.Request) -> web.Response:
         session = self.forwarder.session

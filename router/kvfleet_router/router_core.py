@@ -103,12 +103,16 @@ class RouterCore:
         return out
 
     def route(self, info: RequestInfo, role: str, now: float, policy_name: str | None = None,
-              exclude: frozenset[str] = frozenset()) -> Routed:
+              exclude: frozenset[str] = frozenset(),
+              allowed: frozenset[str] | None = None) -> Routed:
+        """`exclude`: endpoints already tried; `allowed`: only these may serve (a gateway's
+        subset hint), None for any."""
         name = policy_name or self.cfg.policy.name
         policy = self.policies[name]
         endpoints = self.registry.endpoints
-        if exclude:
-            endpoints = [e for e in endpoints if e.name not in exclude]
+        if exclude or allowed is not None:
+            endpoints = [e for e in endpoints if e.name not in exclude and
+                         (allowed is None or e.name in allowed)]
         hashes = self.approx.hash_bytes(prompt_bytes(info))
         ctx = RouteContext(request=info, role=role, now=now, rng=self.rng,
                            num_prompt_tokens=info.estimated_prompt_tokens(
