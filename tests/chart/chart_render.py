@@ -47,3 +47,24 @@ def one(objs: list[dict], kind: str) -> dict:
 def crd_documents() -> list[dict]:
     return [doc for p in sorted((CHART / "crds").glob("*.yaml"))
             for doc in yaml.safe_load_all(p.read_text()) if doc]  # fmt: skip
+
+
+EXAMPLE_POOLS = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+def pool_children() -> dict[str, list[dict]]:
+    """The operator's children of every example pool, and of each with its router as a
+    sidecar (`routing.placement: sidecar`, where the engine port is `engine`)."""
+    from kvfleet_operator.api import parse_pool
+    from kvfleet_operator.runtimes.kubernetes import Tokens, build_children
+
+    tokens = Tokens(admin="admin-token", engine="engine-token")
+    out = {}
+    for path in EXAMPLE_POOLS:
+        data = yaml.safe_load(path.read_text())
+        for placement in ("deployment", "sidecar"):
+            data["spec"].setdefault("routing", {})["placement"] = placement
+            pool = parse_pool(data)
+            pool.uid = "00000000-0000-0000-0000-000000000001"
+            out[f"{path.stem}-{placement}"] = build_children(pool, tokens=tokens)
+    return out

@@ -56,6 +56,7 @@ def test_the_crds_validate(version):
 
 def test_a_broken_object_is_caught():
     deployment = next(o for o in manifests() if o["kind"] == "Deployment")
-    deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFS"] = True
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["securityContext"]["readOnlyRootFS"] = True
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(deployment, VERSIONS[0], strict=True)
