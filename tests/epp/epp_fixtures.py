@@ -30,6 +30,8 @@ from helpers.procs import ProcessGroup, ServerProcess, free_port, kvfleet_argv
 from router_fixtures import ADMIN_TOKEN, write_config
 
 EPP_ENV = {"OMP_NUM_THREADS": "1"}
+TEST_SERVED = "x-kvfleet-test-served"  # response header: the upstream Envoy reached
+TEST_PICKED = "x-kvfleet-test-picked"  # response header: the request's pick header
 
 
 def envoy_binary() -> str | None:
@@ -137,7 +139,11 @@ def envoy_config(listen_port: int, admin_port: int, epp_port: int,
                         # what the picker reads back: who actually served
                         "response_headers_to_add": [{"header": {
                             "key": "x-gateway-destination-endpoint-served",
-                            "value": "%UPSTREAM_REMOTE_ADDRESS%"}}]}]}]},
+                            "value": "%UPSTREAM_REMOTE_ADDRESS%"}}, {"header": {
+                            # the same, for the tests' eyes (the picker strips the first)
+                            "key": TEST_SERVED, "value": "%UPSTREAM_REMOTE_ADDRESS%"}},
+                            {"header": {"key": TEST_PICKED,  # the pick as Envoy applied it
+                                        "value": "%REQ(x-gateway-destination-endpoint)%"}}]}]}]},
         "http_filters": [
             {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
             {"name": "envoy.filters.http.router", "typed_config": {
