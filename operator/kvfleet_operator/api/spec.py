@@ -23,6 +23,8 @@ ROUTING_POLICIES = (
 )
 ROLES = ("unified", "prefill", "decode")
 ROUTER_PLACEMENTS = ("deployment", "sidecar")
+GATEWAY_KINDS = ("gie",)
+GATEWAY_FAILURE_MODES = ("FailClose", "FailOpen")  # GIE endpointPickerRef.failureMode
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SOURCE_SCHEMES = ("builtin", "hf", "pvc", "s3", "gs", "file")
 SOURCE_PATTERN = r"^(builtin|hf|pvc|s3|gs)://[^\s]+$|^file:///[^\s]*$"
@@ -209,6 +211,16 @@ class ImbalanceSpec:
 
 
 @dataclass(slots=True)
+class GatewaySpec:
+    """Serve the pool behind a Gateway API Inference Extension gateway: the operator adds a
+    GIE `inference.networking.k8s.io/v1` InferencePool over the engine pods and kvfleet's
+    endpoint picker (`kvfleet router --epp-port`) as its Deployment and Service."""
+
+    kind: str = spec_field("gie", enum=GATEWAY_KINDS)
+    failure_mode: str = spec_field("FailClose", enum=GATEWAY_FAILURE_MODES)
+
+
+@dataclass(slots=True)
 class RoutingSpec:
     policy: str = spec_field("cache-aware", enum=ROUTING_POLICIES)
     weights: WeightsSpec | None = spec_field(None)
@@ -217,6 +229,7 @@ class RoutingSpec:
     replicas: int = spec_field(1, minimum=1, maximum=32)
     pd_threshold_tokens: int = spec_field(128, minimum=0, maximum=1048576)
     placement: str = spec_field("deployment", enum=ROUTER_PLACEMENTS)
+    gateway: GatewaySpec | None = spec_field(None)
 
     def __post_init__(self) -> None:
         merged = self.effective_weights()
@@ -334,6 +347,9 @@ class PoolSpec:
             raise SpecError(
                 "autoscaling.scaleToZero.enabled", "needs some role with replicas.min: 0"
             )
+        if self.routing.gateway is not None and self.topology.unified is None:
+            raise SpecError("routing.gateway", "needs a unified topology: the endpoint picker "
+                            "does not run prefill/decode legs")
         # vLLM pools: flags that vLLM version rejects, block sizes a CPU build cannot use.
         from kvfleet_operator.vllm_compat import check_vllm_engine
 
