@@ -54,17 +54,28 @@ EXAMPLE_POOLS = sorted((ROOT / "examples").glob("*.yaml"))
 
 def pool_children() -> dict[str, list[dict]]:
     """The operator's children of every example pool, and of each with its router as a
-    sidecar (`routing.placement: sidecar`, where the engine port is `engine`)."""
-    from kvfleet_operator.api import parse_pool
+    sidecar (`routing.placement: sidecar`, where the engine port is `engine`) where the
+    pool allows that."""
+    from kvfleet_operator.api import SpecError, parse_pool
     from kvfleet_operator.runtimes.kubernetes import Tokens, build_children
 
     tokens = Tokens(admin="admin-token", engine="engine-token")
     out = {}
     for path in EXAMPLE_POOLS:
         data = yaml.safe_load(path.read_text())
-        for placement in ("deployment", "sidecar"):
-            data["spec"].setdefault("routing", {})["placement"] = placement
-            pool = parse_pool(data)
-            pool.uid = "00000000-0000-0000-0000-000000000001"
-            out[f"{path.stem}-{placement}"] = build_children(pool, tokens=tokens)
+        out[path.stem] = build_children(_pool(parse_pool, data), tokens=tokens)
+        if data["spec"].get("routing", {}).get("placement", "deployment") != "deployment":
+            continue
+        data["spec"].setdefault("routing", {})["placement"] = "sidecar"
+        try:
+            pool = _pool(parse_pool, data)
+        except SpecError:  # e.g. a pool behind a gateway: no sidecar variant
+            continue
+        out[f"{path.stem}-sidecar"] = build_children(pool, tokens=tokens)
     return out
+
+
+def _pool(parse_pool, data: dict):
+    pool = parse_pool(data)
+    pool.uid = "00000000-0000-0000-0000-000000000001"
+    return pool

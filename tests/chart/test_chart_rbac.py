@@ -56,7 +56,10 @@ def test_each_namespace_gets_exactly_the_operators_rules(name):
     namespaces = [ns for ns in granted if ns != "cluster"]
     assert namespaces
     for ns in namespaces:
-        assert sorted(granted["cluster"] + granted[ns]) == sorted(_expected()), ns
+        assert sorted(granted["cluster"] + granted[ns]) == sorted(_expected()), (
+            f"{ns}: the chart's rules differ from operator_manifests.RBAC_RULES; change "
+            "charts/kvfleet/templates/_rbac.tpl (cluster-scoped, namespaced or Secrets)"
+        )
 
 
 @pytest.mark.parametrize("name", sorted(RBAC_SETS))
