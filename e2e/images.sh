@@ -26,17 +26,17 @@
 # build and run (the default bridge network rewrites the host's iptables).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=e2e/lib.sh
+. e2e/lib.sh
 
 IMAGE=${KVFLEET_IMAGE:-ghcr.io/kvfleet/kvfleet:0.1.0}
 BASE_IMAGE=${KVFLEET_BASE_IMAGE:-localhost/kvfleet-base:bookworm}
 RUN_UID=1000  # operator/kvfleet_operator/runtimes/kubernetes/security.py RUN_AS_UID
 NAME=kvfleet-e2e-images
-SKIP_RC=77
 ENGINE_TOKEN=e2e-engine-token
 ADMIN_TOKEN=e2e-admin-token
 
 log() { printf '[images %4ds] %s\n' "$SECONDS" "$*"; }
-skip() { echo "SKIP: $*"; exit "$SKIP_RC"; }
 
 need="podman buildah runc"
 case "$BASE_IMAGE" in localhost/kvfleet-base:*) need="$need debootstrap" ;; esac
@@ -86,47 +86,6 @@ fail() {
     fi
   done
   exit 1
-}
-
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# http METHOD URL [JSON_BODY [TOKEN]]: prints the body; exits 1 on a non-2xx status.
-# HTTP_STATUS=1 prints only the status code instead (never fails).
-http() {
-  python3 - "$@" <<'PY'
-import os, sys, urllib.error, urllib.request
-method, url = sys.argv[1], sys.argv[2]
-body = sys.argv[3].encode() if len(sys.argv) > 3 and sys.argv[3] else None
-req = urllib.request.Request(url, data=body, method=method)
-if body:
-    req.add_header("content-type", "application/json")
-if len(sys.argv) > 4:
-    req.add_header("authorization", f"Bearer {sys.argv[4]}")
-try:
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        status, text = resp.status, resp.read().decode()
-except urllib.error.HTTPError as e:
-    status, text = e.code, e.read().decode()
-except OSError as e:
-    status, text = 0, str(e)
-if os.environ.get("HTTP_STATUS") == "1":
-    print(status)
-    sys.exit(0)
-print(text)
-sys.exit(0 if 200 <= status < 300 else 1)
-PY
-}
-
-# json_check EXPR: reads JSON on stdin; exits 1 unless the Python expression on `d` holds.
-json_check() {
-  python3 -c 'import json, sys; d = json.load(sys.stdin); sys.exit(0 if eval(sys.argv[1]) else 1)' "$1"
-}
-
-# json_get EXPR: reads JSON on stdin; prints the Python expression on `d`.
-json_get() {
-  python3 -c 'import json, sys; d = json.load(sys.stdin); print(eval(sys.argv[1]))' "$1"
 }
 
 running() { [ "$(podman inspect -f '{{.State.Running}}' "$1" 2>/dev/null)" = true ]; }
