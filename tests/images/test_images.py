@@ -46,7 +46,8 @@ def test_scripts_parse():
         subprocess.run(["bash", "-n", str(script)], check=True)
         assert os.access(script, os.X_OK), f"{script} is not executable"
     if shutil.which("shellcheck"):
-        out = subprocess.run(["shellcheck", str(SCRIPT), str(BASE_SCRIPT)],
+        out = subprocess.run(["shellcheck", "-x", "e2e/images.sh", "e2e/lib.sh",
+                              "images/debootstrap-base.sh"], cwd=ROOT,
                              capture_output=True, text=True)
         assert out.returncode == 0, out.stdout
 
