@@ -7,11 +7,17 @@ NetworkPolicy admits (OPERATOR_POD_LABELS in OPERATOR_NAMESPACE). Its args are w
 from __future__ import annotations
 
 import argparse
+import tomllib
 
 import pytest
-from chart_render import NAMESPACE, VALUE_SETS, manifests, one, render_raw
+import yaml
+from chart_render import CHART, NAMESPACE, ROOT, VALUE_SETS, manifests, one, render_raw
 from kvfleet_operator.runtimes.kubernetes.operator_manifests import build_operator_manifests
-from kvfleet_operator.runtimes.kubernetes.options import OPERATOR_NAMESPACE, OPERATOR_POD_LABELS
+from kvfleet_operator.runtimes.kubernetes.options import (
+    KVFLEET_IMAGE,
+    OPERATOR_NAMESPACE,
+    OPERATOR_POD_LABELS,
+)
 from kvfleet_operator.runtimes.kubernetes.run_cmd import add_run_parser, config_from
 
 
@@ -69,7 +75,15 @@ def test_the_pod_matches_the_builders():
 def test_default_args_are_the_builders_plus_image_and_tick():
     ours = _container(one(manifests(), "Deployment"))["args"]
     theirs = _container(_builder_deployment())["args"]
-    assert ours == theirs + ["--image", "ghcr.io/kvfleet/kvfleet:0.1.0", "--max-tick", "5"]
+    assert ours == theirs + ["--image", KVFLEET_IMAGE, "--max-tick", "5"]
+
+
+def test_the_default_image_is_the_releases():
+    """appVersion is the package's version, and the default image the builders' own."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
+    assert _container(one(manifests(), "Deployment"))["image"] == KVFLEET_IMAGE
 
 
 @pytest.mark.parametrize("name", sorted(VALUE_SETS))
@@ -96,7 +110,7 @@ def test_args_parse_with_the_operators_own_parser(name):
 def test_the_image_is_pinned_by_digest_when_given():
     digest = "sha256:" + "ab" * 32
     container = _container(one(manifests({"image": {"digest": digest}}), "Deployment"))
-    assert container["image"] == f"ghcr.io/kvfleet/kvfleet@{digest}"
+    assert container["image"] == f"{KVFLEET_IMAGE.rsplit(':', 1)[0]}@{digest}"
     assert _parse_run(container["args"]).image == container["image"]
     container = _container(one(manifests({"image": {"tag": "0.2.0"}}), "Deployment"))
     assert container["image"] == "ghcr.io/kvfleet/kvfleet:0.2.0"
