@@ -9,6 +9,7 @@ rules) live in each dataclass's `__post_init__`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import types
@@ -66,12 +67,18 @@ def field_rule(f: dataclasses.Field[Any]) -> Rule:
     return rule if isinstance(rule, Rule) else Rule()
 
 
+@functools.cache
+def shape_of(cls: type[Any]) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
+    """A dataclass's resolved type hints and its fields by camelCase key. Resolving hints
+    costs milliseconds per pool; the operator parses every pool on every spec change."""
+    return typing.get_type_hints(cls), {camel(f.name): f for f in dataclasses.fields(cls)}
+
+
 def build(cls: type[Any], data: Any, path: str) -> Any:
     """Parse `data` into dataclass `cls`; every problem becomes a SpecError naming its path."""
     if not isinstance(data, dict):
         raise SpecError(path, f"must be an object, got {type_name(data)}")
-    hints = typing.get_type_hints(cls)
-    by_key = {camel(f.name): f for f in dataclasses.fields(cls)}
+    hints, by_key = shape_of(cls)
     for key in data:
         if key not in by_key:
             known = ", ".join(sorted(by_key))
