@@ -48,6 +48,10 @@ watched, else a Role per watched namespace. */}}
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["create", "patch"]
+# apply the GIE InferencePool of a pool with routing.gateway
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["create", "patch"]
 # observe replicas; drain and deletion-cost annotations; remove a victim the ReplicaSet kept
 - apiGroups: [""]
   resources: ["pods"]

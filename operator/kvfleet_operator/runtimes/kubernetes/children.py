@@ -1,5 +1,6 @@
 """`build_children`: every object the operator owns for one pool, in apply order (Secrets
-and the ConfigMap before the pods that mount them; the NetworkPolicy before any engine)."""
+and the ConfigMap before the pods that mount them; the NetworkPolicy before any engine;
+with `routing.gateway`, the GIE InferencePool and kvfleet's picker last, gie_pool.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from kvfleet_operator.reconcile import initial_replicas
 from .configmap import build_router_configmap
 from .deployment import build_engine_deployment, build_router_deployment
 from .errors import UnservableSpec
+from .gie_pool import gateway_children
 from .network_policy import build_network_policy
 from .options import KVFLEET_IMAGE, BuildOptions, Tokens
 from .pdb import build_engine_pdb, build_router_pdb
@@ -54,4 +56,5 @@ def build_children(
                  for role in roles]
     if not is_sidecar(pool):  # else every engine pod carries its router
         children.append(build_router_deployment(pool, image))
+    children += gateway_children(pool, image)  # routing.gateway: GIE pool + endpoint picker
     return children

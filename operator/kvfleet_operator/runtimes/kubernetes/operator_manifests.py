@@ -33,6 +33,8 @@ RBAC_RULES: list[tuple[str, str, tuple[str, ...], str]] = [
      "apply engine and router Deployments; read and set engine replicas"),
     ("policy", "poddisruptionbudgets", ("create", "patch"), "apply the PDBs"),
     ("networking.k8s.io", "networkpolicies", ("create", "patch"), "apply the engines' policy"),
+    ("inference.networking.k8s.io", "inferencepools", ("create", "patch"),
+     "apply the GIE InferencePool of a pool with routing.gateway"),
     ("", "pods", ("list", "patch", "delete"),
      "observe replicas; drain and deletion-cost annotations; remove a victim the "
      "ReplicaSet kept"),
