@@ -27,11 +27,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,13 +51,66 @@ class BenchShim(KubeShim):
     history once served; `num_served` counts them."""
 
     num_served = 0
+    served_s = 0.0  # wall time spent answering (the mock shares the bench's one core)
+    by_call: Counter[str] = Counter()  # "VERB plural", to see where requests go
+
+    def _KubernetesEmulator__get_objs(self, request: kmock.Request, strict: bool) -> list[Any]:
+        """kmock finds an object by scanning every object (O(n) per request, so O(n^2) for
+        the run): look a named object up by its key, and scan only for lists and watches."""
+        objects = self._objects._objects  # {(resource, namespace, name): Object}
+        if request.name is not None and (strict or request.namespace is not None):
+            found = objects.get((request.resource, request.namespace, request.name))
+            return [] if found is None else [found]
+        want = request.resource
+        wanted = (want.group, want.version, want.plural) if want is not None else None
+        return [obj for (res, ns, name), obj in objects.items()
+                if (res.group, res.version, res.plural) == wanted
+                and (request.namespace is None or ns == request.namespace)
+                and (request.name is None or name == request.name)]  # fmt: skip
+
+    async def _create_on_apply(self, request: kmock.Request) -> Any:
+        """A real apiserver creates the object a server-side apply names when it is missing;
+        kmock answers 404 (so the operator falls back to POST, then applies again: three
+        requests where a cluster sees one). Do what the apiserver does, so the bench counts
+        the requests a cluster would see."""
+        data = request.data
+        if (request.method.value != "PATCH" or request.subresource or request.name is None
+                or "apply-patch" not in request.headers.get("Content-Type", "")
+                or not isinstance(data, dict)):  # fmt: skip
+            return None
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            if key in self._objects and not self._objects[key].deleted:
+                return None
+            raw = copy.deepcopy(data)
+            metadata = raw.setdefault("metadata", {})
+            metadata.update(namespace=request.namespace, name=request.name,
+                            uid=str(uuid.uuid4()), generation=1,
+                            resourceVersion=str(next(self._rv)),
+                            creationTimestamp=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+            self._objects[key] = raw
+            assert request.resource is not None
+            await self._buses[request.resource].put({"type": "ADDED", "object": raw})
+        return aiohttp.web.json_response(raw, status=201)
 
     async def _handle(self, request: kmock.Request) -> Any:
+        t0 = time.perf_counter()
         try:
+            created = await self._create_on_apply(request)
+            if created is not None:
+                return created
             return await super()._handle(request)
         finally:
             self._requests.remove(request)
-            type(self).num_served += 1
+            cls = type(self)
+            cls.num_served += 1
+            cls.served_s += time.perf_counter() - t0
+            verb = ("WATCH" if request.params.get("watch") == "true" else
+                    request.method.value if request.method.value != "GET" or request.name
+                    else "LIST")
+            plural = request.resource.plural if request.resource is not None else "-"
+            sub = f"/{request.subresource}" if request.subresource else ""
+            cls.by_call[f"{verb} {plural}{sub}"] += 1
 
 POOL_PATH = f"/apis/kvfleet.io/v1alpha1/namespaces/{NS}/inferencepools"
 CHILDREN = {  # per pool
@@ -75,6 +130,12 @@ def pool_body(i: int) -> dict[str, Any]:
     data = copy.deepcopy(data)
     data["metadata"] = {"name": f"pool-{i:04d}", "namespace": NS}
     return data
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def vm_hwm_mb(pid: int) -> float:
@@ -140,6 +201,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 await asyncio.sleep(args.settle)  # kopf starts and watches (nothing to do yet)
                 rss_idle = vm_hwm_mb(operator.pid)
+                cpu0 = cpu_s(operator.pid), cpu_s(os.getpid())
                 started = time.monotonic()
                 await create_pools(url, args.pools, args.concurrency)
                 created_s = time.monotonic() - started
@@ -157,9 +219,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         print(f"{time.monotonic() - started:.1f}s {done} pools done {dict(kinds)}",
                               file=sys.stderr)
                     await asyncio.sleep(0.5)
+                cpu1 = cpu_s(operator.pid) - cpu0[0], cpu_s(os.getpid()) - cpu0[1]
+                # Idle means steady state: every loop past its first ticks (token read, first
+                # status and events), which come up to one tick after the children exist.
+                await asyncio.sleep(args.idle_after)
                 before, t0 = num_requests(shim), time.monotonic()
+                calls_before = Counter(BenchShim.by_call)
                 await asyncio.sleep(args.hold)
                 idle_rps = (num_requests(shim) - before) / (time.monotonic() - t0)
+                idle_calls = Counter(BenchShim.by_call)
+                idle_calls.subtract(calls_before)
                 rss_peak = vm_hwm_mb(operator.pid)
             finally:
                 if operator.poll() is None:
@@ -179,11 +248,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "seconds_to_create_pools": round(created_s, 1),
         "num_pools_with_all_children": done,
         "operator_peak_rss_mb": round(rss_peak, 1),
+        "operator_cpu_s_until_children": round(cpu1[0], 1),
+        "mock_cpu_s_until_children": round(cpu1[1], 1),  # kmock + this bench, one process
         "operator_idle_rss_mb_before_pools": round(rss_idle, 1),
         "idle_api_requests_per_s": round(idle_rps, 1),
         "hold_s": args.hold,
+        "idle_after_s": args.idle_after,
         "max_tick_s": args.max_tick,
         "operator_tracebacks": num_tracebacks,
+        "api_requests": BenchShim.num_served,
+        "mock_busy_s": round(BenchShim.served_s, 1),
+        "api_requests_by_call": dict(BenchShim.by_call.most_common()),
+        "idle_api_requests_by_call": {k: v for k, v in idle_calls.most_common() if v > 0},
         "targets": {"seconds_to_all_children": 60, "operator_peak_rss_mb": 300},
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
@@ -200,6 +276,8 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--hold", type=float, default=20.0, help="idle seconds measured after")
     parser.add_argument("--settle", type=float, default=3.0)
+    parser.add_argument("--idle-after", type=float, default=12.0,
+                        help="seconds after the children exist before idle is measured")
     parser.add_argument("--max-tick", type=float, default=None, help="operator --max-tick")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--verbose", action="store_true")

@@ -17,10 +17,10 @@ stay the plain dicts the `build_*` functions return.
   condition (kvfleet's readiness gate), merged by type beside the kubelet's.
 - `list(path, labels, max_age_s=...)`: with `max_age_s > 0` one cached list of the whole
   collection (every kvfleet object in the namespace, `part-of=kvfleet`) answers every pool
-  for that long, filtered here: with 1,000 pools the loops make a few list calls per
-  second in all instead of three per pool per tick. A caller that wrote since its last
-  list asks with `max_age_s=0` (`KubeReplicaRuntime` does), so a loop always sees its own
-  last change; others' changes reach it within `max_age_s`.
+  for that long, filtered here (indexed by pool): with 1,000 pools the loops make a few
+  list calls per second in all instead of three per pool per tick. A caller that wrote
+  since its last list asks with `max_age_s=0` (`KubeReplicaRuntime` does), so a loop always
+  sees its own last change; others' changes reach it within `max_age_s`.
 - Errors are `ApiError(status, reason, message)` (status 0: no answer at all); nothing logs
   a request body (Secrets).
 """
@@ -38,12 +38,15 @@ import aiohttp
 from kubernetes.aio import client as kclient
 from kubernetes.aio import config as kconfig
 
+from .meta import POOL_LABEL
+
 FIELD_MANAGER = "kvfleet"
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"  # lists merge by key (conditions)
 TIMEOUT_S = 30.0
 SHARED_SELECTOR = "app.kubernetes.io/part-of=kvfleet"  # what a cached list fetches
+INDEX_LABEL = POOL_LABEL  # what a cached list is indexed by
 
 # apiVersion/kind -> plural, for the kinds kvfleet reads or writes.
 PLURALS: dict[str, str] = {
@@ -86,10 +89,24 @@ async def load_configuration() -> kclient.Configuration:
 
 
 class _Cached:
-    __slots__ = ("items", "t")
+    """One list of a collection, indexed by the pool label: every loop asks for its own
+    pool's objects, and a scan of every pool's objects per loop would be quadratic."""
+
+    __slots__ = ("by_pool", "items", "t")
 
     def __init__(self, items: list[dict[str, Any]], t: float) -> None:
         self.items, self.t = items, t
+        self.by_pool: dict[str | None, list[dict[str, Any]]] = {}
+        for item in items:
+            pool = ((item.get("metadata") or {}).get("labels") or {}).get(INDEX_LABEL)
+            self.by_pool.setdefault(pool, []).append(item)
+
+    def matching(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        candidates = self.by_pool.get(labels[INDEX_LABEL], []) if INDEX_LABEL in labels \
+            else self.items  # fmt: skip
+        return [item for item in candidates
+                if all(((item.get("metadata") or {}).get("labels") or {}).get(k) == v
+                       for k, v in labels.items())]  # fmt: skip
 
 
 class KubeClient:
@@ -137,10 +154,7 @@ class KubeClient:
             selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
             data = await self.request("GET", path, query={"labelSelector": selector})
             return list(data.get("items") or [])
-        cached = await self._shared(path, max_age_s)
-        return [item for item in cached.items
-                if all(((item.get("metadata") or {}).get("labels") or {}).get(k) == v
-                       for k, v in labels.items())]  # fmt: skip
+        return (await self._shared(path, max_age_s)).matching(labels)
 
     async def _shared(self, path: str, max_age_s: float) -> _Cached:
         cached = self._cached.get(path)

@@ -33,7 +33,7 @@ from .router_ports import PodRouterControl
 from .status_store import PoolStatusStore, is_invalid_spec_reported, write_invalid_spec
 from .tokens import read_token
 
-POLL_S = 0.2
+POLL_S = 1.0  # how soon a loop sees its spec change (the reconcile handler applies it at once)
 CHECK_TOKENS = Tokens(admin="only-to-check-the-spec", engine="only-to-check-the-spec")
 REPORT_GRACE_S = 2.0  # after this, an invalid spec not shown in status is written again
 
@@ -64,11 +64,22 @@ def metrics_source(
     return ScrapeMetrics(session)
 
 
-async def _sleep_until(done: Callable[[], bool], timeout_s: float | None = None) -> None:
+async def _sleep_until(
+    done: Callable[[], bool], timeout_s: float | None = None,
+    task: asyncio.Task[Any] | None = None,
+) -> None:  # fmt: skip
+    """Until `done()` (checked every POLL_S), `task` ends, or `timeout_s` passes. Each of a
+    thousand pools polls, so the poll is slow; a loop that ends wakes us at once."""
     waited = 0.0
     while not done() and (timeout_s is None or waited < timeout_s):
-        await asyncio.sleep(POLL_S)
-        waited += POLL_S
+        step = POLL_S if timeout_s is None else min(POLL_S, timeout_s - waited)
+        if task is not None:
+            await asyncio.wait({task}, timeout=step)
+            if task.done():
+                return
+        else:
+            await asyncio.sleep(step)
+        waited += step
 
 
 async def run_pool(
@@ -131,7 +142,7 @@ async def run_pool(
             stop = asyncio.Event()
             task = asyncio.create_task(loop.run(stop, observed))
             try:
-                await _sleep_until(lambda t=task, c=changed: c() or t.done())  # type: ignore[misc]
+                await _sleep_until(changed, task=task)
                 stop.set()
                 await task
             finally:  # cancelled by kopf: the loop goes with us, never orphaned
