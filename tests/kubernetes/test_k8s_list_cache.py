@@ -39,3 +39,19 @@ async def test_loops_share_lists_and_see_their_own_writes(cluster, client):
     assert pod_lists(cluster) > before
     assert {r.name: r.state for r in one.replicas()}[victim] == "draining"
     await events.aclose()
+
+
+def test_a_shared_list_answers_each_pool_with_its_own_objects_only():
+    from kvfleet_operator.runtimes.kubernetes.kube_client import _Cached
+
+    def item(pool: str | None, role: str) -> dict:
+        labels = {"kvfleet.io/role": role, **({"kvfleet.io/pool": pool} if pool else {})}
+        return {"metadata": {"name": f"{pool}-{role}", "labels": labels}}
+
+    cached = _Cached([item("a", "prefill"), item("a", "decode"), item("b", "decode"),
+                      item(None, "decode")], t=0.0)  # fmt: skip
+    names = lambda labels: sorted(i["metadata"]["name"] for i in cached.matching(labels))  # noqa: E731
+    assert names({"kvfleet.io/pool": "a"}) == ["a-decode", "a-prefill"]
+    assert names({"kvfleet.io/pool": "a", "kvfleet.io/role": "decode"}) == ["a-decode"]
+    assert names({"kvfleet.io/pool": "c"}) == []
+    assert names({"kvfleet.io/role": "decode"}) == ["None-decode", "a-decode", "b-decode"]
