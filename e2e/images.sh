@@ -173,6 +173,11 @@ podman "${OCI[@]}" run --rm --name "$NAME-operator" "${LIMITS[@]}" "${SECURE[@]}
   || { cat "$WORK/render.yaml" >&2; fail "kvfleet operator render failed"; }
 grep -q "image: $IMAGE" "$WORK/render.yaml" || fail "render: no pod runs $IMAGE"
 log "operator: render examples/local-cpu.yaml ok ($(grep -c '^kind:' "$WORK/render.yaml") objects)"
+podman "${OCI[@]}" run --rm --name "$NAME-operator" "${LIMITS[@]}" "${SECURE[@]}" \
+  --entrypoint '["python", "-c"]' "$IMAGE" \
+  "import zmq, msgpack, grpc, kvfleet_router.vllm_kv_events, kvfleet_router.epp.server" \
+  > "$WORK/extras.txt" 2>&1 || { cat "$WORK/extras.txt" >&2; fail "the router's extras do not import"; }
+log "router extras: vLLM KV events (pyzmq, msgpack) and the endpoint picker (grpcio) import"
 
 # ---------------------------------------------------------------- engines
 start_engine() {  # CONTAINER PORT MODEL SERVED_NAME
@@ -186,6 +191,7 @@ start_engine() {  # CONTAINER PORT MODEL SERVED_NAME
 TINY_PORT=$(free_port)
 SMOL_PORT=$(free_port)
 ROUTER_PORT=$(free_port)
+EPP_PORT=$(free_port)
 log "engine: tiny-random on 127.0.0.1:$TINY_PORT, smollm2-135m on 127.0.0.1:$SMOL_PORT"
 start_engine "$NAME-engine" "$TINY_PORT" tiny-random tiny-random
 start_engine "$NAME-smollm2" "$SMOL_PORT" smollm2-135m smollm2
@@ -227,7 +233,8 @@ podman "${OCI[@]}" run -d --name "$NAME-router" "${LIMITS[@]}" "${SECURE[@]}" "$
   -v "$WORK/router:/etc/kvfleet/router:ro" -v "$WORK/admin:/var/run/secrets/kvfleet/admin:ro" \
   --entrypoint '["kvfleet", "router"]' "$IMAGE" \
   --host 127.0.0.1 --port "$ROUTER_PORT" --config /etc/kvfleet/router/router.yaml \
-  --admin-token-file /var/run/secrets/kvfleet/admin/token --log-level info >/dev/null \
+  --admin-token-file /var/run/secrets/kvfleet/admin/token --log-level info \
+  --epp-port "$EPP_PORT" >/dev/null \
   || fail "podman run router failed"
 wait_health "$NAME-router" "http://127.0.0.1:$ROUTER_PORT/health" 120
 log "router: /health ok on 127.0.0.1:$ROUTER_PORT"
@@ -248,6 +255,17 @@ status=$(HTTP_STATUS=1 http GET "http://127.0.0.1:$ROUTER_PORT/admin/config")
 out=$(http GET "http://127.0.0.1:$ROUTER_PORT/admin/config" "" "$ADMIN_TOKEN") \
   || fail "router admin with the token file's token: $out"
 log "router: admin API reads the mounted token file (401 without it, 200 with it)"
+alpn=$(python3 - "$EPP_PORT" <<'PY'
+import socket, ssl, sys
+ctx = ssl.create_default_context()
+ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE  # self-signed, as GIE's picker
+ctx.set_alpn_protocols(["h2"])
+with ctx.wrap_socket(socket.create_connection(("127.0.0.1", int(sys.argv[1])), 10)) as tls:
+    print(tls.selected_alpn_protocol())
+PY
+) || fail "router: no TLS on the endpoint-picker port $EPP_PORT"
+[ "$alpn" = h2 ] || fail "router: the endpoint-picker port speaks '$alpn', not h2 (gRPC)"
+log "router: the Gateway API endpoint picker (--epp-port) answers TLS with h2 (gRPC)"
 
 # ---------------------------------------------------------------- drain on SIGTERM
 for c in "$NAME-router" "$NAME-engine" "$NAME-smollm2"; do
