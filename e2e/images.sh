@@ -60,6 +60,14 @@ CACHE=(--tmpfs "/cache:rw,exec,nosuid,nodev,mode=1777"
        -e TORCHINDUCTOR_CACHE_DIR=/cache/inductor -e KVFLEET_KERNEL_DIR=/cache/kvfleet-kernels
        -e TMPDIR=/tmp)
 
+# One run at a time per machine: the container names and the image tag are fixed.
+LOCKS=${KVFLEET_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kvfleet/images}
+mkdir -p "$LOCKS"
+exec 9> "$LOCKS/e2e-images.lock"
+if command -v flock >/dev/null 2>&1 && ! flock -n 9; then
+  log "another e2e/images.sh is running; waiting for it"
+  flock -w 1800 9 || { echo "FAIL: e2e/images.sh lock not free after 30 minutes" >&2; exit 1; }
+fi
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/kvfleet-e2e-images.XXXXXX")
 CONTAINERS=("$NAME-engine" "$NAME-smollm2" "$NAME-router" "$NAME-operator")
 remove_containers() {
