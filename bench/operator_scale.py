@@ -93,6 +93,16 @@ class BenchShim(KubeShim):
             await self._buses[request.resource].put({"type": "ADDED", "object": raw})
         return aiohttp.web.json_response(raw, status=201)
 
+    async def _render_error(self, exc: Exception) -> Any:
+        """kmock formats a traceback into every error body (each 404 of a Secret not made
+        yet); an apiserver sends a short Status."""
+        if isinstance(exc, kmock.KubernetesError):
+            return aiohttp.web.json_response({
+                "apiVersion": "v1", "kind": "Status", "metadata": {}, "code": exc.status,
+                "status": "Failure", "reason": exc.reason or type(exc).__name__,
+                "message": exc.message or repr(exc)}, status=exc.status)  # fmt: skip
+        return await super()._render_error(exc)
+
     async def _handle(self, request: kmock.Request) -> Any:
         t0 = time.perf_counter()
         try:
@@ -125,9 +135,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+EXAMPLE = yaml.safe_load((REPO / "examples" / "vllm-unified.yaml").read_text())
+
+
 def pool_body(i: int) -> dict[str, Any]:
-    data = yaml.safe_load((REPO / "examples" / "vllm-unified.yaml").read_text())
-    data = copy.deepcopy(data)
+    data = copy.deepcopy(EXAMPLE)
     data["metadata"] = {"name": f"pool-{i:04d}", "namespace": NS}
     return data
 

@@ -55,3 +55,11 @@ def test_a_shared_list_answers_each_pool_with_its_own_objects_only():
     assert names({"kvfleet.io/pool": "a", "kvfleet.io/role": "decode"}) == ["a-decode"]
     assert names({"kvfleet.io/pool": "c"}) == []
     assert names({"kvfleet.io/role": "decode"}) == ["None-decode", "a-decode", "b-decode"]
+
+
+def test_the_api_session_reads_proxy_settings_only_where_the_environment_has_them():
+    from kvfleet_operator.runtimes.kubernetes.kube_client import session_kwargs
+
+    assert session_kwargs({}) == {"trust_env": False}  # no netrc/proxy lookups per request
+    assert session_kwargs({"HTTPS_PROXY": "http://proxy:3128"}) == {}  # aiohttp honours it
+    assert session_kwargs({"NETRC": "/etc/netrc"}) == {}

@@ -9,7 +9,6 @@ rules) live in each dataclass's `__post_init__`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import re
 import types
@@ -67,11 +66,18 @@ def field_rule(f: dataclasses.Field[Any]) -> Rule:
     return rule if isinstance(rule, Rule) else Rule()
 
 
-@functools.cache
-def shape_of(cls: type[Any]) -> tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]:
-    """A dataclass's resolved type hints and its fields by camelCase key. Resolving hints
-    costs milliseconds per pool; the operator parses every pool on every spec change."""
-    return typing.get_type_hints(cls), {camel(f.name): f for f in dataclasses.fields(cls)}
+Shape = tuple[dict[str, Any], dict[str, dataclasses.Field[Any]]]
+_SHAPES: dict[type[Any], Shape] = {}
+
+
+def shape_of(cls: type[Any]) -> Shape:
+    """A dataclass's resolved type hints and its fields by camelCase key, resolved once:
+    resolving costs milliseconds per pool, and the operator parses every pool often."""
+    shape = _SHAPES.get(cls)
+    if shape is None:
+        hints = typing.get_type_hints(cls)
+        shape = _SHAPES[cls] = hints, {camel(f.name): f for f in dataclasses.fields(cls)}
+    return shape
 
 
 def build(cls: type[Any], data: Any, path: str) -> Any:

@@ -14,6 +14,8 @@ from . import meta
 
 ROUTER_CONFIG_KEY = "router.yaml"
 BOOTSTRAP_VERSION = 0
+# libyaml's emitter writes the same text ~3x faster; every reconcile of every pool builds this.
+DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 def build_router_configmap(pool: InferencePool) -> dict[str, Any]:
@@ -23,5 +25,5 @@ def build_router_configmap(pool: InferencePool) -> dict[str, Any]:
         "kind": "ConfigMap",
         "metadata": meta.object_meta(pool, meta.router_config_name(pool), meta.ROUTER_APP,
                                      meta.ROUTER, meta.ROUTER),
-        "data": {ROUTER_CONFIG_KEY: yaml.safe_dump(config, sort_keys=True)},
+        "data": {ROUTER_CONFIG_KEY: yaml.dump(config, Dumper=DUMPER, sort_keys=True)},
     }

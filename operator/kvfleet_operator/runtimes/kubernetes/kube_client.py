@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -109,8 +110,23 @@ class _Cached:
                        for k, v in labels.items())]  # fmt: skip
 
 
+PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+             "all_proxy", "NETRC")  # fmt: skip
+
+
+def session_kwargs(environ: Mapping[str, str]) -> dict[str, Any]:
+    """kubernetes.aio's session trusts the environment, so aiohttp reads ~/.netrc and the
+    proxy variables on every request (a sixth of the operator's CPU with 1,000 pools). Keep
+    that only where the environment names a proxy or a netrc file."""
+    return {} if any(environ.get(k) for k in PROXY_ENV) else {"trust_env": False}
+
+
 class KubeClient:
     def __init__(self, configuration: kclient.Configuration) -> None:
+        extra = session_kwargs(os.environ)
+        if extra:
+            configuration.client_session_kwargs = {
+                **(getattr(configuration, "client_session_kwargs", None) or {}), **extra}
         self._api = kclient.ApiClient(configuration)
         self._cached: dict[str, _Cached] = {}  # per collection path
         self._fetching: dict[str, asyncio.Future[_Cached]] = {}
