@@ -175,9 +175,12 @@ PY
 
 # ---------------------------------------------------------------- requests through the router
 PORT=$(free_port)
-kn port-forward "svc/$POOL-router" "$PORT:8000" > "$WORK/port-forward.log" 2>&1 &
+# kubectl itself in the background (not the k/kn wrappers), so that $pf_pid is kubectl's.
+kubectl --context "kind-$CLUSTER" -n "$NS" port-forward "svc/$POOL-router" "$PORT:8000" \
+  > "$WORK/port-forward.log" 2>&1 &
 pf_pid=$!
-wait_for "the router through port-forward" 60 http GET "http://127.0.0.1:$PORT/health"
+router_up() { http GET "http://127.0.0.1:$PORT/health" >/dev/null 2>&1; }
+wait_for "the router through port-forward" 60 router_up
 for i in 1 2 3 4 5; do
   out=$(http POST "http://127.0.0.1:$PORT/v1/completions" \
     "{\"model\": \"$MODEL\", \"prompt\": \"Hello $i\", \"max_tokens\": 8}") \
