@@ -251,6 +251,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         operator.kill()
                 log.close()
                 text = (Path(tmp) / "operator.log").read_text(errors="replace")
+                if args.log:
+                    args.log.write_text(text)
                 if args.verbose:
                     print(text[-4000:], file=sys.stderr)
             num_tracebacks = text.count("Traceback")
@@ -293,6 +295,7 @@ def main() -> None:
     parser.add_argument("--max-tick", type=float, default=None, help="operator --max-tick")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--verbose", action="store_true")
+    parser.add_argument("--log", type=Path, default=None, help="keep the operator's log here")
     parser.add_argument("--profile", type=Path, default=None, help="cProfile the operator")
     args = parser.parse_args()
     result = asyncio.run(run(args))

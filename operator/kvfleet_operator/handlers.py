@@ -14,8 +14,10 @@
   is `kvfleet.io/finalizer`; handlers return None, so kopf writes nothing into status.
 
 Everything a handler needs comes through kopf's `memo`: `memo.client` (a `KubeClient`,
-made at startup unless given), `memo.config` (an `OperatorConfig`) and `memo.metrics`
-(every pool's loop series, served on `config.metrics_port` when set).
+made at startup unless given), `memo.config` (an `OperatorConfig`), `memo.metrics`
+(every pool's loop series, served on `config.metrics_port` when set) and
+`memo.admin_tokens` (the router admin token each reconcile applied: a pool's loop starts
+as soon as its reconcile is done, without polling its Secret).
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ async def reconcile(body: Any, memo: Any) -> None:
     config: OperatorConfig = memo.config
     try:
         pool = pool_from_body(body)
-        await apply_pool(client, pool, image=config.image, options=config.options)
+        tokens = await apply_pool(client, pool, image=config.image, options=config.options)
+        memo.admin_tokens[(pool.namespace, pool.name)] = tokens.admin
     except SpecError as exc:
         try:
             await report_invalid(client, body, exc)
@@ -112,6 +115,7 @@ def register(
             memo.client = KubeClient(await load_configuration())
             memo.owns_client = True
         memo.metrics = OperatorMetrics()
+        memo.admin_tokens = {}  # (namespace, pool) -> the admin token the last reconcile applied
         if memo.config.metrics_port is not None:
             memo.metrics_runner, memo.metrics_port = await metrics_server.start(
                 memo.metrics, METRICS_HOST, memo.config.metrics_port)
@@ -135,6 +139,7 @@ def register(
     @kopf.daemon(*RESOURCE, registry=registry, id="control-loop",
                  cancellation_backoff=CANCEL_BACKOFF_S, cancellation_timeout=10.0)
     async def control_loop(body: Any, memo: Any, stopped: Any, **_: Any) -> None:
-        await run_pool(body, memo.client, memo.config, lambda: bool(stopped), memo.metrics)
+        await run_pool(body, memo.client, memo.config, lambda: bool(stopped), memo.metrics,
+                       applied_tokens=memo.admin_tokens)
 
     return registry

@@ -19,6 +19,7 @@ from kvfleet_operator.api import load_pool
 from kvfleet_operator.api.status import DecisionReason
 from kvfleet_operator.loop.control_loop import ControlLoop
 from kvfleet_operator.loop.events import EventReason
+from kvfleet_operator.loop.ports import PortUnavailable
 
 POOL = Path(__file__).resolve().parents[1] / "e2e_local" / "pools" / "sim-unified.yaml"
 DRAIN_TIMEOUT = 10.0  # the pool's drainTimeoutSeconds
@@ -209,3 +210,26 @@ def test_the_crd_documents_every_decision_reason():
     text = CRD_PATH.read_text()
     line = next(x for x in text.splitlines() if "Why the count moved" in x)
     assert all(reason in line for reason in DECISION_REASONS)
+
+
+@pytest.mark.parametrize("error,has_traceback", [
+    (RuntimeError("a bug"), True),
+    (PortUnavailable("API server timed out"), False),
+])  # fmt: skip
+async def test_a_port_being_unavailable_is_one_line_and_a_bug_keeps_its_traceback(
+    error, has_traceback, caplog
+):
+    import asyncio
+
+    fleet = Fleet(num=1)
+
+    async def broken() -> None:
+        raise error
+
+    fleet.runtime.supervise = broken  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    fleet.loop.timing.tick_s = 0.01
+    with caplog.at_level("ERROR"):
+        await fleet.loop.run(stop, stop.set)
+    (record,) = [r for r in caplog.records if "control loop error" in r.getMessage()]
+    assert (record.exc_info is not None) is has_traceback

@@ -43,6 +43,7 @@ from kvfleet_operator.loop.ports import (
     Clock,
     EventSink,
     MetricsSource,
+    PortUnavailable,
     ReplicaRuntime,
     RouterControl,
     RouterControlError,
@@ -150,7 +151,7 @@ class ControlLoop:
         """Report a failed tick once per distinct error; the next tick starts afresh."""
         message = f"control loop error: {type(exc).__name__}: {exc}"
         if message != self._last_tick_error:
-            log.error("%s", message, exc_info=exc)
+            log.error("%s", message, exc_info=None if isinstance(exc, PortUnavailable) else exc)
             self.events.emit(ev.warning(ev.EventReason.LOOP_ERROR, message))
         self._last_tick_error = message
 

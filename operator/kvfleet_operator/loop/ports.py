@@ -74,6 +74,11 @@ class RouterView:
     endpoints: dict[str, EndpointView] = field(default_factory=dict)
 
 
+class PortUnavailable(Exception):
+    """A port's outside world did not answer or refused (an API server timing out, say):
+    expected now and then, so the loop reports it in one line, without a traceback."""
+
+
 class RouterControlError(RuntimeError):
     """A router replica did not accept or answer; the message says which and why."""
 

@@ -39,6 +39,8 @@ import aiohttp
 from kubernetes.aio import client as kclient
 from kubernetes.aio import config as kconfig
 
+from kvfleet_operator.loop.ports import PortUnavailable
+
 from .meta import POOL_LABEL
 
 FIELD_MANAGER = "kvfleet"
@@ -57,7 +59,7 @@ PLURALS: dict[str, str] = {
 }
 
 
-class ApiError(Exception):
+class ApiError(PortUnavailable):
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"HTTP {status} {reason}: {message}")
         self.status = status

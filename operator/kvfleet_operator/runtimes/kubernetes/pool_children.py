@@ -13,7 +13,7 @@ from kvfleet_operator.api.pool import InferencePool
 from . import meta
 from .children import build_children
 from .kube_client import KubeClient, object_path
-from .options import BuildOptions
+from .options import BuildOptions, Tokens
 from .tokens import ensure_tokens
 
 
@@ -31,14 +31,14 @@ async def deployment_replicas(client: KubeClient, pool: InferencePool) -> dict[s
 
 async def apply_pool(
     client: KubeClient, pool: InferencePool, *, image: str, options: BuildOptions
-) -> int:
-    """Apply all children; returns how many. Raises `ApiError` on the first failure (the
-    caller retries the whole, idempotent pass) and `UnservableSpec` for a spec this runtime
-    cannot run, before anything is written."""
+) -> Tokens:
+    """Apply all children; returns the pool's tokens (as now in its Secrets). Raises
+    `ApiError` on the first failure (the caller retries the whole, idempotent pass) and
+    `UnservableSpec` for a spec this runtime cannot run, before anything is written."""
     tokens = await ensure_tokens(client, pool)
     replicas = await deployment_replicas(client, pool)
     children = build_children(pool, tokens=tokens, image=image, replicas=replicas,
                               options=options)  # fmt: skip
     for child in children:
         await client.apply(child)
-    return len(children)
+    return tokens

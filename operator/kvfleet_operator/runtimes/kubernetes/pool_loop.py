@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any
 
 import aiohttp
@@ -85,13 +85,17 @@ async def _sleep_until(
 async def run_pool(
     body: Mapping[str, Any], client: KubeClient, config: OperatorConfig,
     stopped: Callable[[], bool], metrics: OperatorMetrics | None = None,
+    applied_tokens: MutableMapping[tuple[str, str], str] | None = None,
 ) -> None:  # fmt: skip
     """`body` is kopf's live view of the pool (it follows the object as it changes);
-    `metrics`, when given, gets this pool's series while its loop runs."""
+    `metrics`, when given, gets this pool's series while its loop runs; `applied_tokens`,
+    the admin tokens the reconcile handler applied, spares polling the Secret until then."""
+    applied = applied_tokens if applied_tokens is not None else {}
     timeout = aiohttp.ClientTimeout(total=5.0)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         store: PoolStatusStore | None = None
         events: KubeEventSink | None = None
+        key: tuple[str, str] | None = None
         while not stopped():
             generation = generation_of(body)
 
@@ -109,12 +113,16 @@ async def run_pool(
                         pass  # the handler's own report stands; kopf retries that one
                 await _sleep_until(changed)
                 continue
-            try:
-                token = await read_token(client, pool.namespace, meta.admin_secret_name(pool))
-            except ApiError:
-                token = None  # the API is having a moment: try again next tick
+            key = (pool.namespace, pool.name)
+            token = applied.get(key)
+            if token is None:  # after an operator restart: the Secret has it
+                try:
+                    token = await read_token(client, pool.namespace, meta.admin_secret_name(pool))
+                except ApiError:
+                    token = None  # the API is having a moment: try again next tick
             if token is None:  # the reconcile handler has not created it yet
-                await _sleep_until(changed, config.max_tick_s)
+                await _sleep_until(lambda k=key: changed() or k in applied,  # type: ignore[misc]
+                                   config.max_tick_s)  # fmt: skip
                 continue
             if events is None:
                 events = KubeEventSink(client, pool)
@@ -147,6 +155,8 @@ async def run_pool(
                 await task
             finally:  # cancelled by kopf: the loop goes with us, never orphaned
                 task.cancel()
+        if key is not None:
+            applied.pop(key, None)
         if events is not None:
             await events.aclose()
             if metrics is not None:
