@@ -90,7 +90,7 @@ def gateway(tmp_path_factory):
 
 
 def test_completions_and_streamed_chat_through_envoy(gateway):
-    _, _, envoy, *_ = gateway
+    engines, epp, envoy, *_ = gateway
     c = client(envoy)
     done = c.completions.create(model=MODEL, prompt="hello gateway", max_tokens=6,
                                 temperature=0)
@@ -101,6 +101,11 @@ def test_completions_and_streamed_chat_through_envoy(gateway):
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
     assert chunks[-1].usage.completion_tokens == 8
     assert [m.id for m in c.models.list().data] == [MODEL]  # a GET, picked at its headers
+    # a client naming its own destination (here the picker's admin port) is not obeyed
+    raw = c.completions.with_raw_response.create(
+        model=MODEL, prompt="forged", max_tokens=2,
+        extra_headers={"x-gateway-destination-endpoint": f"127.0.0.1:{epp.server.port}"})
+    assert raw.headers[TEST_SERVED] in {f"127.0.0.1:{e.port}" for e in engines}
 
 
 def test_the_picks_are_the_pickers_and_prefix_affinity_hits_the_engines_cache(gateway):

@@ -15,6 +15,8 @@
   override_host policy, which reads the picker's metadata list (primary, then fallbacks;
   retries walk the list) and round-robins when there is no pick (how fail-open reaches a
   pod); what a gateway builds from a GIE InferencePool's selector;
+* a header_mutation filter ahead of ext_proc drops any `x-gateway-destination-endpoint` a
+  client sent, so only the picker's can reach the cluster, even failing open;
 * the route adds `x-gateway-destination-endpoint-served` (the upstream Envoy reached),
   which the picker reads back and strips; `debug_headers` adds two more for tests: the
   served upstream and the pick as Envoy applied it.
@@ -144,6 +146,10 @@ def envoy_bootstrap(listen_port: int, admin_port: int, epp_port: int,
             "routes": [{"match": {"prefix": "/"}, "route": route,
                         "response_headers_to_add": added}]}]},
         "http_filters": [
+            # a client's own pick header never reaches the cluster (fail-open included)
+            {"name": "envoy.filters.http.header_mutation", "typed_config": {
+                "@type": _T + "extensions.filters.http.header_mutation.v3.HeaderMutation",
+                "mutations": {"request_mutations": [{"remove": DESTINATION}]}}},
             {"name": "envoy.filters.http.ext_proc", "typed_config": _ext_proc(o)},
             {"name": "envoy.filters.http.router",
              "typed_config": {"@type": _T + "extensions.filters.http.router.v3.Router"}},
