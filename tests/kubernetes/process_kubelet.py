@@ -5,7 +5,12 @@ container's own args, and writes Pods with those IPs, readiness and deletion bac
 kmock. Secrets and ConfigMaps that a pod mounts or reads as env are taken from kmock.
 
 On a scale-down it removes the pod with the lowest `controller.kubernetes.io/pod-deletion-cost`
-(as the ReplicaSet does) and sends its process SIGTERM (as the kubelet does).
+(as the ReplicaSet does) and sends its process SIGTERM (as the kubelet does). A new pod
+template (its `kvfleet.io/template-hash`) rolls as a Deployment with maxSurge 1 and
+maxUnavailable 0 does: one new pod at a time, and an old pod goes only once a new one is
+`Ready`, which with kvfleet's readiness gate `kvfleet.io/routed` means once the operator
+opened it. The kubelet reports `ContainersReady` from `/health` and `Ready` from that and
+the gate's condition.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import aiohttp
 from kmock_shim import KubeShim, api
 
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+TEMPLATE_HASH = "kvfleet.io/template-hash"
+ROUTED_GATE = "kvfleet.io/routed"
 SUBNET = "127.0.77."
 
 
@@ -33,7 +40,10 @@ class FakePod:
     deployment: str
     ip: str
     proc: subprocess.Popen
-    is_ready: bool = False
+    template_hash: str | None = None
+    is_gated: bool = False  # the template has kvfleet's readiness gate
+    is_healthy: bool = False  # ContainersReady
+    is_ready: bool = False  # Ready: healthy, and the gate (if any) open
 
 
 @dataclass
@@ -72,21 +82,48 @@ class ProcessKubelet:
             name = deployment["metadata"]["name"]
             want = int(deployment["spec"]["replicas"])
             self.max_replicas[name] = max(want, self.max_replicas.get(name, 0))
+            current = (deployment["spec"]["template"]["metadata"].get("annotations")
+                       or {}).get(TEMPLATE_HASH)  # fmt: skip
             mine = [p for p in self.pods.values() if p.deployment == name]
-            while len(mine) > want:
-                victim = self._victim(mine)
-                mine.remove(victim)
+            old = [p for p in mine if p.template_hash != current]
+            new = [p for p in mine if p.template_hash == current]
+            # maxUnavailable 0: an old pod goes only as far as Ready new pods replace it.
+            while old and len(old) + len([p for p in new if p.is_ready]) > want:
+                victim = self._victim(old)
+                old.remove(victim)
                 await self._remove(victim)
-            for _ in range(want - len(mine)):
+            while not old and len(new) > want:
+                victim = self._victim(new)
+                new.remove(victim)
+                await self._remove(victim)
+            surge = 1 if old else 0  # maxSurge 1, one new pod at a time while rolling
+            for _ in range(min(want + surge - len(old) - len(new), 1 if old else want)):
                 await self._start(deployment)
         for pod in list(self.pods.values()):
             if pod.proc.poll() is not None:  # exited on its own: gone (a test would notice)
                 await self._forget(pod)
-            elif not pod.is_ready and await self._is_healthy(http, pod):
-                pod.is_ready = True
-                await api(self.cluster, "PATCH", self._path(pod.name) + "/status",
-                          {"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
-                          "application/merge-patch+json")
+                continue
+            if not pod.is_healthy:
+                pod.is_healthy = await self._is_healthy(http, pod)
+            await self._report(pod)
+
+    async def _report(self, pod: FakePod) -> None:
+        """Write ContainersReady and Ready (the gate's condition as the operator set it)."""
+        found = self.cluster.obj("v1/pods", self.namespace, pod.name) or {}
+        conditions = (found.get("status") or {}).get("conditions") or []
+        routed = any(c.get("type") == ROUTED_GATE and c.get("status") == "True"
+                     for c in conditions)  # fmt: skip
+        ready = pod.is_healthy and (routed or not pod.is_gated)
+        if ready == pod.is_ready and any(c.get("type") == "ContainersReady"
+                                         for c in conditions) == pod.is_healthy:
+            return
+        pod.is_ready = ready
+        wanted = [{"type": "ContainersReady", "status": "True"}] if pod.is_healthy else []
+        wanted.append({"type": "Ready", "status": "True" if ready else "False"})
+        if routed:
+            wanted.append({"type": ROUTED_GATE, "status": "True"})
+        await api(self.cluster, "PATCH", self._path(pod.name) + "/status",
+                  {"status": {"conditions": wanted}}, "application/merge-patch+json")
 
     def _victim(self, pods: list[FakePod]) -> FakePod:
         def cost(pod: FakePod) -> int:
@@ -172,11 +209,18 @@ class ProcessKubelet:
         log = (pod_dir / "log").open("wb")
         proc = subprocess.Popen(self._argv(container, ip, pod_dir), env=self._env(container),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.pods[name] = FakePod(name, deployment["metadata"]["name"], ip, proc)
+        annotations = dict(template["metadata"].get("annotations") or {})
+        gates = template["spec"].get("readinessGates") or []
+        self.pods[name] = FakePod(name, deployment["metadata"]["name"], ip, proc,
+                                  template_hash=annotations.get(TEMPLATE_HASH),
+                                  is_gated=any(g.get("conditionType") == ROUTED_GATE
+                                               for g in gates))  # fmt: skip
         await api(self.cluster, "POST", f"/api/v1/namespaces/{self.namespace}/pods", {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": self.namespace,
-                         "labels": dict(template["metadata"]["labels"])},
+                         "labels": dict(template["metadata"]["labels"]),
+                         "annotations": annotations},
+            "spec": {"readinessGates": gates},
             "status": {"phase": "Running", "podIP": ip,
                        "conditions": [{"type": "Ready", "status": "False"}],
                        "containerStatuses": [{"name": container["name"], "restartCount": 0,

@@ -2,10 +2,12 @@
 reconciles a pool; `process_kubelet` runs the real `kvfleet router` and simulated
 `kvfleet engine` processes the Deployments ask for, on loopback "pod IPs"; a bounded load
 step scales the unified Deployment up, and removing the load scales it down through
-drain; no client request fails."""
+drain; a spec change rolls the engines under load; no client request fails."""
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import json
 import sys
 from pathlib import Path
@@ -96,3 +98,48 @@ async def test_load_scales_up_and_down_through_drain_with_real_processes(cluster
             again = await run_load(f"http://{replacement.ip}:8000/v1", MODEL, concurrency=2,
                                    duration_s=2, max_tokens=8)
             assert again.num_failed == 0 and again.num_ok > 0, again.errors
+
+
+def engine_pods(kubelet) -> list:
+    return [p for p in kubelet.pods.values() if p.deployment == DEPLOYMENT]
+
+
+@pytest.mark.timeout(240)
+async def test_a_spec_change_rolls_the_engines_under_load_and_loses_nothing(cluster, tmp_path):
+    pool = copy.deepcopy(POOL)
+    pool["spec"]["topology"]["unified"]["replicas"] = {"min": 2, "max": 2}
+    path = f"/apis/kvfleet.io/v1alpha1/namespaces/{NS}/inferencepools"
+    config = OperatorConfig(max_tick_s=0.5, retry_delay_s=0.5)
+    async with operator_running(str(cluster.url), config):
+        async with ProcessKubelet(cluster, NS, tmp_path) as kubelet:
+            await api(cluster, "POST", path, pool)
+            await eventually(lambda: ready(cluster) and len(
+                [p for p in engine_pods(kubelet) if p.is_ready]) == 2, 90, "two engines Ready")
+            first = {p.name for p in engine_pods(kubelet)}
+            (old_hash,) = {p.template_hash for p in engine_pods(kubelet)}
+            router = next(p for p in kubelet.pods.values() if p.deployment == f"{NAME}-router")
+            load = asyncio.create_task(run_load(f"http://{router.ip}:8000/v1", MODEL,
+                                                concurrency=4, duration_s=30, max_tokens=32))
+            await asyncio.sleep(3)
+            # A spec change that reaches the engines' args: a new pod template.
+            await api(cluster, "PATCH", f"{path}/{NAME}",
+                      {"spec": {"engine": {"maxNumSeqs": 6}}}, "application/merge-patch+json")
+
+            def rolled() -> bool:
+                pods = engine_pods(kubelet)
+                return (len(pods) == 2 and not first & {p.name for p in pods}
+                        and all(p.is_ready and p.template_hash != old_hash for p in pods))
+
+            await eventually(rolled, 120, "the rollout to replace both engines")
+            result = await load
+            assert result.num_failed == 0, result.errors
+            assert result.num_ok > 0
+            gone = {p["metadata"]["name"]: p for p in kubelet.removed
+                    if p["metadata"]["labels"].get("kvfleet.io/role") == "unified"}
+            assert set(gone) == first  # the old pods went, and only they
+            for pod in gone.values():  # each was a rollout victim, drained before it went
+                annotations = pod["metadata"].get("annotations") or {}
+                assert "kvfleet.io/replaced" in annotations, annotations
+                assert annotations["controller.kubernetes.io/pod-deletion-cost"] == "-2147483647"
+            reasons = {json.loads(r.body)["reason"] for r in cluster.sent("POST", "/events")}
+            assert "ReplicaDraining" in reasons, reasons
