@@ -11,7 +11,7 @@ import yaml
 ROOT = Path(__file__).parents[2]
 CHART = ROOT / "charts" / "kvfleet"
 RELEASE = "kvfleet"
-NAMESPACE = "kvfleet-system"  # options.OPERATOR_NAMESPACE: the chart refuses any other
+NAMESPACE = "kvfleet-system"  # options.OPERATOR_NAMESPACE, the default
 EXAMPLE_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 # Every values set the tests render: the defaults, and each example values file.
 VALUE_SETS: dict[str, dict[str, Any] | None] = {

@@ -82,11 +82,14 @@ def test_what_must_be_set_fails_the_render_with_a_reason(case):
     assert message in str(err.value)
 
 
-def test_another_namespace_is_refused_with_the_reason():
-    with pytest.raises(helm.HelmRenderError) as err:
-        render_raw(namespace="default")
-    assert "install kvfleet into the namespace kvfleet-system" in str(err.value)
-    assert "NetworkPolicy" in str(err.value)
+def test_any_release_namespace_is_where_the_operator_says_it_runs():
+    from chart_render import manifests
+
+    objs = manifests(namespace="platform-ops")
+    (deployment,) = [o for o in objs if o["kind"] == "Deployment"]
+    assert deployment["metadata"]["namespace"] == "platform-ops"
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--operator-namespace") + 1] == "platform-ops"
 
 
 def test_the_schema_knows_every_value_and_nothing_else():

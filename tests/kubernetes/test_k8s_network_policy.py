@@ -101,3 +101,23 @@ def test_operator_location_is_configurable():
     assert admitted(policy, Pod("op", "ops", (("app", "kvf"),))) == {"TCP/8000"}
     assert admitted(policy, Pod("operator", OPERATOR_NAMESPACE,
                                 (("app.kubernetes.io/name", "kvfleet-operator"),))) == set()
+
+
+def test_render_admits_the_operator_from_the_namespace_it_is_told(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+    from k8s_pools import ROOT
+
+    done = subprocess.run([sys.executable, "-m", "kvfleet_operator.cli", "operator", "render",
+                           str(ROOT / "examples" / "vllm-unified.yaml"), "--without-secrets",
+                           "--operator-namespace", "platform-ops"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (policy,) = [d for d in yaml.safe_load_all(done.stdout)
+                 if d and d["kind"] == "NetworkPolicy" and "engine" in d["metadata"]["name"]]
+    sources = [s for rule in policy["spec"]["ingress"] for s in rule.get("from") or []]
+    namespaces = [s["namespaceSelector"]["matchLabels"] for s in sources
+                  if "namespaceSelector" in s]  # fmt: skip
+    assert {"kubernetes.io/metadata.name": "platform-ops"} in namespaces, namespaces

@@ -62,14 +62,11 @@ app.kubernetes.io/component: operator
 {{- end -}}
 
 {{/*
-The operator must run in kvfleet-system: every pool's engine NetworkPolicy admits the
-operator's scrapes and health checks from that namespace only (options.OPERATOR_NAMESPACE;
-`kvfleet operator run` has no flag to change it yet).
+Values that cannot work together. (Any release namespace works: the operator is told
+where it runs, `--operator-namespace`, and every pool's engine NetworkPolicy admits it
+from there.)
 */}}
 {{- define "kvfleet.checks" -}}
-{{- if ne .Release.Namespace "kvfleet-system" -}}
-{{- fail (printf "install kvfleet into the namespace kvfleet-system (helm install -n kvfleet-system --create-namespace), not %q: each pool's engine NetworkPolicy admits the operator from kvfleet-system only" .Release.Namespace) -}}
-{{- end -}}
 {{- if and .Values.operator.watchNamespaces .Values.rbac.secretNamespaces -}}
 {{- fail "rbac.secretNamespaces is for operator.watchNamespaces: [] only; each watched namespace already gets a Role with the pools' Secrets" -}}
 {{- end -}}

@@ -104,7 +104,8 @@ def render(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.namespace is not None:
         pool.namespace = args.namespace
     pool.uid = args.pool_uid or PLACEHOLDER_UID
-    options = BuildOptions(hf_token_secret=args.hf_token_secret)
+    options = BuildOptions(hf_token_secret=args.hf_token_secret,
+                           operator_namespace=args.operator_namespace)  # fmt: skip
     try:
         children = build_children(pool, tokens=PLACEHOLDER_TOKENS, image=args.image,
                                   options=options)

@@ -72,7 +72,7 @@ def build_operator_manifests(
         "command": ["kvfleet"],
         "args": ["operator", "run", "--all-namespaces",
                  "--liveness", f"http://0.0.0.0:{LIVENESS_PORT}/healthz",
-                 "--metrics-port", str(METRICS_PORT)],
+                 "--metrics-port", str(METRICS_PORT), "--operator-namespace", namespace],
         "ports": [{"name": "liveness", "containerPort": LIVENESS_PORT, "protocol": "TCP"},
                   {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
         "livenessProbe": probe,

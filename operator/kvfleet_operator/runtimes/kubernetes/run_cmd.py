@@ -11,10 +11,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 from typing import Any
 
 from .operator_config import OperatorConfig
-from .options import KVFLEET_IMAGE, BuildOptions
+from .options import KVFLEET_IMAGE, OPERATOR_NAMESPACE, BuildOptions
 
 
 def add_build_options(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +26,11 @@ def add_build_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-token-secret", metavar="NAME",
                         help="a Secret with key `token` in the pool's namespace holding the "
                         "HF token for hf:// models")
+    parser.add_argument("--operator-namespace", metavar="NS",
+                        default=os.environ.get("POD_NAMESPACE") or OPERATOR_NAMESPACE,
+                        help="the namespace the operator runs in: every pool's engine "
+                        "NetworkPolicy admits its health checks and scrapes from there "
+                        f"(default: $POD_NAMESPACE, else {OPERATOR_NAMESPACE})")
 
 
 def add_run_parser(sub: Any) -> None:
@@ -67,9 +73,11 @@ def _port(text: str) -> int:
 
 
 def config_from(args: argparse.Namespace) -> OperatorConfig:
+    options = BuildOptions(hf_token_secret=args.hf_token_secret,
+                           operator_namespace=args.operator_namespace)  # fmt: skip
     return OperatorConfig(image=args.image, prometheus_url=args.prometheus,
                           max_tick_s=args.max_tick, metrics_port=args.metrics_port,
-                          options=BuildOptions(hf_token_secret=args.hf_token_secret))  # fmt: skip
+                          options=options)  # fmt: skip
 
 
 async def operate(args: argparse.Namespace, stop_flag: asyncio.Event | None = None) -> None:
