@@ -201,6 +201,7 @@ async def create_pools(url: str, num_pools: int, concurrency: int) -> None:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    BenchShim.num_served, BenchShim.served_s, BenchShim.by_call = 0, 0.0, Counter()  # per run
     async with BenchShim() as shim, kmock.Server(shim) as server:
         shim.declare()
         url = str(server.url).rstrip("/")
