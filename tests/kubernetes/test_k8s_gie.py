@@ -1,7 +1,7 @@
 """`routing.gateway: {kind: gie}`: a GIE `inference.networking.k8s.io/v1` InferencePool
 over the pool's engine pods, pointing at kvfleet's endpoint picker (Deployment + Service),
-validated against GIE's CRD (vendored under tests/fixtures/gie, transcribed: see its
-header) with the apiserver's checks (schema, defaults, CEL) and plain JSON Schema.
+validated against GIE's CRD (v1.0.0, vendored unchanged under tests/fixtures/gie: see
+its header) with the apiserver's checks (schema, defaults, CEL) and plain JSON Schema.
 
 * the GIE pool selects exactly the engine pods, on their port, and its endpointPickerRef
   names the picker Service's ext_proc port with the spec's failureMode;
@@ -65,10 +65,12 @@ def pod_labels(objs: list[dict]) -> dict[str, dict[str, str]]:
             for o in objs if o["kind"] == "Deployment"}
 
 
-def test_the_vendored_gie_crd_is_a_valid_crd_marked_transcribed():
+def test_the_vendored_gie_crd_is_upstreams_v1_with_its_license():
     head = GIE_CRD_PATH.read_text().split("---", 1)[0]
     assert "Licensed under the Apache License, Version 2.0" in head
-    assert "TRANSCRIBED, NOT DOWNLOADED" in head
+    assert "tag v1.0.0" in head
+    bundle = GIE_CRD["metadata"]["annotations"]["inference.networking.k8s.io/bundle-version"]
+    assert bundle == "v1.0.0"
     assert "config/crd/bases/inference.networking.k8s.io_inferencepools.yaml" in head
     assert GIE_CRD["metadata"]["name"] == "inferencepools.inference.networking.k8s.io"
     assert kubernetes_validate.validate(GIE_CRD, "1.33", strict=True)
@@ -161,8 +163,8 @@ def test_no_gateway_no_gie_children():
 @pytest.mark.parametrize("breakage, layer", [
     (lambda s: s["endpointPickerRef"].update(failureMode="Sometimes"), "schema"),
     (lambda s: s["endpointPickerRef"].pop("port"), "cel"),
-    (lambda s: s.update(targetPorts=[{"number": 8000}, {"number": 8000}]), "cel"),
-    (lambda s: s["selector"].update(matchLabels={}), "schema"),
+    (lambda s: s.update(targetPorts=[{"number": 8000}, {"number": 8001}]), "schema"),  # v1: one
+    (lambda s: s["selector"]["matchLabels"].update(bad="-not-a-label-"), "schema"),
     (lambda s: s.pop("endpointPickerRef"), "schema"),
 ])
 def test_the_gie_validation_catches_a_broken_pool(breakage, layer):
