@@ -54,9 +54,9 @@ def kv_events_config(port: int) -> dict[str, object]:
 
 
 def is_precise_routing(spec: PoolSpec) -> bool:
-    """The pool asks the router for a precise (KV-event) prefix index. Read by name so a
-    `routing.prefixMode` field (not in the API yet) switches it on without a change here."""
-    return getattr(spec.routing, "prefix_mode", "approximate") == "precise"
+    """The pool asks the router for a precise (KV-event) prefix index:
+    `routing.prefixMode: precise`."""
+    return spec.routing.prefix_mode == "precise"
 
 
 def _vllm_command() -> list[str]:

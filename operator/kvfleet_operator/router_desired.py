@@ -20,7 +20,6 @@ from kvfleet_operator.api.spec import PoolSpec
 
 # The router learns prefix locality by hashing prompt text; precise KV-event indexing is
 # opt-in per endpoint and needs kvfleet engines, so the default stays approximate.
-PREFIX_MODE = "approximate"
 COLD_START_HOLD_S = 60.0  # how long the router holds a request for a pool scaled to zero
 
 
@@ -61,7 +60,7 @@ def build_router_config(
                 "state": "draining" if ep.is_draining else "active",
                 "capacity": capacity(spec),
                 "models": [spec.model.api_name],
-                "prefix_mode": PREFIX_MODE,
+                "prefix_mode": r.prefix_mode,
             }
             for ep in sorted(endpoints, key=lambda e: e.name)
         ],

@@ -109,12 +109,33 @@ def test_local_command_is_the_module_entry_point(monkeypatch):
         "/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
 
 
-def test_precise_routing_renders_kv_events_config(monkeypatch):
+def test_precise_routing_renders_kv_events_config():
     spec = parse_pool(_pool({})).spec
+    assert spec.routing.prefix_mode == "approximate"  # the default
     assert "--kv-events-config" not in ea.engine_args(spec, "unified", port=9000)
-    monkeypatch.setattr(ea, "is_precise_routing", lambda spec: True)
+    precise = _pool({})
+    precise["spec"]["routing"] = {"prefixMode": "precise"}
+    spec = parse_pool(precise).spec
     args = ea.engine_args(spec, "unified", port=9000)
     cfg = json.loads(args[args.index("--kv-events-config") + 1])
     assert cfg == {"enable_kv_cache_events": True, "publisher": "zmq",
                    "endpoint": "tcp://*:9001", "replay_endpoint": "tcp://*:9002"}
     assert FLAGS is not None and vc.unknown_flags(args, FLAGS) == []
+
+
+def test_the_router_config_and_the_network_policy_follow_the_prefix_mode():
+    from kvfleet_operator.router_desired import RouterEndpoint, build_router_config
+    from kvfleet_operator.runtimes.kubernetes.network_policy import build_network_policy
+    from kvfleet_operator.runtimes.kubernetes.options import BuildOptions
+
+    for mode, router_ports in (("approximate", [8000]), ("precise", [8000, 8001, 8002])):
+        body = _pool({})
+        body["spec"]["routing"] = {"prefixMode": mode}
+        body["metadata"]["uid"] = "uid-1"  # owner references need one
+        pool = parse_pool(body)
+        endpoint = RouterEndpoint(name="r0", url="http://10.0.0.1:8000", role="unified")
+        config = build_router_config(pool.spec, [endpoint], 1)
+        assert [e["prefix_mode"] for e in config["endpoints"]] == [mode]
+        policy = build_network_policy(pool, BuildOptions())
+        front = policy["spec"]["ingress"][0]
+        assert [p["port"] for p in front["ports"]] == router_ports

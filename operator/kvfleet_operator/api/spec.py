@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvfleet_engine import contract
-from kvfleet_router.config import PolicyConfig
+from kvfleet_router.config import PREFIX_MODES, PolicyConfig
 
 from .errors import SpecError, UnservableSpecError
 from .fields import Rule, spec_field
@@ -229,6 +229,7 @@ class RoutingSpec:
     replicas: int = spec_field(1, minimum=1, maximum=32)
     pd_threshold_tokens: int = spec_field(128, minimum=0, maximum=1048576)
     placement: str = spec_field("deployment", enum=ROUTER_PLACEMENTS)
+    prefix_mode: str = spec_field("approximate", enum=PREFIX_MODES)
     gateway: GatewaySpec | None = spec_field(None)
 
     def __post_init__(self) -> None:

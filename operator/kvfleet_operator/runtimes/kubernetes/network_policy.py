@@ -1,6 +1,7 @@
 """The engines' NetworkPolicy: a pool's engine pods accept traffic only from
 
-- the pool's router pods (the OpenAI API and KV events, on the engine port),
+- the pool's router pods (the OpenAI API and KV events, on the engine port; with
+  `routing.prefixMode: precise` on vLLM also its ZMQ KV-event PUB and replay ports, +1 and +2),
 - the operator's pods (health and `/metrics` scrapes, on the engine port),
 - their own pool's engine pods, on any port (P/D KV transfer: kvfleet's HTTP pull, or
   vLLM's NIXL side channel and its UCX transports on ports of their own; with `placement:
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvfleet_operator.api.pool import InferencePool
+from kvfleet_operator.engine_args import is_precise_routing, kv_events_endpoints
 
 from . import meta
 from .options import BuildOptions
@@ -27,7 +29,11 @@ NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 def build_network_policy(pool: InferencePool, options: BuildOptions) -> dict[str, Any]:
     engines = meta.selector(pool, meta.ENGINE)
-    engine_ports = [{"protocol": "TCP", "port": engine_port(pool)}]
+    port = engine_port(pool)
+    engine_ports = [{"protocol": "TCP", "port": port}]
+    router_ports = list(engine_ports)
+    if pool.spec.engine.kind == "vllm" and is_precise_routing(pool.spec):
+        router_ports += [{"protocol": "TCP", "port": p} for p in kv_events_endpoints(port)]
     operator_peer = {
         "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: options.operator_namespace}},
         "podSelector": {"matchLabels": dict(options.operator_pod_labels)},
@@ -36,7 +42,7 @@ def build_network_policy(pool: InferencePool, options: BuildOptions) -> dict[str
         front: dict[str, Any] = {"ports": [{"protocol": "TCP", "port": ROUTER_PORT}]}
     else:
         routers = meta.selector(pool, meta.ROUTER, meta.ROUTER)
-        front = {"from": [{"podSelector": {"matchLabels": routers}}], "ports": engine_ports}
+        front = {"from": [{"podSelector": {"matchLabels": routers}}], "ports": router_ports}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
