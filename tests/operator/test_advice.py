@@ -26,6 +26,11 @@ def test_a_stabilization_window_thousands_of_drain_timeouts_long_is_odd():
     assert odd_settings(_spec()) == []  # the defaults are not odd
 
 
+def test_a_gateway_is_named_as_something_a_local_fleet_ignores():
+    lines = unhonoured_fields(_spec(routing={"gateway": {"kind": "gie"}}))
+    assert len(lines) == 1 and "routing.gateway (gie)" in lines[0], lines
+
+
 def test_fields_a_local_fleet_cannot_honour_are_named():
     role = {"replicas": {"min": 1, "max": 2}, "nodeSelector": {"gpu": "h100"},
             "tolerations": [{"key": "gpu", "operator": "Exists"}],

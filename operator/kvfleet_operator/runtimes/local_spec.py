@@ -17,6 +17,9 @@ def unhonoured_fields(spec: PoolSpec) -> list[str]:
     if spec.routing.placement != "deployment":
         out.append(f"routing.placement ({spec.routing.placement}) is ignored: a local fleet "
                    "runs one router process in front of its engines")
+    if spec.routing.gateway is not None:
+        out.append(f"routing.gateway ({spec.routing.gateway.kind}) is ignored: a local fleet "
+                   "runs kvfleet's router, no gateway endpoint picker")
     if spec.routing.replicas > 1:
         out.append(f"routing.replicas ({spec.routing.replicas}) is ignored: a local fleet "
                    "runs one router")
