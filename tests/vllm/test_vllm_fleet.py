@@ -85,7 +85,9 @@ def test_kvfleet_up_with_vllm_scales_up_and_drains_down_without_a_failed_request
 
         async def scenario():
             results, t_up = [], None
-            deadline = time.monotonic() + 420
+            # The second replica starts while the first serves the load on the same 2 cores:
+            # seen to take 8 min here (its worker starved), against about 1 min when idle.
+            deadline = time.monotonic() + 660
             while time.monotonic() < deadline:
                 # 4 = the router's per-endpoint capacity (2 x maxNumSeqs): the queue builds
                 # in vLLM (waiting 2 > target 1), never in the router (which sheds with 429).
