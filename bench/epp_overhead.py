@@ -35,6 +35,7 @@ from typing import Any
 import procs
 import routers
 import wrkload
+from report import write_report
 
 sys.path.insert(0, str(procs.REPO_DIR / "router"))
 from kvfleet_router.epp.envoy_config import EnvoyOptions, envoy_bootstrap  # noqa: E402
@@ -298,11 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         "load": "wrk " + wrkload.version(), "runs": runs,
         "summary": summarise(runs, args.level_list),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
     md = markdown(result)
-    out.with_suffix(".md").write_text(md)
+    write_report(Path(args.out), result, md)
     print(md)
     return 0
 

@@ -46,6 +46,7 @@ import loadgen
 import openai_conformance
 import procs
 import routers
+from report import write_report
 
 sys.path.insert(0, str(procs.REPO_DIR / "tests" / "vllm"))
 import vllm_helpers  # noqa: E402
@@ -349,11 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_command": vllm_cmd, "kvfleet_engine_command": eng_cmd,
         "conformance": conformance, "runs": runs, "summary": summarise(runs, args),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
     md = markdown(result)
-    out.with_suffix(".md").write_text(md)
+    write_report(Path(args.out), result, md)
     print(md)
     return 0
 
