@@ -251,6 +251,9 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.from_json:
+        if not Path(args.from_json).is_file():
+            print(f"router_vllm_overhead: no results file {args.from_json}", file=sys.stderr)
+            return 2
         result = json.loads(Path(args.from_json).read_text())
         args.levels = result["levels"]
         result["summary"] = summarise(result["runs"], args)
