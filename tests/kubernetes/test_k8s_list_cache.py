@@ -63,3 +63,19 @@ def test_the_api_session_reads_proxy_settings_only_where_the_environment_has_the
     assert session_kwargs({}) == {"trust_env": False}  # no netrc/proxy lookups per request
     assert session_kwargs({"HTTPS_PROXY": "http://proxy:3128"}) == {}  # aiohttp honours it
     assert session_kwargs({"NETRC": "/etc/netrc"}) == {}
+
+
+def test_the_client_applies_that_choice_to_its_session(monkeypatch):
+    from kubernetes.aio import client as kclient
+    from kvfleet_operator.runtimes.kubernetes.kube_client import PROXY_ENV, KubeClient
+
+    for name in PROXY_ENV:
+        monkeypatch.delenv(name, raising=False)
+    configuration = kclient.Configuration(host="http://127.0.0.1:1")
+    KubeClient(configuration)
+    assert configuration.client_session_kwargs == {"trust_env": False}
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    configuration = kclient.Configuration(host="http://127.0.0.1:1")
+    KubeClient(configuration)
+    extra = getattr(configuration, "client_session_kwargs", None) or {}
+    assert extra.get("trust_env", True) is True  # aiohttp's default: it reads the proxy
