@@ -27,7 +27,7 @@ def check_invariants(kv, live):
     for req in live:
         for b in req.block_ids:
             expected[b] += 1
-    assert [b.ref_cnt for b in pool.blocks] == expected
+    assert pool.ref_counts() == expected
     free_ids = pool.free_block_ids_in_order()
     assert len(free_ids) == len(set(free_ids))
     assert sorted(free_ids) == [i for i in range(1, NUM_BLOCKS) if expected[i] == 0]

@@ -7,6 +7,9 @@ never handed out (runners may point padding at it).
 - A block with ref_cnt == 0 sits in the free queue, in LRU order (first out = evicted
   first). If it carries a hash it is still a prefix-cache entry and can be revived by a
   hit until it is handed out again, at which point its hash is evicted (BlockRemoved).
+- Never-used blocks come first, in id order; each gets its `KVBlock` when first handed
+  out, so a pool costs memory for the blocks it has used, not for its size (the
+  simulator runs a thousand pools of 25,000 blocks).
 - Cache entries are keyed by a chained hash (parent hash + the block's tokens) and a hit
   is checked against the stored tokens and parent, so a hash collision never aliases.
 """
@@ -65,11 +68,11 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
+        # Blocks handed out at least once, by id: ids come out fresh in order, so this grows
+        # by appending. Ids from len(self.blocks) up are never-used and free.
+        self.blocks = [KVBlock(NULL_BLOCK_ID)]
         self.blocks[NULL_BLOCK_ID].ref_cnt = 1  # pinned forever
-        self._free: OrderedDict[int, KVBlock] = OrderedDict(
-            (b.block_id, b) for b in self.blocks[1:]
-        )
+        self._free: OrderedDict[int, KVBlock] = OrderedDict()  # used once, now free: LRU
         self._cached: dict[int, KVBlock] = {}
         self._clock = clock
         self._events: deque[KVEvent] = deque(maxlen=max_pending_events)
@@ -84,7 +87,7 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks that can be handed out now (never-used, freed, or evictable cached)."""
-        return len(self._free)
+        return len(self._free) + self.num_blocks - len(self.blocks)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -92,7 +95,7 @@ class BlockPool:
 
     def usage(self) -> float:
         """Fraction of usable blocks held by requests (evictable cached blocks count free)."""
-        return 1.0 - len(self._free) / self.num_usable_blocks
+        return 1.0 - self.num_free_blocks / self.num_usable_blocks
 
     # --- prefix cache ---
 
@@ -149,13 +152,20 @@ class BlockPool:
             block.ref_cnt += 1
 
     def allocate(self, num_blocks: int) -> list[KVBlock]:
-        """Hand out the `num_blocks` least recently freed blocks, evicting their hashes."""
-        if num_blocks > len(self._free):
-            raise ValueError(f"cannot allocate {num_blocks} blocks, {len(self._free)} free")
-        out: list[KVBlock] = []
+        """Hand out `num_blocks`: never-used ones first, then the least recently freed, whose
+        hashes are evicted."""
+        num_free = self.num_free_blocks
+        if num_blocks > num_free:
+            raise ValueError(f"cannot allocate {num_blocks} blocks, {num_free} free")
+        blocks = self.blocks
+        num_fresh = min(num_blocks, self.num_blocks - len(blocks))
+        out = [KVBlock(i) for i in range(len(blocks), len(blocks) + num_fresh)]
+        blocks.extend(out)
+        for block in out:
+            block.ref_cnt = 1
         removed: list[int] = []
         popitem = self._free.popitem
-        for _ in range(num_blocks):
+        for _ in range(num_blocks - num_fresh):
             _, block = popitem(last=False)
             if block.block_hash is not None:
                 removed.append(block.block_hash)
@@ -181,7 +191,11 @@ class BlockPool:
 
     def free_block_ids_in_order(self) -> list[int]:
         """The free queue, first-evicted first (for tests and debugging)."""
-        return list(self._free)
+        return [*range(len(self.blocks), self.num_blocks), *self._free]
+
+    def ref_counts(self) -> list[int]:
+        """Every block's reference count by id, never-used ones 0 (for tests)."""
+        return [b.ref_cnt for b in self.blocks] + [0] * (self.num_blocks - len(self.blocks))
 
     # --- events ---
 

@@ -78,7 +78,9 @@ class SimulatedRunner:
         self.clock = clock
         self._sleep = sleep
         self.seed = seed  # for sampled (non-greedy) requests that bring no seed of their own
-        self._kv = [0] * (self.num_blocks * self.block_size)
+        # One value per KV slot, to check the scheduler's block tables; without the check
+        # (the simulator) no value is ever written, so none is stored.
+        self._kv = [0] * (self.num_blocks * self.block_size) if check_kv else []
         self.last_step_s = 0.0
         self.total_step_s = 0.0
         self.num_steps = 0
@@ -137,7 +139,10 @@ class SimulatedRunner:
         out = array("Q")
         for b in block_ids:
             self._check_block(b)
-            out.extend(self._kv[b * bs : (b + 1) * bs])
+            if self.check_kv:
+                out.extend(self._kv[b * bs : (b + 1) * bs])
+        if not self.check_kv:
+            return bytes(out.itemsize * bs * len(block_ids))  # never written: zeros
         return out.tobytes()
 
     def write_blocks(self, block_ids: list[int], data: bytes) -> None:
@@ -150,7 +155,8 @@ class SimulatedRunner:
         values.frombytes(data)
         for i, b in enumerate(block_ids):
             self._check_block(b)
-            self._kv[b * bs : (b + 1) * bs] = values[i * bs : (i + 1) * bs].tolist()
+            if self.check_kv:
+                self._kv[b * bs : (b + 1) * bs] = values[i * bs : (i + 1) * bs].tolist()
 
     def _check_block(self, block_id: int) -> None:
         if not 0 < block_id < self.num_blocks:
