@@ -9,6 +9,8 @@ Each factory takes the pool spec and returns a `SimScaler`: the control loop's `
              replica": one target, desired = ceil(total waiting / 5), run through the same
              decide() machinery with the pool's windows, steps and clamps but no panic
              mode and no other signal, so only the rule differs.
+* kpa:       Knative's KPA (`kpa.kpa_decide`): stable and panic windows over concurrency
+             (running + waiting per replica), target 0.7 x maxNumSeqs per replica.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from kvfleet_operator.autoscaler import AutoscalerConfig, Decision, History, Rol
 from kvfleet_operator.autoscaler_spec import config_from_pool
 from kvfleet_operator.loop.control_loop import Scaler
 from kvfleet_operator.signals import Signals
+
+from kvfleet_sim.kpa import KPAConfig, kpa_decide
 
 NO_PANIC = 1e12  # a panic threshold no demand reaches
 
@@ -54,10 +58,21 @@ def _waiting_rule(spec: PoolSpec, per_replica: float = 5.0) -> SimScaler:
     return _with_config(dataclasses.replace(base, targets=only_waiting, panic_threshold=NO_PANIC))
 
 
+def _kpa(spec: PoolSpec) -> SimScaler:
+    config = KPAConfig.from_pool(spec)
+
+    def scaler(stable: Signals, panic: Signals, current: dict[str, int], history: History,
+               now: float) -> Decision:  # fmt: skip
+        return kpa_decide(stable, panic, current, config, history, now)
+
+    return SimScaler(scaler)
+
+
 SCALERS: dict[str, Callable[[PoolSpec], SimScaler]] = {
     "kvfleet": lambda spec: _with_config(config_from_pool(spec)),
     "fixed-max": lambda spec: _fixed(
         {name: r.replicas.max for name, r in spec.topology.roles().items()}
     ),
     "waiting-5": _waiting_rule,
+    "kpa": _kpa,
 }
