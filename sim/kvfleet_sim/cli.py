@@ -6,11 +6,16 @@
     kvfleet sim compare --trace ... --pool a.yaml --policy cache-aware --policy round-robin
     kvfleet sim --trace ... --pool ...   # (no subcommand) compare every scaler, as before
     kvfleet sim gate --baseline old.yaml --candidate new.yaml --trace ...   # exit 1: worse
+    kvfleet sim efficiency --trace ... --pool a.yaml --replicas 1,2,4,8 --plot eff.png
 
 `run` replays one configuration; `compare` replays every combination of the given pools,
 scalers and policies on the same trace slice and seed, one table; `gate` replays a
 baseline and a candidate pool and exits 1 when the candidate's SLO attainment is lower, or
-its replica-seconds higher, beyond a tolerance (the check a GitOps pull request runs).
+its replica-seconds higher, beyond a tolerance (the check a GitOps pull request runs);
+`efficiency` pins the pool at each N replicas and bisects the rate multiplier for the
+highest rate that still meets `--slo-attainment`, then prints rate(N) / (N x rate(1))
+(`efficiency.py`). `--plot-dir` writes replicas over time against load, TTFT/E2E CDFs
+and hit rate per run as PNGs (`plots.py`).
 Traces: the Azure LLM CSVs or the Mooncake JSONL (by content). Results (`--json`) are
 bit-for-bit reproducible for a given seed. Prefill/decode pools take the router's P/D
 path, with the KV hand-off over `--kv-gbytes-per-s` plus `--kv-latency-ms`. Bad flags, an
@@ -28,13 +33,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kvfleet_sim import efficiency, plots
 from kvfleet_sim.fleet import SimError, SimSettings
 from kvfleet_sim.report import Summary
-from kvfleet_sim.run import POLICIES, SimRun, Variant, run_variants
+from kvfleet_sim.run import POLICIES, Variant, run_variants
 from kvfleet_sim.scalers import SCALERS
 from kvfleet_sim.trace import TraceError, TraceRequest
 
-COMMANDS = ("run", "compare", "gate")
+COMMANDS = ("run", "compare", "gate", "efficiency")
 
 
 class CLIError(Exception):
@@ -65,10 +71,28 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="P/D: fixed latency per KV hand-off")  # fmt: skip
     p.add_argument("--ttft-slo", type=float, default=None, help="default: the pool's target")
     p.add_argument("--itl-slo", type=float, default=None, help="default: pool's, else 0.05")
-    p.add_argument("--json", default=None, help="write summaries and timelines here")
-    p.add_argument("--plot", default=None, help="write a replicas-over-time PNG here")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar on stderr (tqdm; default: when stderr is a terminal)")
+
+
+def _outputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", default=None, help="write summaries and timelines here")
+    p.add_argument("--plot", default=None, help="write a replicas-over-time PNG here")
+    p.add_argument("--plot-dir", default=None,
+                   help="write replicas.png (against load), latency_cdf.png, hit_rate.png")
+
+
+def replica_list(text: str) -> list[int]:
+    """`1,2,4,8` -> [1, 2, 4, 8] (argparse type)."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") \
+            from None  # fmt: skip
+    try:
+        return efficiency.check_replicas(counts)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,12 +100,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="replay one configuration")
     _common(run)
+    _outputs(run)
     run.add_argument("--pool", required=True, help="InferencePool YAML (builtin, simulated)")
     run.add_argument("--scaler", choices=sorted(SCALERS), default="kvfleet")
     run.add_argument("--policy", choices=sorted(POLICIES), default=None,
                      help="routing policy in place of the pool's")  # fmt: skip
     cmp = sub.add_parser("compare", help="several pools, scalers or policies, one table")
     _common(cmp)
+    _outputs(cmp)
     cmp.add_argument("--pool", action="append", required=True, help="repeatable")
     cmp.add_argument("--scaler", action="append", choices=sorted(SCALERS),
                      help="repeatable; default: all of them")  # fmt: skip
@@ -89,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="repeatable; default: each pool's own")  # fmt: skip
     gate = sub.add_parser("gate", help="exit 1 when a candidate pool is worse than a baseline")
     _common(gate)
+    _outputs(gate)
     gate.add_argument("--baseline", required=True, help="InferencePool YAML in force")
     gate.add_argument("--candidate", required=True, help="InferencePool YAML proposed")
     gate.add_argument("--scaler", choices=sorted(SCALERS), default="kvfleet")
@@ -96,6 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
                       help="SLO attainment the candidate may lose (absolute fraction)")
     gate.add_argument("--cost-tolerance", type=float, default=0.05,
                       help="replica-seconds the candidate may add (relative)")  # fmt: skip
+    eff = sub.add_parser("efficiency", help="scaling efficiency at N = 1, 2, 4, ... replicas")
+    _common(eff)
+    eff.add_argument("--pool", required=True, help="InferencePool YAML, pinned at each N")
+    eff.add_argument("--replicas", type=replica_list, default=[1, 2, 4, 8],
+                     help="comma-separated replica counts (1 is always measured)")
+    eff.add_argument("--slo-attainment", type=float, default=0.99,
+                     help="the fraction of requests that must meet the SLO")  # fmt: skip
+    eff.add_argument("--tolerance", type=float, default=efficiency.DEFAULT_TOLERANCE,
+                     help="bisection stops at hi / lo <= 1 + this")  # fmt: skip
+    eff.add_argument("--json", default=None, help="write every point and probe here")
+    eff.add_argument("--plot", default=None, help="write the efficiency-vs-N PNG here")
     return p
 
 
@@ -146,27 +184,6 @@ def format_table(summaries: list[Summary], ttft_slo: float, itl_slo: float) -> s
     return "\n".join(rows)
 
 
-def write_plot(path: str, runs: list[SimRun], start_s: float) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    styles = ["-", "--", ":", "-."]
-    for i, run in enumerate(runs):
-        pts = [(t - start_s, p) for t, p, _ in run.result.timeline if t >= start_s]
-        ax.step([t for t, _ in pts], [p for _, p in pts], where="post", label=run.name,
-                linestyle=styles[i % len(styles)],
-                linewidth=max(0.8, 2.5 - 0.5 * i))  # fmt: skip
-    ax.set_xlabel("virtual seconds into the measured slice")
-    ax.set_ylabel("replicas provisioned")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 Progress = Callable[[list[TraceRequest], str], Callable[[int], None]]
 
 
@@ -191,6 +208,71 @@ def progress_bars(enabled: bool) -> Progress | None:
     return make
 
 
+def probe_line(enabled: bool) -> tuple[Callable[[int, float, Summary], None] | None,
+                                       Callable[[], None]]:  # fmt: skip
+    """(efficiency's on_probe, close): one tqdm line counting replays, naming the last."""
+    if not enabled:
+        return None, lambda: None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None, lambda: None
+    bar = tqdm(desc="scaling efficiency", unit="replay", file=sys.stderr)
+
+    def on_probe(n: int, rate: float, summary: Summary) -> None:
+        bar.update(1)
+        bar.set_postfix_str(f"N={n} rate x{rate:.3g}: SLO met {summary.slo_attainment:.1%}")
+
+    return on_probe, bar.close
+
+
+def settings_of(args: argparse.Namespace) -> SimSettings:
+    return SimSettings(startup_s=args.startup_s, seed=args.seed, prefix_mode=args.prefix_mode,
+                       kv_bytes_per_s=args.kv_gbytes_per_s * 1e9,
+                       kv_latency_s=args.kv_latency_ms / 1000)  # fmt: skip
+
+
+def _fail(exc: Exception) -> int:
+    print(f"kvfleet sim: {str(exc).splitlines()[0]}", file=sys.stderr)
+    return 2
+
+
+ERRORS = (CLIError, SimError, TraceError, ValueError, OSError)
+
+
+def main_efficiency(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    on_probe, close = probe_line(show)
+    try:
+        points, ttft_slo, itl_slo = efficiency.measure(
+            args.trace, args.pool, args.replicas, start_s=args.start_s,
+            duration_s=args.duration_s, warmup_s=args.warmup_s, compress=args.compress,
+            settings=settings_of(args), slo_attainment=args.slo_attainment,
+            tol=args.tolerance, first_guess=args.rate, ttft_slo_s=args.ttft_slo,
+            itl_slo_s=args.itl_slo, progress=progress_bars(show), on_probe=on_probe,
+        )  # fmt: skip
+    except ERRORS as exc:
+        return _fail(exc)
+    finally:
+        close()
+    print(f"SLO: {args.slo_attainment:.1%} of requests with TTFT <= {ttft_slo:g} s and mean "
+          f"ITL <= {itl_slo * 1000:g} ms")  # fmt: skip
+    print(efficiency.format_table(points))
+    probes = sum(len(p.probes) for p in points)
+    print(f"({probes} replays in {time.perf_counter() - started:.0f} s wall)")
+    if args.json:
+        settings = {k: v for k, v in vars(args).items() if k not in ("json", "plot", "progress")}
+        out = {"args": settings, "ttft_slo_s": ttft_slo, "itl_slo_s": itl_slo,
+               "slo_attainment": args.slo_attainment, "tolerance": args.tolerance,
+               "points": [p.to_dict() for p in points]}  # fmt: skip
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    if args.plot:
+        plots.plot_efficiency(args.plot, points, f"{Path(args.pool).name}, "
+                              f"SLO met by >= {args.slo_attainment:.0%}")  # fmt: skip
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
         argv = ["compare", *argv]  # `kvfleet sim --trace ... --pool ...`, as before
@@ -198,21 +280,21 @@ def main(argv: list[str]) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "gate" and not (args.slo_tolerance >= 0 and args.cost_tolerance >= 0):
             raise CLIError("--slo-tolerance and --cost-tolerance must be >= 0")
+    except ERRORS as exc:
+        return _fail(exc)
+    if args.command == "efficiency":
+        return main_efficiency(args)
+    try:
         started = time.perf_counter()
         show = sys.stderr.isatty() if args.progress is None else args.progress
         runs, ttft_slo, itl_slo = run_variants(
             trace_path=args.trace, variants=variants_of(args),
             start_s=args.start_s, duration_s=args.duration_s, warmup_s=args.warmup_s,
-            compress=args.compress, rate=args.rate,
-            settings=SimSettings(startup_s=args.startup_s, seed=args.seed,
-                                 prefix_mode=args.prefix_mode,
-                                 kv_bytes_per_s=args.kv_gbytes_per_s * 1e9,
-                                 kv_latency_s=args.kv_latency_ms / 1000),
+            compress=args.compress, rate=args.rate, settings=settings_of(args),
             ttft_slo_s=args.ttft_slo, itl_slo_s=args.itl_slo, progress=progress_bars(show),
         )  # fmt: skip
-    except (CLIError, SimError, TraceError, ValueError, OSError) as exc:
-        print(f"kvfleet sim: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 2
+    except ERRORS as exc:
+        return _fail(exc)
     summaries = [r.summary for r in runs]
     if args.command == "gate":
         for s, role in zip(summaries, ("baseline", "candidate"), strict=True):
@@ -220,12 +302,16 @@ def main(argv: list[str]) -> int:
     print(format_table(summaries, ttft_slo, itl_slo))
     print(f"({len(runs)} runs in {time.perf_counter() - started:.0f} s wall)")
     if args.json:
-        settings = {k: v for k, v in vars(args).items() if k not in ("json", "plot", "progress")}
+        skip = ("json", "plot", "plot_dir", "progress")
+        settings = {k: v for k, v in vars(args).items() if k not in skip}
         out = {"args": settings, "ttft_slo_s": ttft_slo, "itl_slo_s": itl_slo,
                "runs": [r.to_dict() for r in runs]}  # fmt: skip
         Path(args.json).write_text(json.dumps(out, indent=1))
     if args.plot:
-        write_plot(args.plot, runs, runs[0].start_s if runs else 0.0)
+        plots.plot_replicas(args.plot, runs)
+    if args.plot_dir:
+        for path in plots.write_all(args.plot_dir, runs):
+            print(f"wrote {path}")
     if args.command == "gate":
         why = gate_verdict(summaries[0], summaries[1], args.slo_tolerance, args.cost_tolerance)
         print("gate: " + ("; ".join(why) if why else "candidate is no worse than baseline"))

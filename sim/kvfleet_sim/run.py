@@ -1,8 +1,9 @@
 """Load a trace slice and pools, run each configuration over the same requests.
 
-A configuration (`Variant`) is a pool file, a scaler (`scalers.SCALERS`) and optionally a
+A configuration (`Variant`) is a pool file, a scaler (`scalers.SCALERS`), optionally a
 routing policy that replaces the pool's `routing.policy` (`policy_overrides` below: every
-registered router policy, plus `sgl-cache-aware`, sgl-router's rule as a kvfleet config).
+registered router policy, plus `sgl-cache-aware`, sgl-router's rule as a kvfleet config),
+and optionally a replica count that pins every role at min = max = N (scaling efficiency).
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from typing import Any
 
 from kvfleet_operator.api import load_pool
 from kvfleet_operator.api.pool import InferencePool
-from kvfleet_operator.api.spec import ROUTING_POLICIES, ImbalanceSpec, RoutingSpec, WeightsSpec
+from kvfleet_operator.api.spec import (
+    ROUTING_POLICIES,
+    ImbalanceSpec,
+    ReplicasSpec,
+    RoutingSpec,
+    WeightsSpec,
+)
 
 from kvfleet_sim.fleet import FleetSim, SimError, SimResult, SimSettings
 from kvfleet_sim.report import Summary, summarize
@@ -57,11 +64,13 @@ class Variant:
     pool_path: str
     scaler: str = "kvfleet"
     policy: str | None = None  # None: the pool's own routing
+    replicas: int | None = None  # every role pinned at min = max = this; None: the pool's
 
     def label(self, varying: set[str]) -> str:
         """The fields that differ between the compared variants (else the scaler)."""
         parts = [self.pool_path] if "pool_path" in varying else []
         parts += [self.policy or "pool's policy"] if "policy" in varying else []
+        parts += [f"{self.replicas} replicas"] if "replicas" in varying else []
         if "scaler" in varying or not parts:
             parts.append(self.scaler)
         return " / ".join(parts)
@@ -70,7 +79,16 @@ class Variant:
         pool = load_pool(self.pool_path)  # fresh status per run
         if self.policy is not None:
             pool.spec.routing = POLICIES[self.policy](pool.spec.routing)
+        if self.replicas is not None:
+            for role in pool.spec.topology.roles().values():
+                role.replicas = ReplicasSpec(min=self.replicas, max=self.replicas)
         return pool
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if self.replicas is None:
+            del out["replicas"]  # as before the field existed
+        return out
 
 
 @dataclass(slots=True)
@@ -83,7 +101,7 @@ class SimRun:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "variant": dataclasses.asdict(self.variant),
+            "variant": self.variant.to_dict(),
             "summary": self.summary.to_dict(),
             "timeline": self.result.timeline,
             "role_timeline": self.result.role_timeline,
@@ -100,6 +118,8 @@ def check_variants(variants: list[Variant]) -> None:
             raise ValueError(f"unknown scaler {v.scaler!r}; known: {', '.join(SCALERS)}")
         if v.policy is not None and v.policy not in POLICIES:
             raise ValueError(f"unknown policy {v.policy!r}; known: {', '.join(POLICIES)}")
+        if v.replicas is not None and not 1 <= v.replicas <= 1000:
+            raise ValueError(f"replicas must be in 1..1000, got {v.replicas}")
 
 
 def load_slice(trace_path: str, start_s: float, duration_s: float, warmup_s: float,
@@ -136,7 +156,7 @@ def run_variants(
     itl = itl_slo_s or targets.itl_p90_seconds or DEFAULT_ITL_SLO_S
     measure_from = warmup_s / compress
     measure_to = (warmup_s + duration_s) / compress
-    varying = {f for f in ("pool_path", "scaler", "policy")
+    varying = {f for f in ("pool_path", "scaler", "policy", "replicas")
                if len({getattr(v, f) for v in variants}) > 1}  # fmt: skip
     runs = []
     for v, pool in zip(variants, pools, strict=True):
