@@ -107,6 +107,10 @@ class BlockPool:
             return None
         return block
 
+    def cached_block(self, block_hash: int) -> KVBlock | None:
+        """The block serving this hash, unverified (a peer export checks the parent chain)."""
+        return self._cached.get(block_hash)
+
     def cache_blocks(
         self,
         blocks: Sequence[KVBlock],

@@ -6,10 +6,12 @@ it from one thread, e.g. the server's engine thread):
     engine = LLMEngine(EngineConfig(...), runner, tokenizer=None, eos_token_ids=None,
                        clock=time.monotonic)   # eos None: the tokenizer's; (): none
     engine.add_request(request_id, prompt_token_ids, SamplingParams(...), priority=0,
-                       arrival_time=None, hold_kv=False, preloaded_kv=None)
+                       arrival_time=None, hold_kv=False, preloaded_kv=None,
+                       prefix_kv=None) -> PrefixInstall
         ValueError with a one-line reason for bad input: empty prompt, bad token ids,
         prompt + max_tokens > max_model_len, duplicate id, stop strings without a
         tokenizer, a preload of the wrong size. Lower priority values run first.
+    engine.export_prefix(block_hashes, max_blocks) -> ExportedPrefix
     engine.abort_request(request_id) -> bool       frees blocks now; the next step()
         returns a final output with finish_reason "abort"
     engine.step() -> list[RequestOutput]           one output per request that got a
@@ -32,6 +34,17 @@ Prefill/decode hooks:
   computed (no prefix-cache query or hit is recorded). At least the last prompt token is
   computed here, so the sampled token is the one unified serving would give.
 
+Peer prefix sharing (`core/prefix_share.py`):
+- prefix_kv=PrefixKV(block_hashes, data): blocks fetched from a peer's prefix cache. At
+  add time the engine keeps the leading blocks whose hashes equal the prompt's own chained
+  hashes, writes them into fresh blocks (reusing any it caches already), registers them as
+  prefix-cache entries and pins them until the request is admitted; the scheduler's
+  ordinary prefix-cache hit then uses them (and counts them as hits). Nothing here fails
+  the request: no room, or bytes the runner refuses, install nothing (see the returned
+  PrefixInstall) and the prompt is computed.
+- export_prefix: the longest leading run of the given hashes still cached, with its KV
+  bytes, read in one call so nothing is evicted in between.
+
 Per-step wall-clock timings (schedule / execute / postprocess) are in stats().timings,
 so a benchmark can measure the engine's own overhead against the runner's time.
 """
@@ -43,15 +56,18 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from kvfleet_engine.contract import KVEvent
+from kvfleet_engine.core import prefix_share
+from kvfleet_engine.core.block_pool import KVBlock
 from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.core.kv_cache import KVCacheManager
 from kvfleet_engine.core.output_processor import IncrementalDetokenizer, check_stop_token
 from kvfleet_engine.core.outputs import EngineStats, RequestOutput, StepTimings
+from kvfleet_engine.core.prefix_share import ExportedPrefix, PrefixInstall
 from kvfleet_engine.core.request_checks import bytes_per_block, check_preload, check_request
 from kvfleet_engine.core.runner_base import Runner, ScheduledSeq, StepBatch
 from kvfleet_engine.core.sampling_params import SamplingParams
 from kvfleet_engine.core.scheduler import Scheduler
-from kvfleet_engine.core.sequence import PreloadedKV, Request, RequestStatus
+from kvfleet_engine.core.sequence import PrefixKV, PreloadedKV, Request, RequestStatus
 
 
 class LLMEngine:
@@ -89,6 +105,9 @@ class LLMEngine:
         self._requests: dict[str, Request] = {}  # waiting or running
         self._held: dict[str, Request] = {}  # finished with hold_kv, blocks still owned
         self._pending: list[RequestOutput] = []  # abort outputs for the next step()
+        # installed peer prefixes, pinned until their waiting request is admitted
+        self._pins: dict[str, tuple[Request, list[KVBlock]]] = {}
+        self._num_pinned = 0
         self.is_last_step_idle = False  # the last step() found nothing it could run
         self._timings = StepTimings()
         self._num_prompt_tokens = 0
@@ -106,7 +125,8 @@ class LLMEngine:
         arrival_time: float | None = None,
         hold_kv: bool = False,
         preloaded_kv: PreloadedKV | None = None,
-    ) -> None:
+        prefix_kv: PrefixKV | None = None,
+    ) -> PrefixInstall:
         check_request(
             request_id,
             prompt_token_ids,
@@ -136,8 +156,41 @@ class LLMEngine:
         )
         if self.tokenizer is not None:
             request.detokenizer = IncrementalDetokenizer(self.tokenizer, params.stop)
+        installed = PrefixInstall()
+        if prefix_kv is not None and preloaded_kv is None:
+            installed = self._install_prefix(request, prefix_kv)
         self._requests[request_id] = request
         self.scheduler.add(request)
+        return installed
+
+    def _install_prefix(self, request: Request, prefix: PrefixKV) -> PrefixInstall:
+        config = self.config
+        installed, pinned = prefix_share.install(
+            self.kv_cache, self.runner, request, prefix,
+            num_reserved=config.num_margin_blocks,
+            max_pinned=config.num_usable_blocks // 2 - self._num_pinned,
+        )
+        if pinned:
+            self._pins[request.request_id] = (request, pinned)
+            self._num_pinned += len(pinned)
+        return installed
+
+    def _unpin(self, request_id: str) -> None:
+        _, pinned = self._pins.pop(request_id)
+        self._num_pinned -= len(pinned)
+        self.kv_cache.pool.free(pinned)
+
+    def _unpin_admitted(self) -> None:
+        for request_id, (request, _) in list(self._pins.items()):
+            if request.status is not RequestStatus.WAITING:
+                self._unpin(request_id)
+
+    def export_prefix(self, block_hashes: Sequence[int], max_blocks: int) -> ExportedPrefix:
+        """The cached leading run of `block_hashes` (at most max_blocks) and its KV bytes."""
+        run = prefix_share.export_run(self.kv_cache.pool, block_hashes, max_blocks)
+        data = self.runner.read_blocks([b.block_id for b in run]) if run else b""
+        tokens = [t for b in run for t in b.token_ids]
+        return ExportedPrefix([h for b in run if (h := b.block_hash) is not None], tokens, data)
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request and free its blocks now. False when the id is unknown."""
@@ -147,6 +200,8 @@ class LLMEngine:
                 self.release_held(request_id)
                 return True
             return False
+        if request_id in self._pins:
+            self._unpin(request_id)
         was_running = request.status is RequestStatus.RUNNING
         self.scheduler.remove(request)
         if request.block_ids:
@@ -164,6 +219,8 @@ class LLMEngine:
         t0 = time.perf_counter()
         outputs, self._pending = self._pending, []
         sched = self.scheduler.schedule(self._clock())
+        if self._pins:  # admitted requests now hold their own references
+            self._unpin_admitted()
         scheduled = sched.scheduled
         timings = self._timings
         # Nothing runnable (e.g. held KV fills the cache): the driver may wait, not spin.

@@ -25,11 +25,14 @@ MAX_HEADER_BYTES = 16 << 20
 
 
 class KVTransferError(Exception):
-    """The KV could not be fetched or did not check out; `is_timeout` for slow peers."""
+    """The KV could not be fetched or did not check out; `is_timeout` for slow peers,
+    `status` for a peer that answered with a non-200 HTTP status."""
 
-    def __init__(self, message: str, *, is_timeout: bool = False) -> None:
+    def __init__(self, message: str, *, is_timeout: bool = False,
+                 status: int | None = None) -> None:
         super().__init__(message)
         self.is_timeout = is_timeout
+        self.status = status
 
 
 @dataclass(slots=True)
@@ -43,6 +46,8 @@ class KVHeader:
     checksum: str  # sha256 hex of the payload
     nbytes: int
     engine_id: str = ""
+    block_hashes: list[int] = field(default_factory=list)  # peer export: each block's hash
+    model: str = ""  # the served model name of the replica that computed the KV
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,11 +59,13 @@ def pack_frame(header: KVHeader, payload: bytes) -> bytes:
 
 
 def make_header(*, dtype: str, block_shape: list[int], num_blocks: int, token_ids: list[int],
-                block_size: int, payload: bytes, engine_id: str = "") -> KVHeader:
+                block_size: int, payload: bytes, engine_id: str = "",
+                block_hashes: list[int] | None = None, model: str = "") -> KVHeader:
     return KVHeader(
         dtype=dtype, block_shape=list(block_shape), num_blocks=num_blocks,
         num_tokens=len(token_ids), token_ids=list(token_ids), block_size=block_size,
         checksum=hashlib.sha256(payload).hexdigest(), nbytes=len(payload), engine_id=engine_id,
+        block_hashes=list(block_hashes or []), model=model,
     )
 
 

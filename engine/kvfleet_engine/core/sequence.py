@@ -32,6 +32,17 @@ class PreloadedKV:
 
 
 @dataclass(slots=True)
+class PrefixKV:
+    """KV of the prompt's first len(block_hashes) full blocks, fetched from a peer's prefix
+    cache (`block_hashes` are what the peer said they are; the engine checks them against
+    the prompt). `data` is the peer's `runner.read_blocks` of those blocks, in order.
+    Installed as prefix-cache entries when the request is added."""
+
+    block_hashes: list[int]
+    data: bytes
+
+
+@dataclass(slots=True)
 class RequestTiming:
     """Times from the engine's clock, so the server can derive queue time, TTFT and ITL."""
 
