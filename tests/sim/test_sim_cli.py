@@ -125,6 +125,10 @@ def test_results_are_bit_for_bit_reproducible_across_processes(mooncake_trace, t
     [
         (["run", "--pool", POOL, "--rate", "0"], "rate"),
         (["run", "--pool", POOL, "--rate", "nan"], "rate"),
+        (["run", "--pool", POOL, "--rate", "-1"], "rate"),
+        (["run", "--pool", POOL, "--rate", "inf"], "rate"),
+        (["run", "--pool", POOL, "--trace", "DIR"], "cannot read"),
+        (["run", "--pool", "INVALID"], "spec."),
         (["run", "--pool", POOL, "--compress", "0"], "compress"),
         (["run", "--pool", POOL, "--policy", "magic"], "invalid choice"),
         (["run", "--pool", "LOCAL_CPU"], "simulated"),
@@ -137,7 +141,12 @@ def test_bad_input_is_one_line_and_exit_2(args, match, mooncake_trace, tmp_path,
     bad.write_text('{"timestamp": 0}\n')
     local_cpu = str(Path(POOL).parent / "local-cpu.yaml")
     full = [*args[:1], *sim_args(mooncake_trace), *args[1:]]
-    full = [str(bad) if a == "BAD" else local_cpu if a == "LOCAL_CPU" else a for a in full]
+    invalid = tmp_path / "invalid.yaml"
+    invalid.write_text("apiVersion: kvfleet.io/v1alpha1\nkind: InferencePool\n"
+                       "metadata: {name: x}\nspec: {model: {name: m}}\n")  # fmt: skip
+    named = {"BAD": str(bad), "LOCAL_CPU": local_cpu, "DIR": str(tmp_path),
+             "INVALID": str(invalid)}  # fmt: skip
+    full = [named.get(a, a) for a in full]
     assert cli.main(["sim", *full]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0], err
