@@ -82,8 +82,7 @@ class Policy:
     def combined_scores(self, candidates: list[EndpointState], ctx: RouteContext) -> list[float]:
         totals = [0.0] * len(candidates)
         for weight, scorer in self.scorers:
-            for i, s in enumerate(scorer(candidates, ctx)):
-                totals[i] += weight * s
+            totals = [t + weight * s for t, s in zip(totals, scorer(candidates, ctx), strict=True)]
         return totals
 
 

@@ -45,25 +45,34 @@ def lower_is_better(values: Sequence[float]) -> list[float]:
     return [(hi - v) / (hi - lo) for v in values]
 
 
-def queue_score(depth: float, capacity: float) -> float:
-    """Free share of the endpoint's capacity: 1 idle, 0 at (or beyond) capacity."""
-    return max(0.0, 1.0 - depth / capacity)
+# The queue, kv and prefix scorers run over every endpoint for every request; they inline
+# EndpointState.queue_depth() and kv_usage() (same rules) to spare a call per endpoint.
 
 
 def queue(cfg: RouterConfig) -> Scorer:
-    return lambda eps, ctx: [queue_score(e.queue_depth(), e.capacity) for e in eps]
+    def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
+        return [max(0.0, 1.0 - (e.num_in_flight + e.foreign_load if e.is_signals_fresh
+                                else e.num_in_flight) / e.capacity) for e in eps]  # fmt: skip
+
+    return score
 
 
 def kv(cfg: RouterConfig) -> Scorer:
-    def one(e: EndpointState) -> float:
-        usage = e.kv_usage()
-        return 0.0 if usage is None else min(1.0, max(0.0, 1.0 - usage))
+    def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
+        return [min(1.0, max(0.0, 1.0 - e.signals.kv_usage)) if e.is_signals_fresh else 0.0
+                for e in eps]  # fmt: skip
 
-    return lambda eps, ctx: [one(e) for e in eps]
+    return score
 
 
 def prefix(cfg: RouterConfig) -> Scorer:
-    return lambda eps, ctx: [min(1.0, ctx.prefix_fraction.get(e.name, 0.0)) for e in eps]
+    def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
+        fractions = ctx.prefix_fraction
+        if not fractions:  # no endpoint holds any of the prompt
+            return [0.0] * len(eps)
+        return [min(1.0, fractions.get(e.name, 0.0)) for e in eps]
+
+    return score
 
 
 def _rendezvous(key: str, name: str) -> int:
