@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a prefill keeps KV for an unclaimed decoder")
     p.add_argument("--kv-transfer-timeout", type=float, default=30.0,
                    help="seconds a decoder waits for a prefill replica's KV")
+    p.add_argument("--peer-fetch-timeout", type=float, default=5.0,
+                   help="seconds a request waits for a peer's cached prefix (kv_transfer_params."
+                        "peer_prefix) before computing it instead")
+    p.add_argument("--kv-export-max-bytes", type=int, default=256 << 20,
+                   help="KV payload bytes one /v1/kv_cache/export answer may carry (the run "
+                        "is cut to fit); also the most a peer-prefix fetch reads")
     p.add_argument("--dtype", default="float32", help="torch runner weights/KV dtype")
     p.add_argument("--seed", type=int, default=None, help="sampler seed for unseeded requests")
     p.add_argument("--log-level", default="WARNING")

@@ -1,5 +1,6 @@
 """Prefill -> decode KV hand-off: the wire frame and held-KV handles (the HTTP pull is
-`server.kv_fetch`).
+`server.kv_fetch`). A peer's prefix export (`core.prefix_share`) uses the same frame,
+with `block_hashes` and `model` filled in.
 
 Frame (one HTTP body): b"KVT1" | u32 big-endian header length | JSON header | raw bytes.
 The header names dtype and per-block shape (what `Runner.kv_block_shape` reports), the
@@ -26,13 +27,15 @@ MAX_HEADER_BYTES = 16 << 20
 
 class KVTransferError(Exception):
     """The KV could not be fetched or did not check out; `is_timeout` for slow peers,
-    `status` for a peer that answered with a non-200 HTTP status."""
+    `status` for a peer that answered with a non-200 HTTP status, `is_unreachable` when
+    no answer came (unknown host, refused, reset)."""
 
-    def __init__(self, message: str, *, is_timeout: bool = False,
-                 status: int | None = None) -> None:
+    def __init__(self, message: str, *, is_timeout: bool = False, status: int | None = None,
+                 is_unreachable: bool = False) -> None:
         super().__init__(message)
         self.is_timeout = is_timeout
         self.status = status
+        self.is_unreachable = is_unreachable
 
 
 @dataclass(slots=True)

@@ -1,7 +1,8 @@
 """The aiohttp application: routes, and one middleware that shapes every error.
 
 Generation lives in `generate`, KV events in `kv_events`, P/D transfer in
-`pd`; this file wires them together with /health, /v1/models and /metrics.
+`pd`, the peer prefix export in `kv_export`; this file wires them together with
+/health, /v1/models and /metrics.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from kvfleet_engine.server import generate, kv_events, pd
+from kvfleet_engine.contract.peer_prefix import EXPORT_PATH
+from kvfleet_engine.server import generate, kv_events, kv_export, pd
 from kvfleet_engine.server.errors import SERVER_ERROR, APIError, error_body, type_for_status
 from kvfleet_engine.server.metrics import CONTENT_TYPE
 from kvfleet_engine.server.state import STATE_KEY, ServerState
@@ -91,4 +93,5 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_get("/version", handle_version)
     app.router.add_get("/v1/kv_events", kv_events.handle_kv_events)
     app.router.add_get(pd.TRANSFER_PATH, pd.handle_kv_transfer)
+    app.router.add_post(EXPORT_PATH, kv_export.handle_kv_export)
     return app

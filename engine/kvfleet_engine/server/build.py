@@ -66,6 +66,9 @@ def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettin
         drain_timeout_s=args.drain_timeout,
         kv_handle_ttl_s=args.kv_handle_ttl,
         kv_transfer_timeout_s=args.kv_transfer_timeout,
+        peer_fetch_timeout_s=args.peer_fetch_timeout,
+        kv_export_max_bytes=args.kv_export_max_bytes,
+        enable_prefix_caching=args.enable_prefix_caching,
         internal_token=os.environ.get(INTERNAL_TOKEN_ENV, ""),
     )
     return engine, tokenizer, settings
@@ -96,8 +99,11 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError("--drain-timeout must be >= 0")
     if not 0 < args.body_read_timeout <= 3600:
         raise ValueError("--body-read-timeout must be in (0, 3600] seconds")
-    if args.kv_handle_ttl <= 0 or args.kv_transfer_timeout <= 0:
-        raise ValueError("--kv-handle-ttl and --kv-transfer-timeout must be positive")
+    if args.kv_handle_ttl <= 0 or args.kv_transfer_timeout <= 0 or args.peer_fetch_timeout <= 0:
+        raise ValueError("--kv-handle-ttl, --kv-transfer-timeout and --peer-fetch-timeout must "
+                         "be positive")
+    if args.kv_export_max_bytes < 1:
+        raise ValueError("--kv-export-max-bytes must be at least 1")
     if args.runner == "torch":
         if not args.model:
             raise ValueError("--model is required with --runner torch")

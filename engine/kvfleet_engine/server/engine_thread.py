@@ -57,12 +57,21 @@ class EngineThread:
 
     def add_request(
         self, request_id: str, prompt_token_ids: list[int], params: Any, **kw: Any
-    ) -> None:
+    ) -> asyncio.Future[Any]:
+        """Queue engine.add_request; the future gets what it returned (None when it raised:
+        the error then reaches the request's stream). Awaiting it is optional."""
+        future: asyncio.Future[Any] = self._loop.create_future()
+
         def command(engine: Any) -> None:
-            engine.add_request(request_id, prompt_token_ids, params, **kw)
-            self._live.add(request_id)
+            result = None
+            try:
+                result = engine.add_request(request_id, prompt_token_ids, params, **kw)
+                self._live.add(request_id)
+            finally:
+                self._loop.call_soon_threadsafe(_settle, future, result, None)
 
         self._commands.put(_guarded(command, request_id, self._report_error))
+        return future
 
     def abort(self, request_id: str) -> None:
         def command(engine: Any) -> None:

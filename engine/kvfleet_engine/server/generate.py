@@ -16,11 +16,13 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from kvfleet_engine.contract import peer_prefix as pp
 from kvfleet_engine.contract.http_limits import JSONRejected, strict_loads
-from kvfleet_engine.server import pd
+from kvfleet_engine.server import pd, peer_fetch
 from kvfleet_engine.server.errors import SERVER_ERROR, APIError, bad_request, request_caused
 from kvfleet_engine.server.metrics import RequestTimer
 from kvfleet_engine.server.protocol import (
+    INVALID_PEER_PREFIX,
     GenerationRequest,
     check_model,
     check_token_ids,
@@ -142,7 +144,9 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
     state.check_admission()  # cheap early 503 before reading the body
     try:
         req, model, prompt_ids, params, hold_kv = await _prepare(request, state, is_chat)
-    except APIError:
+    except APIError as exc:
+        if exc.code == INVALID_PEER_PREFIX:
+            state.metrics.peer.count(pp.OUTCOME_INVALID)
         raise
     except Exception as exc:  # noqa: BLE001 - a function of this request alone: say so
         raise request_caused(exc) from None
@@ -153,11 +157,17 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
     timer = RequestTimer(state.metrics, arrival)
     is_settled = False  # True once the engine is done with the request
     try:
-        preloaded = None
+        preloaded = fetched = None
         if req.is_remote_prefill:
             preloaded = await pd.pull_prompt_kv(state, req, prompt_ids)
-        state.engine.add_request(request_id, prompt_ids, params, priority=req.priority,
-                                 hold_kv=hold_kv, preloaded_kv=preloaded)
+        elif req.peer_prefix is not None:  # never fails: a failed fetch is a recompute
+            fetched = await peer_fetch.fetch_peer_prefix(state, req.peer_prefix, prompt_ids)
+        added = state.engine.add_request(
+            request_id, prompt_ids, params, priority=req.priority, hold_kv=hold_kv,
+            preloaded_kv=preloaded, prefix_kv=fetched.prefix if fetched else None)
+        if fetched is not None:
+            peer_fetch.record(state.metrics.peer, fetched, await added,
+                              state.settings.block_size)
         if req.is_stream:
             response = await _stream(request, req, ids, stream, timer)
         else:

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvfleet_engine import contract
+from kvfleet_engine.server.peer_metrics import PeerPrefixMetrics
 
 LABELS = [contract.MODEL_LABEL]
 
@@ -103,6 +104,7 @@ class ServerMetrics:
         role_info.labels(role, model_name).set(1)
         self._draining = Gauge(contract.DRAINING, "1 while draining after SIGTERM.", LABELS,
                                registry=reg).labels(model_name)
+        self.peer = PeerPrefixMetrics(reg, model_name)
 
     def set_draining(self, is_draining: bool) -> None:
         self._draining.set(1 if is_draining else 0)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvfleet_engine import contract
+from kvfleet_engine.contract.peer_prefix import PEER_PREFIX, PeerPrefix, PeerPrefixError
 from kvfleet_engine.core.sampling_params import SamplingParams
 from kvfleet_engine.server.errors import NOT_FOUND, APIError, bad_request
 
@@ -44,6 +45,7 @@ class GenerationRequest:
     is_stream: bool = False
     include_usage: bool = False
     kv_transfer_params: dict[str, Any] | None = None
+    peer_prefix: PeerPrefix | None = None  # kv_transfer_params.peer_prefix, checked
 
     @property
     def is_remote_decode(self) -> bool:
@@ -87,6 +89,7 @@ def parse_request(body: Any, *, is_chat: bool) -> GenerationRequest:
     req.is_stream = _bool(body, "stream", False)
     req.include_usage = _stream_options(body, req.is_stream)
     req.kv_transfer_params = _kv_transfer_params(body)
+    req.peer_prefix = _peer_prefix(req.kv_transfer_params)
     return req
 
 
@@ -345,6 +348,17 @@ def _stream_options(body: dict[str, Any], is_stream: bool) -> bool:
     if not isinstance(value, dict):
         raise _type_error("stream_options", "an object")
     return _bool(value, "include_usage", False)
+
+
+INVALID_PEER_PREFIX = "invalid_peer_prefix"  # the error code of a malformed hint
+
+
+def _peer_prefix(params: dict[str, Any] | None) -> PeerPrefix | None:
+    try:
+        return contract.parse_peer_prefix(params)
+    except PeerPrefixError as exc:
+        raise bad_request(str(exc), param=f"{contract.KV_TRANSFER_PARAMS}.{PEER_PREFIX}",
+                          code=INVALID_PEER_PREFIX) from None
 
 
 def _kv_transfer_params(body: dict[str, Any]) -> dict[str, Any] | None:

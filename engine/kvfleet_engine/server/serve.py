@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from kvfleet_engine.contract import ENGINE_TOKEN_ENV
@@ -47,6 +48,8 @@ async def serve_async(engine: Any, tokenizer: Any, settings: ServerSettings) -> 
     state.engine = EngineThread(engine, loop, on_outputs=state.deliver_outputs,
                                 on_error=state.deliver_error,
                                 on_kv_events=state.kv_events.publish)
+    state.kv_block_shape = engine.runner.kv_block_shape()  # before the thread owns the engine
+    state.peer_session = aiohttp.ClientSession()
     stats = state.engine.stats
     state.metrics = ServerMetrics(settings.served_model_names[0], settings.role,
                                   block_size=stats.block_size, num_gpu_blocks=stats.num_gpu_blocks,
@@ -62,6 +65,7 @@ async def serve_async(engine: Any, tokenizer: Any, settings: ServerSettings) -> 
     except OSError:
         state.engine.stop()
         await runner.cleanup()
+        await state.peer_session.close()
         raise
     settings.port = _bound_port(runner, settings.port)
     stop = asyncio.Event()
@@ -89,6 +93,7 @@ async def serve_async(engine: Any, tokenizer: Any, settings: ServerSettings) -> 
         watchdog.cancel()
         state.kv_events.close()
         await runner.cleanup()  # cancels handlers still running (drain timed out)
+        await state.peer_session.close()
         for held in state.handles.pop_all():
             log.info("dropping unclaimed KV handle of %s", held.request_id)
         state.engine.stop()
@@ -108,9 +113,10 @@ def warn_if_open_kv_events(settings: ServerSettings) -> bool:
     is_loopback = settings.host in LOOPBACK_HOSTS or settings.host.startswith("127.")
     if settings.internal_token or is_loopback:
         return False
-    log.warning("listening on %s without %s: /v1/kv_events and /v1/kv_transfer (prompt token "
-                "ids) are open to anyone who can reach this port; set the token for every "
-                "replica and router of the fleet", settings.host, ENGINE_TOKEN_ENV)
+    log.warning("listening on %s without %s: /v1/kv_events, /v1/kv_transfer and "
+                "/v1/kv_cache/export (prompt token ids, KV) are open to anyone who can reach "
+                "this port; set the token for every replica and router of the fleet",
+                settings.host, ENGINE_TOKEN_ENV)
     return True
 
 

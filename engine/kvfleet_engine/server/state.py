@@ -43,6 +43,9 @@ class ServerSettings:
     drain_timeout_s: float = 30.0
     kv_handle_ttl_s: float = 60.0
     kv_transfer_timeout_s: float = 30.0
+    peer_fetch_timeout_s: float = 5.0  # a peer-prefix fetch slower than this is recomputed
+    kv_export_max_bytes: int = 256 << 20  # KV payload one peer export may answer with
+    enable_prefix_caching: bool = True
     retry_after_s: int = 1
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     # bearer token for the fleet-internal endpoints (KV events, KV transfer); "" = open
@@ -54,12 +57,13 @@ class ServerSettings:
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}")
         for name in ("max_model_len", "vocab_size", "block_size", "max_num_seqs", "max_body_bytes",
-                     "max_uploads_per_client"):
+                     "max_uploads_per_client", "kv_export_max_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_queue < 0:
             raise ValueError("max_queue must be >= 0")
-        for name in ("kv_handle_ttl_s", "kv_transfer_timeout_s", "body_read_timeout_s"):
+        for name in ("kv_handle_ttl_s", "kv_transfer_timeout_s", "body_read_timeout_s",
+                     "peer_fetch_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive")
         if self.drain_timeout_s < 0:
@@ -91,13 +95,15 @@ class ServerState:
         self.drain = DrainState(settings.drain_timeout_s)
         self.streams: dict[str, RequestStream] = {}
         self.uploads = UploadSlots(settings.max_uploads_per_client)
-        self.num_busy_transfers = 0  # KV pulls being served to decoders
+        self.num_busy_transfers = 0  # KV pulls being served to decoders and peers
         self.is_engine_crashed = False  # set by the watchdog; the process then exits 1
         # set at startup, once the loop exists
         self.engine: Any = None  # EngineThread
         self.metrics: Any = None  # ServerMetrics
         self.kv_events: Any = None  # KVEventHub
         self.handles: Any = None  # kv_transfer.HandleStore
+        self.peer_session: Any = None  # aiohttp.ClientSession for peer-prefix fetches
+        self.kv_block_shape: tuple[str, list[int]] = ("", [])  # runner.kv_block_shape()
 
     @property
     def num_in_flight(self) -> int:
