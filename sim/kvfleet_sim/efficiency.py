@@ -194,7 +194,7 @@ def format_table(points: Sequence[Point]) -> str:
     rows = ["| replicas | max rate multiplier | req/s | SLO met | efficiency | probes |",
             "|---|---|---|---|---|---|"]  # fmt: skip
     for p in points:
-        capped = " (capped)" if p.upper_rate is None else ""
+        capped = " (capped)" if p.upper_rate is None else f" (< {p.upper_rate:.3g})"
         rows.append(
             f"| {p.replicas} | {p.max_rate:.3g}{capped} | {p.req_per_s:.2f} "
             f"| {p.slo_attainment:.1%} | {p.efficiency:.1%} | {len(p.probes)} |"
