@@ -198,3 +198,22 @@ def test_torch_tiny_random_with_fetched_blocks_matches_recompute():
     got, cached = run(importer, "r", PROMPT, prefix_kv=prefix)
     assert (got, cached) == (want, 5 * BS)
     assert run(fresh, "f", PROMPT)[0] == want
+
+
+def test_simulator_runner_without_kv_check_installs_and_serves():
+    """The fleet simulator's runner stores no KV: an export is zeros, an install writes
+    nothing, and requests behave as with a local prefix hit (same tokens, hit counted)."""
+
+    def engine() -> LLMEngine:
+        config = EngineConfig(num_blocks=64, block_size=BS, max_num_batched_tokens=64,
+                              max_model_len=128)
+        clock = VirtualClock()
+        runner = SimulatedRunner("cpu-tiny", num_blocks=64, block_size=BS, vocab_size=260,
+                                 time_mode="virtual", clock=clock, check_kv=False)
+        return LLMEngine(config, runner, eos_token_ids=(), clock=clock)
+
+    peer, importer = engine(), engine()
+    want, _ = run(peer, "warm", PROMPT)
+    prefix = exported(peer, PROMPT, 5)
+    assert prefix.data == bytes(5 * BS * 8)
+    assert run(importer, "r", PROMPT, prefix_kv=prefix) == (want, 5 * BS)

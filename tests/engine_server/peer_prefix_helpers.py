@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 from typing import Any
 
 import aiohttp
@@ -49,3 +51,32 @@ def outcome(all_samples: dict[str, float], model: str, name: str) -> float:
 
 def counter(all_samples: dict[str, float], model: str, family: str) -> float:
     return all_samples[f'{family}_total{{{contract.MODEL_LABEL}="{model}"}}']
+
+
+async def root_chain(session: aiohttp.ClientSession, url: str) -> tuple[list[int], list[int]]:
+    """(hashes, token ids) of the chain of cached blocks from the root, as a router's
+    precise index learns them: from the replica's /v1/kv_events backlog (the first prompt
+    a fresh replica computed)."""
+    stored: dict[int | None, tuple[int, list[int]]] = {}  # parent -> (hash, tokens)
+    async with session.get(url + "/v1/kv_events?since=-1", headers=AUTH) as resp:
+        assert resp.status == 200
+        while True:
+            try:
+                line = await asyncio.wait_for(resp.content.readline(), 1.0)
+            except TimeoutError:
+                break
+            event = json.loads(line)
+            if event["type"] == "BlockStored":
+                parent, size = event["parent_block_hash"], event["block_size"]
+                for i, block_hash in enumerate(event["block_hashes"]):
+                    stored.setdefault(parent, (block_hash, event["token_ids"][i * size:
+                                                                          (i + 1) * size]))
+                    parent = block_hash
+    hashes, tokens = [], []
+    parent = None
+    while parent in stored:
+        block_hash, block_tokens = stored[parent]
+        hashes.append(block_hash)
+        tokens += block_tokens
+        parent = block_hash
+    return hashes, tokens

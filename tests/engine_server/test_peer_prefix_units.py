@@ -1,0 +1,46 @@
+"""The pure parts of peer prefix fetch on the server: outcomes and the export body."""
+
+from __future__ import annotations
+
+import pytest
+from kvfleet_engine.contract import peer_prefix as pp
+from kvfleet_engine.core.kv_transfer import KVTransferError
+from kvfleet_engine.core.prefix_share import PrefixInstall, PrefixMismatch
+from kvfleet_engine.core.sequence import PrefixKV
+from kvfleet_engine.server.errors import APIError
+from kvfleet_engine.server.kv_export import parse_export_body
+from kvfleet_engine.server.peer_fetch import FetchResult, failure_outcome, installed_outcome
+
+
+@pytest.mark.parametrize("exc, want", [
+    (PrefixMismatch("x"), "mismatch"),
+    (KVTransferError("x", is_timeout=True), "timeout"),
+    (KVTransferError("x", status=401), "unauthorized"),
+    (KVTransferError("x", status=403), "unauthorized"),
+    (KVTransferError("x", status=404), "error"),
+    (KVTransferError("x", is_unreachable=True), "unreachable"),
+    (KVTransferError("bad magic"), "error"),
+])
+def test_failure_outcomes(exc, want):
+    assert failure_outcome(exc) == want
+
+
+def test_installed_outcomes():
+    fetched = FetchResult(pp.OUTCOME_HIT, PrefixKV([1, 2], b"xx"), num_asked=2)
+    assert installed_outcome(fetched, PrefixInstall(2, 0)) == "hit"
+    assert installed_outcome(fetched, PrefixInstall(1, 1)) == "hit"
+    assert installed_outcome(fetched, PrefixInstall(1, 0)) == "partial"
+    assert installed_outcome(fetched, PrefixInstall(is_no_room=True)) == "no_room"
+    assert installed_outcome(fetched, PrefixInstall()) == "skipped"
+    assert installed_outcome(fetched, None) == "error"
+    assert installed_outcome(FetchResult("timeout"), None) == "timeout"
+
+
+def test_export_body():
+    assert parse_export_body({"block_hashes": [0, 5]}) == [0, 5]
+    for bad in (None, [], {}, {"block_hashes": []}, {"block_hashes": [-1]},
+                {"block_hashes": [1.5]}, {"block_hashes": [False]},
+                {"block_hashes": [1] * (pp.MAX_PEER_PREFIX_BLOCKS + 1)}):
+        with pytest.raises(APIError) as info:
+            parse_export_body(bad)
+        assert info.value.status == 400
