@@ -132,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the fraction of requests that must meet the SLO")  # fmt: skip
     eff.add_argument("--tolerance", type=float, default=efficiency.DEFAULT_TOLERANCE,
                      help="bisection stops at hi / lo <= 1 + this")  # fmt: skip
+    for action in eff._actions:
+        if action.dest == "rate":
+            action.help = "the first rate multiplier tried for one replica"
     eff.add_argument("--json", default=None, help="write every point and probe here")
     eff.add_argument("--plot", default=None, help="write the efficiency-vs-N PNG here")
     return p

@@ -19,8 +19,8 @@ The search (`max_rate`, pure over a probe function) first brackets, then bisects
 * Bisection in log space (the geometric mean of the bracket) until hi / lo <= 1 + tol
   (default tol 0.05: the figure is within 5% of the boundary, about 4 probes).
 * Limits: rates are kept in [MIN_RATE, trace.MAX_RATE]; a pool that still meets the SLO at
-  MAX_RATE reports MAX_RATE with no upper bound (capped), one that misses it at MIN_RATE
-  is an error (`NoRateError`).
+  MAX_RATE reports MAX_RATE with no upper bound (capped; for N = 1 that is an error, there
+  is nothing to scale against), one that misses it at MIN_RATE is an error (`NoRateError`).
 
 SLO attainment need not be monotone in the rate (thinning and copies change which requests
 run together), so the result is a boundary between a passing and a failing probe, not
@@ -179,6 +179,9 @@ def measure(
         one = points[0].max_rate if points else None
         guess = first_guess if one is None else min(n * one, MAX_RATE)
         found = max_rate(probe, guess, slo_attainment, tol)
+        if one is None and found.upper is None:
+            raise ValueError(f"one replica meets the SLO even at rate {found.rate:g}: "
+                             "nothing to scale against (a busier or longer slice?)")  # fmt: skip
         best = summaries[found.rate]
         points.append(Point(
             replicas=n, max_rate=found.rate, upper_rate=found.upper,

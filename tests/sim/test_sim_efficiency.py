@@ -122,3 +122,42 @@ def test_bad_input_is_one_line_and_exit_2(extra, match, small_trace, tmp_path, c
     assert cli.main(["sim", *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0], err
+
+
+def fake_runs(capacity_per_replica):
+    """A stand-in for run_variants: N replicas meet the SLO up to N x capacity."""
+    from types import SimpleNamespace
+
+    calls = []
+
+    def run_variants(trace, variants, *args):
+        rate = args[7]  # (start, duration, warmup, compress, settings, ttft, itl, rate)
+        calls.append((variants[0].replicas, rate))
+        ok = rate <= variants[0].replicas * capacity_per_replica
+        summary = SimpleNamespace(slo_attainment=1.0 if ok else 0.5, num_requests=10,
+                                  duration_s=5.0)  # fmt: skip
+        return [SimpleNamespace(summary=summary)], 1.0, 0.05
+
+    return run_variants, calls
+
+
+def test_linear_capacity_gives_full_efficiency_from_few_probes(monkeypatch):
+    import kvfleet_sim.efficiency as eff
+
+    fake, calls = fake_runs(2.5)
+    monkeypatch.setattr(eff, "run_variants", fake)
+    points, _, _ = eff.measure("t", "p", [4, 16], 0, 10, 0, 1, SimSettings(), tol=0.05)
+    assert [p.replicas for p in points] == [1, 4, 16]
+    assert all(0.95 < p.efficiency <= 1.0 for p in points)
+    first_4 = next(r for n, r in calls if n == 4)
+    assert first_4 == 4 * points[0].max_rate  # bracketed from N x the one-replica figure
+    assert all(len(p.probes) <= 7 for p in points)
+
+
+def test_one_replica_capped_is_an_error(monkeypatch):
+    import kvfleet_sim.efficiency as eff
+
+    fake, _ = fake_runs(1e6)
+    monkeypatch.setattr(eff, "run_variants", fake)
+    with pytest.raises(ValueError, match="nothing to scale against"):
+        eff.measure("t", "p", [1, 2], 0, 10, 0, 1, SimSettings())
