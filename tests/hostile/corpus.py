@@ -166,6 +166,12 @@ def _cases() -> list[Case]:
         ("kv-params-list", {"prompt": "x", "kv_transfer_params": [1]}, C),
         ("kv-params-bad-host", {"prompt": "x", "kv_transfer_params": {
             "do_remote_prefill": True, "remote_host": 5, "remote_port": "x"}}, C),
+        ("kv-params-peer-prefix-string", {"prompt": "x", "kv_transfer_params": {
+            "peer_prefix": "x"}}, C),
+        ("kv-params-peer-prefix-path", {"prompt": "x", "kv_transfer_params": {"peer_prefix": {
+            "url": "http://127.0.0.1:1/admin/config", "block_hashes": [1]}}}, C),
+        ("kv-params-peer-prefix-hashes", {"prompt": "x", "kv_transfer_params": {"peer_prefix": {
+            "url": "http://127.0.0.1:1", "block_hashes": [2**64] * 3}}}, C),
         ("tools", {"messages": [{"role": "user", "content": "x"}], "tools": [{}]}, CHAT),
     ]
     for name, body, path in wrong:
@@ -301,6 +307,9 @@ def _cases() -> list[Case]:
         ("transfer-wrong", {"Authorization": "Bearer x"}, "/v1/kv_transfer/some-handle"),
     ]:
         add(f"internal-{name}", request("GET", path, headers=headers), 401, targets=ENGINE)
+    for name, headers in [("export-none", {}), ("export-wrong", {"Authorization": "Bearer x"})]:
+        add(f"internal-{name}", request("POST", "/v1/kv_cache/export", b'{"block_hashes": [1]}',
+                                        headers=headers), 401, targets=ENGINE)
     token = {"Authorization": f"Bearer {ENGINE_TOKEN}"}
     for name, path, status in [("since-text", "/v1/kv_events?since=abc", 400),
                                ("since-digits", f"/v1/kv_events?since={digits}", 400),
@@ -309,11 +318,20 @@ def _cases() -> list[Case]:
                                ("transfer-garbage", "/v1/kv_transfer/%00%ff..%2f", 404)]:
         add(f"internal-token-{name}", request("GET", path, headers=token), status,
             targets=ENGINE)
+    for name, raw in [("empty", b"{}"), ("hashes-text", b'{"block_hashes": "x"}'),
+                      ("hashes-negative", b'{"block_hashes": [-1]}'), ("not-json", b"{x")]:
+        add(f"internal-token-export-{name}", request("POST", "/v1/kv_cache/export", raw,
+                                                     headers=token), 400, targets=ENGINE)
+    add("internal-token-export-hashes-many", request(  # 400 past the count, 413 past the body
+        "POST", "/v1/kv_cache/export", b'{"block_hashes": [' + b"1," * 9000 + b'1]}',
+        headers=token), "4xx", targets=ENGINE)
     # a client's kv_transfer_params would make an engine dial any host with the engine token
     for name, params in [("ssrf", {"do_remote_prefill": True, "remote_host": "203.0.113.9",
                                    "remote_port": 80, "remote_handle": "h",
                                    "remote_block_ids": [1]}),
-                         ("decode", {"do_remote_decode": True}), ("empty", {})]:
+                         ("decode", {"do_remote_decode": True}), ("empty", {}),
+                         ("peer-prefix", {"peer_prefix": {"url": "http://203.0.113.9",
+                                                          "block_hashes": [1]}})]:
         add(f"router-owned-kv-params-{name}", post({"prompt": "x", "kv_transfer_params": params}),
             400, code="router_owned_field", targets=ROUTER)
     return out
