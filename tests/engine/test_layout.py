@@ -18,6 +18,7 @@ CORE = [
     "kvfleet_engine.core.kv_transfer",
     "kvfleet_engine.core.output_processor",
     "kvfleet_engine.core.outputs",
+    "kvfleet_engine.core.prefix_share",
     "kvfleet_engine.core.request_checks",
     "kvfleet_engine.core.runner_base",
     "kvfleet_engine.core.sampling_params",
