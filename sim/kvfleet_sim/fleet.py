@@ -13,7 +13,9 @@ What is real and what is simulated:
 - simulated: GPU time (the engine's cost-model profile, per step), the P/D KV hand-off
   (`handoff.py`: bytes over a link plus a fixed latency), process start-up
   (`startup_s` from provisioning to ready), the network (zero latency: KV events arrive at
-  the end of the step that made them), and the router's hold queue (unbounded and FIFO
+  the end of the step that made them; `client_latency_s`, default 0, is the client's fixed
+  cost per request, its hops through the router, added to the reported first-token and
+  finish times), and the router's hold queue (unbounded and FIFO
   here; the real router answers 429 after its queue timeout).
 
 Events run in time order: arrivals, replica steps (each replica on its own clock), the
@@ -24,6 +26,7 @@ hand-off, and the end of a stopped replica's grace period.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from array import array
 from collections.abc import Callable
@@ -76,10 +79,17 @@ class SimSettings:
     prefix_mode: str | None = None  # override every endpoint's prefix_mode (approx/precise)
     kv_bytes_per_s: float = 50e9  # P/D: the prefill -> decode link (400 Gb/s RDMA)
     kv_latency_s: float = 0.002  # P/D: fixed cost per hand-off
+    # What a client sees on top of the engine: the request's way in (client -> router ->
+    # engine) and the first byte's way out, added to each request's first-token and finish
+    # times. Every arrival delayed by one constant leaves the queues as they were, so it
+    # only shifts what is reported. bench/sim_fidelity.py measures it on a live fleet.
+    client_latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.startup_s < 0 or self.scrape_interval_s <= 0 or self.tick_s <= 0:
             raise SimError("startup_s must be >= 0, scrape_interval_s and tick_s > 0")
+        if not self.client_latency_s >= 0:
+            raise SimError("client_latency_s must be >= 0")
         if not (self.kv_bytes_per_s > 0 and self.kv_latency_s >= 0):
             raise SimError("kv_bytes_per_s must be > 0 and kv_latency_s >= 0")
         if self.prefix_mode not in (None, "approximate", "precise"):
@@ -243,7 +253,11 @@ class FleetSim:
         queried, hit = self.prefix_counters()
         q0, h0 = self.prefix_at_start or (0, 0)
         cut = [f for f in self.runtime.cut_off if not f.request_id.startswith("p:")]
-        return SimResult(self.finished + cut, gaps, self.timeline, lifetimes,
+        finished = self.finished + cut
+        if hop := self.settings.client_latency_s:
+            finished = [dataclasses.replace(f, first_token=f.first_token + hop,
+                                            finished=f.finished + hop) for f in finished]  # fmt: skip
+        return SimResult(finished, gaps, self.timeline, lifetimes,
                          end, len(scale), num_clipped, scale, self.imbalance,
                          (queried - q0, hit - h0), self.router.core.prefix_hit_ratio, roles,
                          self.role_timeline, self.num_prefill_legs)  # fmt: skip
