@@ -1,71 +1,75 @@
 """Simulator fidelity (issue 14, item 7): one scenario through `kvfleet up` and `kvfleet sim`.
 
     .venv/bin/python bench/sim_fidelity.py                    # 3-minute slice, ~4 min wall
-    .venv/bin/python bench/sim_fidelity.py --duration-s 30    # a shorter slice
+    .venv/bin/python bench/sim_fidelity.py --duration-s 40 --start-s 1410   # a shorter one
 
 The scenario: `sim/pools/fidelity-4.yaml`, exactly four replicas of kvfleet's engine with
 the `simulated` runner on the `h100-llama3-8b` profile (the same profile file both ways),
-and a slice of the Azure code trace (by default [1200, 1380) s, its own arrival times).
+and a slice of the Azure code trace (by default [1200, 1380) s) at its own arrival times.
 
-- live: `kvfleet up` runs the pool as processes (router, four engines whose steps sleep the
-  cost model's time). Once all four serve, an open-loop client replays the slice at the
-  trace's arrival times through the router, each request streamed (`/v1/completions`,
-  the trace's prompt as token ids, `ignore_eos`, `max_tokens` = the trace's output length).
-  TTFT is the first streamed token at the client; E2E the `[DONE]` event.
-- sim: `kvfleet sim` replays the same slice (same prompts, same seed) in virtual time.
+- live: `kvfleet up` runs the pool as processes (the router and four engines whose steps
+  sleep the cost model's time). Once all four serve, a few isolated probe requests
+  measure the live path's fixed cost per request (below); then an open-loop client
+  (bench/fleet_replay.py) replays the slice through the router, each request streamed,
+  the trace's prompt as token ids, `max_tokens` = its output length, `ignore_eos`. TTFT
+  is the first streamed token at the client, E2E the `[DONE]` event.
+- sim: `kvfleet sim`'s own path (`kvfleet_sim.run.run_variants`) replays the same slice,
+  the same prompts, in virtual time, once per seed (`--sim-seeds`); the figures quoted are
+  the median over seeds, since the live router's random tie-breaks are a seed of their own.
+
+The simulator takes the network as free; a live client pays for its hops (client ->
+router -> engine, JSON of the prompt's token ids, the first byte's way back). The probes
+measure that cost: a few requests, each alone on the fleet, shaped like the slice's first
+ones, both ways; the median of live minus sim TTFT is the fixed cost per request, and the
+simulator runs with it as `SimSettings.client_latency_s` (a constant added to every
+request's reported times; `--free-network` leaves it at 0, and the table shows both).
+What the probes calibrate is only that constant: queueing, batching, routing and the
+cost model under load are what the comparison tests.
 
 Both report TTFT and E2E p50/p90 and throughput (output tokens/s and requests/s from the
-first arrival to the last completion), and the gap (sim - live) / live of each. Writes
-bench/results/sim_fidelity.json; exits 1 when a TTFT or throughput gap exceeds
-`--tolerance` (default 0.15, the issue's target).
+first arrival to the last completion) and the gap (sim - live) / live of each; and, as a
+diagnostic, the same request both ways under load (live minus sim, p10/p50/p90), plus the
+mean TTFT as the engines measured it, which splits the client's TTFT into hops and
+engine. Writes bench/results/sim_fidelity.json; exits 1 when a TTFT or throughput gap is
+beyond `--tolerance` (default 0.15, the issue's target).
 
 Why this slice: four simulated H100s are loaded but not overloaded by it. The code trace
-is prefill-heavy (prompts ~2.3k tokens, outputs ~26), and its bursts queue prefills
-(TTFT p90 is several times p50) while ~99% of requests still meet a 2 s TTFT, so TTFT is
-decided by the cost model, the scheduler and the router's spread rather than by a constant.
-Its short outputs keep the live fleet's streaming (a few hundred SSE events per second)
-far below what two shared CPU cores can carry, so the live side measures the model, not
-this machine. The Mooncake trace overloads four replicas (a 120k-token prompt occupies a
-replica for ~12 s); the Azure chat trace leaves them nearly idle at TTFT = one prefill.
+is prefill-heavy (prompts ~2.3k tokens, outputs ~26) and bursty (10-second bursts at
+~13 req/s): the bursts queue prefills (TTFT p90 is ~4x p50) while ~99% of requests still
+meet a 2 s TTFT, so TTFT is decided by the cost model, the scheduler and the router's
+spread rather than by a constant. Its short outputs keep the live fleet's streaming to a
+few hundred SSE events per second, far below what two shared CPU cores carry, so the live
+side measures the model rather than this machine. The Mooncake trace overloads four
+replicas (one 120k-token prompt holds a replica for ~12 s); the Azure chat trace leaves
+them nearly idle, at TTFT = one prefill.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
-import signal
-import subprocess
+import statistics
 import sys
-import tempfile
 import time
-import urllib.request
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
+from fleet_replay import TTFT_BOUNDS, Done, Fleet, Request, replay
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_code.csv"
 POOL = ROOT / "sim" / "pools" / "fidelity-4.yaml"
 RESULTS = ROOT / "bench" / "results" / "sim_fidelity.json"
-READY_TIMEOUT_S = 90.0
 GAP_KEYS = ("ttft_p50_s", "ttft_p90_s", "output_tokens_per_s", "requests_per_s")
-
-
-@dataclass(slots=True)
-class Done:
-    """One request as either side saw it; times in seconds from the slice start."""
-
-    arrival: float
-    first_token: float
-    finished: float
-    num_output_tokens: int
-    replica: str = ""
+FIGURE_KEYS = ("ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "e2e_p90_s",
+               "output_tokens_per_s", "requests_per_s")  # fmt: skip
+NUM_PROBES = 8
+PROBE_GAP_S = 0.6  # apart enough that a probe never meets another
+PROBE_INDEX = 1 << 20  # probes' prompts: fresh blocks, no hit on the slice's
 
 
 @dataclass(slots=True)
@@ -102,205 +106,164 @@ def figures(done: list[Done], num_failed: int, per_replica: list[int]) -> Figure
     )  # fmt: skip
 
 
+def ttfts(done: list[Done]) -> list[float]:
+    return [d.first_token - d.arrival for d in done]
+
+
+def cdf(values: list[float]) -> dict[str, float]:
+    """The fraction of TTFTs within each of the engines' histogram bounds."""
+    n = len(values) or 1
+    return {b: sum(t <= float(b) for t in values) / n for b in TTFT_BOUNDS}
+
+
+def shifted(done: list[Done], by_s: float) -> list[Done]:
+    """The same requests with first token and finish `by_s` later."""
+    return [Done(d.arrival, d.first_token + by_s, d.finished + by_s, d.num_output_tokens,
+                 d.replica, d.index) for d in done]  # fmt: skip
+
+
+def median_figures(runs: list[Figures]) -> Figures:
+    """Each figure's median over the seeds (the spread goes with the first seed's)."""
+    med = {k: statistics.median(getattr(f, k) for f in runs) for k in FIGURE_KEYS}
+    first = runs[0]
+    return Figures(first.num_requests, first.num_failed, **med,
+                   requests_per_replica=first.requests_per_replica)  # fmt: skip
+
+
+def paired(sim: list[Done], live: list[Done]) -> dict[str, float]:
+    """The same request both ways: live minus sim TTFT and E2E in ms (p10 / p50 / p90).
+    A constant cost (HTTP, the router) shifts all three; routing that diverges (a request
+    on another replica, behind another queue) widens p10..p90 around it."""
+    by_index = {d.index: d for d in sim}
+    pairs = [(d, by_index[d.index]) for d in live if d.index in by_index]
+    ttft = [(a.first_token - a.arrival) - (b.first_token - b.arrival) for a, b in pairs]
+    e2e = [(a.finished - a.arrival) - (b.finished - b.arrival) for a, b in pairs]
+    out: dict[str, float] = {"num_pairs": len(pairs)}
+    for name, values in (("ttft", ttft), ("e2e", e2e)):
+        for q in (10, 50, 90):
+            out[f"{name}_p{q}_ms"] = percentile(values, q) * 1e3
+    return out
+
+
 def gaps(sim: Figures, live: Figures) -> dict[str, float]:
     """(sim - live) / live per figure: positive when the simulator says slower / more."""
     out = {}
-    for key in ("ttft_p50_s", "ttft_p90_s", "e2e_p50_s", "e2e_p90_s",
-                "output_tokens_per_s", "requests_per_s"):  # fmt: skip
+    for key in FIGURE_KEYS:
         a, b = getattr(sim, key), getattr(live, key)
         out[key] = (a - b) / b if b else math.nan
     return out
 
 
-# --- the scenario's requests -------------------------------------------------------------
+# --- the scenario's requests, both ways ------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Request:
-    t: float
-    prompt: list[int]
-    max_tokens: int
-
-
-def requests(trace: str, start_s: float, duration_s: float, rate: float,
-             max_model_len: int) -> list[Request]:  # fmt: skip
+def load_requests(args: argparse.Namespace, max_model_len: int) -> list[Request]:
     """The slice's requests exactly as the simulator builds them (kvfleet_sim.fleet)."""
-    from kvfleet_sim.trace import load_trace, prompt_tokens
+    from kvfleet_sim.trace import load_trace
 
-    out = []
-    for i, r in enumerate(load_trace(trace, start_s, duration_s, 1.0, rate)):
-        prompt = prompt_tokens(r, i, max_model_len - r.num_output_tokens)
-        out.append(Request(r.t, prompt, min(r.num_output_tokens, max_model_len - len(prompt))))
-    return out
+    trace = load_trace(str(args.trace), args.start_s, args.duration_s, 1.0, args.rate)
+    return [as_request(r, i, max_model_len) for i, r in enumerate(trace)]
 
 
-# --- sim -----------------------------------------------------------------------------------
+def as_request(r: Any, index: int, max_model_len: int) -> Request:
+    from kvfleet_sim.trace import prompt_tokens
+
+    prompt = prompt_tokens(r, index, max_model_len - r.num_output_tokens)
+    return Request(r.t, prompt, min(r.num_output_tokens, max_model_len - len(prompt)))
 
 
-def run_sim(args: argparse.Namespace) -> tuple[Figures, float]:
+def sim_done(finished: list[Any]) -> SimRun:
+    done = [Done(f.arrival, f.first_token, f.finished, f.num_output_tokens, f.replica,
+                 int(f.request_id[1:])) for f in finished if not f.is_aborted]  # fmt: skip
+    return done, len(finished) - len(done), list(Counter(d.replica for d in done).values())
+
+
+SimRun = tuple[list[Done], int, list[int]]  # completed, failed, requests per replica
+
+
+def run_sim(args: argparse.Namespace, seed: int, client_latency_s: float) -> SimRun:
+    """`kvfleet sim run --scaler fixed-max` on the slice."""
     from kvfleet_sim.fleet import SimSettings
     from kvfleet_sim.run import Variant, run_variants
 
-    started = time.perf_counter()
+    settings = SimSettings(seed=seed, client_latency_s=client_latency_s)
     runs, _, _ = run_variants(
         str(args.trace), [Variant(str(args.pool), "fixed-max")], args.start_s,
-        args.duration_s, 0.0, 1.0, SimSettings(seed=args.seed), rate=args.rate,
+        args.duration_s, 0.0, 1.0, settings, rate=args.rate,
     )  # fmt: skip
-    fin = runs[0].result.finished
-    done = [Done(f.arrival, f.first_token, f.finished, f.num_output_tokens, f.replica)
-            for f in fin if not f.is_aborted]  # fmt: skip
-    per_replica = Counter(d.replica for d in done)
-    return figures(done, len(fin) - len(done), list(per_replica.values())), \
-        time.perf_counter() - started  # fmt: skip
+    return sim_done(runs[0].result.finished)
 
 
-# --- live ----------------------------------------------------------------------------------
+def probe_trace(args: argparse.Namespace) -> list[Any]:
+    """Isolated requests shaped like the slice's first ones (fresh prompts)."""
+    from kvfleet_sim.trace import TraceRequest, load_trace
+
+    shapes = load_trace(str(args.trace), args.start_s, args.duration_s, 1.0)[:NUM_PROBES]
+    return [TraceRequest(i * PROBE_GAP_S, r.num_prompt_tokens, r.num_output_tokens)
+            for i, r in enumerate(shapes)]  # fmt: skip
 
 
-class Fleet:
-    """`kvfleet up POOL` in a private state dir; stopped (and its children) on exit."""
+def probe_sim(args: argparse.Namespace, trace: list[Any]) -> list[Done]:
+    from kvfleet_operator.api import load_pool
+    from kvfleet_sim.fleet import FleetSim, SimSettings
+    from kvfleet_sim.scalers import SCALERS
 
-    def __init__(self, pool: Path, num_replicas: int) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="kvfleet-fidelity-"))
-        self.num_replicas = num_replicas
-        env = {**os.environ, "XDG_STATE_HOME": str(self.dir / "xdg")}
-        self.log = open(self.dir / "up.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvfleet_operator.cli", "up", str(pool),
-             "--state-dir", str(self.dir / "state"), "--quiet"],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-        )  # fmt: skip
-
-    def state(self) -> dict[str, Any]:
-        try:
-            return json.loads((self.dir / "state" / "state.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            return {}
-
-    def wait_serving(self, timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
-        """Every replica ready and active in the router's config."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            s = self.state()
-            eps = s.get("router", {}).get("endpoints", {})
-            active = [e for e in eps.values() if e["state"] == "active" and e["is_healthy"]]
-            if s.get("is_serving") and len(active) == self.num_replicas:
-                return s
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.2)
-        tail = (self.dir / "up.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"the fleet did not come up with {self.num_replicas} replicas:\n{tail}")
-
-    def engines(self) -> dict[str, str]:
-        return {r["name"]: r["address"] for r in self.state().get("replicas", [])
-                if r["role"] != "router"}  # fmt: skip
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+    pool = load_pool(str(args.pool))
+    sim = FleetSim(pool, SCALERS["fixed-max"](pool.spec), SimSettings(seed=args.seed))
+    return sim_done(sim.run(trace).finished)[0]
 
 
-def served_requests(address: str) -> int:
-    """Requests an engine finished, from its /metrics (the router's spread, as it happened)."""
-    with urllib.request.urlopen(f"{address}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    for line in text.splitlines():
-        if line.startswith("vllm:e2e_request_latency_seconds_count"):
-            return int(float(line.rsplit(" ", 1)[1]))
-    return 0
+def probe_offset_ms(live: list[Done], sim: list[Done]) -> dict[str, float]:
+    """Isolated requests, live minus sim (network free) in ms: the live path's fixed cost."""
+    p = paired(sim, live)
+    return {"num": p["num_pairs"], "ttft_p50_ms": p["ttft_p50_ms"],
+            "e2e_p50_ms": p["e2e_p50_ms"]}  # fmt: skip
 
 
-async def stream_one(session: aiohttp.ClientSession, url: str, body: bytes,
-                     t0: float, req: Request) -> tuple[Done | None, float]:  # fmt: skip
-    """(the request's figures or None when it failed, how late it was sent)."""
-    delay = t0 + req.t - time.perf_counter()
-    if delay > 0:
-        await asyncio.sleep(delay)
-    sent = time.perf_counter()
-    first = math.nan
-    num_tokens = -1
-    buf = b""
-    try:
-        async with session.post(url, data=body) as resp:
-            if resp.status != 200:
-                return None, sent - t0 - req.t
-            async for chunk in resp.content.iter_any():
-                if math.isnan(first):
-                    first = time.perf_counter()  # the engine sends nothing before the first token
-                buf += chunk
-                *events, buf = buf.split(b"\n\n")
-                for event in events:
-                    data = event.removeprefix(b"data: ")
-                    if data == b"[DONE]":
-                        done = time.perf_counter()
-                        return Done(sent - t0, first - t0, done - t0, num_tokens), sent - t0 - req.t
-                    usage = json.loads(data).get("usage")
-                    if usage:
-                        num_tokens = usage["completion_tokens"]
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
-        pass
-    return None, sent - t0 - req.t
+Live = tuple[Figures, list[Done], dict[str, Any]]
 
 
-async def replay(
-    endpoint: str, model: str, reqs: list[Request]
-) -> tuple[list[Done], int, list[float]]:
-    bodies = [json.dumps({
-        "model": model, "prompt": r.prompt, "max_tokens": r.max_tokens, "stream": True,
-        "stream_options": {"include_usage": True}, "ignore_eos": True, "temperature": 0.0,
-    }).encode() for r in reqs]  # fmt: skip
-    url = endpoint.rstrip("/") + "/completions"
-    connector = aiohttp.TCPConnector(limit=0)
-    timeout = aiohttp.ClientTimeout(total=600)
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=timeout, headers={"Content-Type": "application/json"}
-    ) as session:
-        t0 = time.perf_counter() + 0.5  # uvloop's loop.time() has 1 ms steps
-        results = await asyncio.gather(
-            *(stream_one(session, url, b, t0, r) for b, r in zip(bodies, reqs, strict=True))
-        )
-    done = [d for d, _ in results if d is not None]
-    return done, len(results) - len(done), [late for _, late in results]
-
-
-def run_live(args: argparse.Namespace, reqs: list[Request], model: str,
-             num_replicas: int) -> tuple[Figures, dict[str, Any]]:  # fmt: skip
+def run_live(args: argparse.Namespace, reqs: list[Request], probes: list[Request],
+             model: str, num_replicas: int) -> Live:  # fmt: skip
     fleet = Fleet(args.pool, num_replicas)
     try:
         started = time.monotonic()
-        state = fleet.wait_serving()
+        endpoint = fleet.wait_serving()
         ready_s = time.monotonic() - started
-        try:
-            import uvloop
-
-            runner: Any = uvloop.run
-        except ImportError:
-            runner = asyncio.run
-        load_before = os.getloadavg()
-        done, num_failed, late = runner(replay(state["endpoint"], model, reqs))
-        load_after = os.getloadavg()
-        per_replica = [served_requests(a) for a in fleet.engines().values()]
+        probed = replay(endpoint, model, probes)
+        before = fleet.served()
+        load_before = os.getloadavg()[0]
+        run = replay(endpoint, model, reqs)
+        load_after = os.getloadavg()[0]
+        after = fleet.served()
     finally:
         fleet.stop()
-    lateness = {"p50_ms": percentile(late, 50) * 1e3, "p99_ms": percentile(late, 99) * 1e3,
-                "max_ms": max(late, default=math.nan) * 1e3}  # fmt: skip
-    return figures(done, num_failed, per_replica), {
-        "fleet_ready_s": ready_s, "client_send_lateness": lateness,
-        "loadavg_1m_before": load_before[0], "loadavg_1m_after": load_after[0],
+    zero = dict.fromkeys(after[next(iter(after))], 0.0) if after else {}
+    delta = {n: {k: v - before.get(n, zero)[k] for k, v in c.items()} for n, c in after.items()}
+    spread = [int(c["num_requests"]) for c in delta.values()]
+    num_ttft = sum(c["num_ttft"] for c in delta.values())
+    engine_ttft = sum(c["ttft_sum_s"] for c in delta.values()) / num_ttft if num_ttft else 0.0
+    ttft_cdf = {"live_engines": {b: sum(c[f"ttft_le_{b}"] for c in delta.values()) / num_ttft
+                                 for b in TTFT_BOUNDS} if num_ttft else {},
+                "live_client": cdf(ttfts(run.done))}  # fmt: skip
+    late = run.lateness_s
+    info = {
+        "fleet_ready_s": ready_s, "loadavg_1m_before": load_before,
+        "loadavg_1m_after": load_after, "probes": probed.done,
+        "ttft_fraction_within": ttft_cdf,
+        "ttft_mean_s": {"client": statistics.fmean(ttfts(run.done)),
+                        "engine": engine_ttft},
+        "client_send_lateness_ms": {"p50": percentile(late, 50) * 1e3,
+                                    "p99": percentile(late, 99) * 1e3,
+                                    "max": max(late, default=math.nan) * 1e3},
     }  # fmt: skip
+    return figures(run.done, run.num_failed, spread), run.done, info
 
 
 # --- report --------------------------------------------------------------------------------
 
 
-def table(sim: Figures, live: Figures, gap: dict[str, float]) -> str:
+def table(sim: Figures, free: Figures, live: Figures, hop_s: float, num_seeds: int) -> str:
     rows = [
         ("TTFT p50 (ms)", "ttft_p50_s", 1e3),
         ("TTFT p90 (ms)", "ttft_p90_s", 1e3),
@@ -309,13 +272,17 @@ def table(sim: Figures, live: Figures, gap: dict[str, float]) -> str:
         ("output tokens/s", "output_tokens_per_s", 1),
         ("requests/s", "requests_per_s", 1),
     ]
-    out = ["| figure | `kvfleet up` (live) | `kvfleet sim` | gap (sim - live) / live |",
-           "|---|---|---|---|"]  # fmt: skip
+    gap, gap_free = gaps(sim, live), gaps(free, live)
+    out = [f"| figure | `kvfleet up` (live) | `kvfleet sim`, client latency "
+           f"{hop_s * 1e3:.1f} ms | gap | `kvfleet sim`, network free | gap |",
+           "|---|---|---|---|---|---|"]  # fmt: skip
     for label, key, scale in rows:
         out.append(f"| {label} | {getattr(live, key) * scale:.1f} "
-                   f"| {getattr(sim, key) * scale:.1f} | {gap[key]:+.1%} |")  # fmt: skip
+                   f"| {getattr(sim, key) * scale:.1f} | {gap[key]:+.1%} "
+                   f"| {getattr(free, key) * scale:.1f} | {gap_free[key]:+.1%} |")  # fmt: skip
     out.append(f"| requests per replica | {live.requests_per_replica} "
-               f"| {sim.requests_per_replica} | |")  # fmt: skip
+               f"| {sim.requests_per_replica} (seed 0) | | | |")  # fmt: skip
+    out.append(f"\n(sim: the median of {num_seeds} seeds; gap: (sim - live) / live)")
     return "\n".join(out)
 
 
@@ -326,47 +293,100 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--start-s", type=float, default=1200.0, help="slice start in the trace")
     p.add_argument("--duration-s", type=float, default=180.0, help="slice length (trace time)")
     p.add_argument("--rate", type=float, default=1.0, help="request-rate multiplier")
-    p.add_argument("--seed", type=int, default=0, help="the simulated router's seed")
+    p.add_argument("--seed", type=int, default=0, help="the simulated router's first seed")
+    p.add_argument("--sim-seeds", type=int, default=5, help="sim runs, seeds seed, seed+1...")
     p.add_argument("--tolerance", type=float, default=0.15,
                    help="largest |gap| of TTFT p50/p90 and throughput that passes")  # fmt: skip
+    p.add_argument(
+        "--free-network",
+        action="store_true",
+        help="simulate with client_latency_s 0, not the probes' measured cost",
+    )
     p.add_argument("--json", type=Path, default=RESULTS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.sim_seeds < 1 or args.tolerance < 0:
+        p.error("--sim-seeds must be >= 1 and --tolerance >= 0")
+    return args
+
+
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the scenario both ways; everything bench/results/sim_fidelity.json holds."""
+    from kvfleet_operator.api import load_pool
+
+    spec = load_pool(str(args.pool)).spec
+    reps = spec.topology.unified.replicas if spec.topology.unified else None
+    if reps is None or reps.min != reps.max:
+        raise ValueError("the pool must be unified with replicas.min == max")
+    max_len = spec.engine.max_model_len or 8192
+    reqs = load_requests(args, max_len)
+    probe = probe_trace(args)
+    probes = [as_request(r, PROBE_INDEX + i, max_len) for i, r in enumerate(probe)]
+    sim_probes = probe_sim(args, probe)
+    live, live_done, info = run_live(args, reqs, probes, spec.model.api_name, reps.max)
+    probe_ms = probe_offset_ms(info.pop("probes"), sim_probes)
+    hop = 0.0 if args.free_network else max(0.0, probe_ms["ttft_p50_ms"] / 1e3)
+    started = time.perf_counter()
+    sims = [run_sim(args, args.seed + k, hop) for k in range(args.sim_seeds)]
+    sim_wall_s = time.perf_counter() - started
+    per_seed = [figures(*s) for s in sims]
+    sim = median_figures(per_seed)
+    free_runs = [shifted(d, -hop) for d, _, _ in sims]
+    free = median_figures([figures(d, n, r) for d, (_, n, r) in zip(free_runs, sims, strict=True)])
+    gap = gaps(sim, live)
+    info["ttft_fraction_within"]["sim_network_free"] = cdf(ttfts(free_runs[0]))
+    info["ttft_mean_s"]["sim_network_free"] = statistics.fmean(ttfts(free_runs[0]))
+    return {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "num_replicas": reps.max, "profile": spec.engine.profile, "num_requests": len(reqs),
+        "client_latency_s": hop, "live": asdict(live), "sim": asdict(sim), "gap": gap,
+        "sim_network_free": asdict(free), "gap_network_free": gaps(free, live),
+        "sim_per_seed": [asdict(f) for f in per_seed],
+        "probe_live_minus_sim": probe_ms, "paired_live_minus_sim": paired(sims[0][0], live_done),
+        "live_info": info, "sim_wall_s": sim_wall_s,
+        "over_tolerance": {k: gap[k] for k in GAP_KEYS if not abs(gap[k]) <= args.tolerance},
+    }  # fmt: skip
+
+
+def summary(out: dict[str, Any]) -> str:
+    """The table and the diagnostics, from what `compare` returned."""
+    info, probe, pairs = out["live_info"], out["probe_live_minus_sim"], out["paired_live_minus_sim"]
+    p90s = [f["ttft_p90_s"] * 1e3 for f in out["sim_per_seed"]]
+    mean, within = info["ttft_mean_s"], info["ttft_fraction_within"]
+    late = info["client_send_lateness_ms"]
+    lines = [
+        table(Figures(**out["sim"]), Figures(**out["sim_network_free"]), Figures(**out["live"]),
+              out["client_latency_s"], len(out["sim_per_seed"])),
+        f"sim TTFT p90 over seeds: {min(p90s):.0f}..{max(p90s):.0f} ms",
+        f"isolated probes, live - sim (network free): TTFT {probe['ttft_p50_ms']:.1f} ms, "
+        f"E2E {probe['e2e_p50_ms']:.1f} ms (median of {probe['num']})",
+        "same request under load, live - sim (ms, p10 / p50 / p90): TTFT "
+        + " / ".join(f"{pairs[f'ttft_p{q}_ms']:.1f}" for q in (10, 50, 90)) + "; E2E "
+        + " / ".join(f"{pairs[f'e2e_p{q}_ms']:.1f}" for q in (10, 50, 90)),
+        f"TTFT mean (ms): live at the client {mean['client'] * 1e3:.1f}, live in the engines "
+        f"{mean['engine'] * 1e3:.1f}, sim network free {mean['sim_network_free'] * 1e3:.1f}",
+        "TTFT within " + " / ".join(f"{b} s" for b in TTFT_BOUNDS) + ": " + "; ".join(
+            f"{who} " + " / ".join(f"{v:.1%}" for v in fr.values()) for who, fr in within.items()),
+        f"load average {info['loadavg_1m_before']:.2f} -> {info['loadavg_1m_after']:.2f}; "
+        f"client send lateness p99 {late['p99']:.1f} ms",
+    ]  # fmt: skip
+    if out["over_tolerance"]:
+        lines.append("over tolerance: " + ", ".join(
+            f"{k} {v:+.1%}" for k, v in out["over_tolerance"].items()))  # fmt: skip
+    return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    from kvfleet_operator.api import load_pool
-
-    pool = load_pool(str(args.pool))
-    spec = pool.spec
-    reps = spec.topology.unified.replicas if spec.topology.unified else None
-    if reps is None or reps.min != reps.max:
-        print("sim_fidelity: the pool must be unified with replicas.min == max", file=sys.stderr)
+    try:
+        out = compare(args)
+    except (ValueError, OSError, RuntimeError) as exc:
+        print(f"sim_fidelity: {str(exc).splitlines()[0]}", file=sys.stderr)
         return 2
-    reqs = requests(str(args.trace), args.start_s, args.duration_s, args.rate,
-                    spec.engine.max_model_len or 8192)  # fmt: skip
-    sim, sim_wall_s = run_sim(args)
-    live, live_info = run_live(args, reqs, spec.model.api_name, reps.max)
-    gap = gaps(sim, live)
-    worst = {k: gap[k] for k in GAP_KEYS if not abs(gap[k]) <= args.tolerance}
-    out = {
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "num_replicas": reps.max, "profile": spec.engine.profile,
-        "live": asdict(live), "sim": asdict(sim), "gap": gap, "live_info": live_info,
-        "sim_wall_s": sim_wall_s, "over_tolerance": worst,
-    }  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1))
-    print(table(sim, live, gap))
-    print(
-        f"(load average {live_info['loadavg_1m_before']:.2f} -> "
-        f"{live_info['loadavg_1m_after']:.2f}; client send lateness p99 "
-        f"{live_info['client_send_lateness']['p99_ms']:.1f} ms; wrote {args.json})"
-    )
-    if worst:
-        print("over tolerance: " + ", ".join(f"{k} {v:+.1%}" for k, v in worst.items()))
-        return 1
-    return 0
+    print(summary(out))
+    print(f"wrote {args.json}")
+    return 1 if out["over_tolerance"] else 0
 
 
 if __name__ == "__main__":
