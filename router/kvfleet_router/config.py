@@ -13,6 +13,7 @@ endpoints:                       # the backends; names are unique
     capacity: 256                # in-flight at which it is full; load = in-flight/capacity
     models: []                   # served model names; empty = any
     prefix_mode: approximate     # approximate (router hashes text) | precise (KV events)
+    engine: unknown              # unknown | builtin | vllm; only builtin ones take peer hints
 policy:
   name: cache-aware              # round-robin | random | least-request | least-kv | prefix-cache |
                                  # session | latency | ucb | slo | cache-aware
@@ -35,6 +36,13 @@ timeouts: {connect_s: 10.0, first_byte_s: 60.0, idle_s: 60.0}   # connect: SYN r
 retries: {max_attempts: 2}       # total tries per request, only before the client saw a byte
 pd: {decider: uncached-tokens,       # when a separate prefill leg runs (pd_deciders.py)
      prefill_threshold_tokens: 128}   # uncached prompt tokens above which it does
+kv_sharing:                      # peer prefix hints (peer_hint.py); builtin + precise only
+  enabled: false
+  margin: 1.5                    # fetch only when fetch time x margin < recompute time
+  min_gain_blocks: 2             # the peer must cache at least this many more blocks
+  bandwidth_bytes_per_s: 1.0e9   # prior until the endpoint's peer fetches are measured
+  latency_s: 0.002               # fixed cost of one fetch (request, headers, install)
+  kv_bytes_per_token: 131072     # prior until a peer's exports are measured (Llama-3-8B bf16)
 limits: {max_body_bytes: 4194304,   # client bodies; larger is 413
          body_read_timeout_s: 30.0,  # a whole client body must arrive within (else 408)
          max_uploads_per_client: 64} # unfinished client bodies per address (else 429)
@@ -65,6 +73,7 @@ SCHEMA = "kvfleet.io/router/v1"
 ROLES = ("unified", "prefill", "decode")
 STATES = ("active", "draining")
 PREFIX_MODES = ("approximate", "precise")
+ENGINE_KINDS = ("unknown", "builtin", "vllm")  # what runs behind an endpoint
 POLICY_NAMES = (
     "round-robin", "random", "least-request", "least-kv", "prefix-cache",
     "session", "latency", "ucb", "slo", "cache-aware",
@@ -130,6 +139,7 @@ class EndpointConfig:
     capacity: int = num(256, 1, 1_000_000)
     models: list[str] = field(default_factory=list)
     prefix_mode: str = "approximate"
+    engine: str = "unknown"
 
     def __post_init__(self) -> None:
         _check(bool(self.name), "name", "must not be empty")
@@ -142,6 +152,7 @@ class EndpointConfig:
         check_ranges(self)
         _check(self.prefix_mode in PREFIX_MODES, "prefix_mode",
                f"must be one of {', '.join(PREFIX_MODES)}")
+        _check(self.engine in ENGINE_KINDS, "engine", f"must be one of {', '.join(ENGINE_KINDS)}")
 
     @property
     def is_draining(self) -> bool:
@@ -294,6 +305,23 @@ class PDConfig:
 
 
 @dataclass(slots=True)
+class KVSharingConfig:
+    """Peer prefix hints: when to let an endpoint fetch a prompt's cached prefix from the
+    peer that holds it instead of recomputing it (`peer_hint.decide_peer_hint`). The
+    prefill-rate prior is `policy.slo.prefill_s_per_token`, the SLO scorer's."""
+
+    enabled: bool = False
+    margin: float = num(1.5, 1, 100)
+    min_gain_blocks: int = num(2, 1, 1_000_000)
+    bandwidth_bytes_per_s: float = num(1e9, 0, 1e13, is_low_open=True)
+    latency_s: float = num(0.002, 0, 60)
+    kv_bytes_per_token: float = num(131072.0, 0, 1 << 30, is_low_open=True)
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+
+
+@dataclass(slots=True)
 class LimitsConfig:
     max_body_bytes: int = num(4 * 1024 * 1024, 1, MAX_BODY_BYTES_CEILING)
     body_read_timeout_s: float = num(DEFAULT_BODY_READ_TIMEOUT_S, 0.1, HOUR_S)
@@ -317,6 +345,7 @@ class RouterConfig:
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
     retries: RetriesConfig = field(default_factory=RetriesConfig)
     pd: PDConfig = field(default_factory=PDConfig)
+    kv_sharing: KVSharingConfig = field(default_factory=KVSharingConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     schema: str = SCHEMA
 
@@ -345,7 +374,7 @@ _NESTED: dict[str, type] = {
     "session": SessionConfig, "prefix": PrefixConfig, "saturation": SaturationConfig,
     "queue": QueueConfig, "health": HealthConfig, "signals": SignalsConfig,
     "timeouts": TimeoutsConfig, "retries": RetriesConfig, "pd": PDConfig,
-    "limits": LimitsConfig,
+    "kv_sharing": KVSharingConfig, "limits": LimitsConfig,
 }
 _SCALARS: dict[str, tuple[type, ...]] = {
     "int": (int,), "float": (int, float), "str": (str,), "bool": (bool,),

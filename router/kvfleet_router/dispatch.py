@@ -2,16 +2,20 @@
 
 A retry goes to an endpoint not tried yet, and only while nothing reached the client.
 The in-flight count is taken at the decision and released when the exchange ends, so
-decisions between /metrics scrapes still see current load.
+decisions between /metrics scrapes still see current load. With `kv_sharing.enabled`, a
+unified request whose endpoint should fetch its prefix from a peer is forwarded with the
+peer hint in `kv_transfer_params` (`with_peer_hint`; decided again on each attempt).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import time
 
 from aiohttp import web
+from kvfleet_engine.contract import KV_TRANSFER_PARAMS
 from multidict import CIMultiDict
 
 from kvfleet_router.endpoint import EndpointState
@@ -120,6 +124,19 @@ class Dispatcher:
         self.core.finish(e)
         self.queue.wake()
 
+    def with_peer_hint(self, raw: bytes, info: RequestInfo, routed: Routed, role: str) -> bytes:
+        """The body to forward: `raw`, or the client's body plus a peer hint when the
+        decision (RouterCore.peer_hint) says the endpoint should fetch the prefix."""
+        if not self.core.cfg.kv_sharing.enabled or role != "unified" \
+                or KV_TRANSFER_PARAMS in info.body:  # fmt: skip
+            return raw
+        decision, hint = self.core.peer_hint(routed)
+        self.metrics.peer_hints.labels(decision.reason).inc()
+        if hint is None:
+            return raw
+        self.metrics.peer_hint_blocks.inc(decision.num_blocks)
+        return json.dumps({**info.body, KV_TRANSFER_PARAMS: hint}).encode()
+
     def _on_outcome(self, e: EndpointState, routed: Routed, outcome: Outcome) -> None:
         self.feedback.exchange_done(e, routed, outcome, time.monotonic())
 
@@ -143,8 +160,9 @@ class Dispatcher:
             e = routed.decision.endpoint
             assert e is not None
             try:
+                body = self.with_peer_hint(raw, info, routed, role)
                 return await self.forwarder.forward(
-                    request, e, raw, functools.partial(self._on_outcome, e, routed), headers)
+                    request, e, body, functools.partial(self._on_outcome, e, routed), headers)
             except BackendFailure as exc:
                 last = exc
                 tried.add(e.name)

@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 
 from kvfleet_router.breaker import CircuitBreaker
 from kvfleet_router.config import EndpointConfig, HealthConfig
+from kvfleet_router.ewma import Ewma
+from kvfleet_router.peer_measure import PeerMeasure, PeerTotals
+
+__all__ = ["EndpointState", "Ewma", "Signals"]
 
 
 @dataclass(slots=True)
@@ -22,21 +26,10 @@ class Signals:
     block_size: int = 0
     is_draining: bool = False  # the engine says it is draining (kvfleet:draining, SIGTERM)
     scraped_at: float = 0.0
+    peer: PeerTotals | None = None  # peer-prefix counters (kvfleet engines that expose them)
 
     def is_fresh(self, now: float, stale_after_s: float) -> bool:
         return self.scraped_at > 0 and now - self.scraped_at <= stale_after_s
-
-
-@dataclass(slots=True)
-class Ewma:
-    alpha: float = 0.2
-    value: float | None = None
-    num_samples: int = 0
-
-    def add(self, sample: float) -> None:
-        self.num_samples += 1
-        self.value = sample if self.value is None else (
-            self.alpha * sample + (1 - self.alpha) * self.value)
 
 
 @dataclass(slots=True)
@@ -48,6 +41,7 @@ class EndpointState:
     capacity: int = 256
     models: tuple[str, ...] = ()
     prefix_mode: str = "approximate"
+    engine: str = "unknown"  # builtin | vllm | unknown: only builtin ones take peer hints
     num_in_flight: int = 0
     is_probe_healthy: bool = True  # last active /health probe
     is_removed: bool = False  # dropped from config; kept until its in-flight requests end
@@ -60,6 +54,7 @@ class EndpointState:
     decode_s_per_token: Ewma = field(default_factory=Ewma)  # beta of the SLO scorer
     num_ucb_pulls: int = 0
     ucb_reward_sum: float = 0.0
+    peer_measure: PeerMeasure = field(default_factory=PeerMeasure)  # peer_measure.py
 
     @classmethod
     def from_config(cls, cfg: EndpointConfig, health: HealthConfig | None = None,
@@ -79,6 +74,7 @@ class EndpointState:
         self.capacity = cfg.capacity
         self.models = tuple(cfg.models)
         self.prefix_mode = cfg.prefix_mode
+        self.engine = cfg.engine
 
     @property
     def load(self) -> float:
@@ -88,6 +84,8 @@ class EndpointState:
     def apply_scrape(self, signals: Signals) -> None:
         """Take a new /metrics scrape; its freshness is judged later against `now`."""
         self.signals = signals
+        if signals.peer is not None:
+            self.peer_measure.observe(signals.peer)
         # The engine's load beyond our own in-flight requests: other routers' share.
         self.foreign_load = max(0.0, signals.num_running + signals.num_waiting - self.num_in_flight)
 

@@ -9,6 +9,9 @@ kvfleet_router_retries_total                       retries on another endpoint
 kvfleet_router_ejections_total{endpoint}           circuit-breaker ejections
 kvfleet_router_backend_errors_total{endpoint,kind} connect/status/timeout/midstream
 kvfleet_router_pd_prefills_total{outcome}        P/D prefill legs: ok | failed (decode ran alone)
+kvfleet_router_peer_hints_total{reason}          kv_sharing decisions (peer_hint.py): attached |
+                                                   no-peer | recompute-cheaper | not-eligible
+kvfleet_router_peer_hint_blocks_total            KV blocks named in attached peer hints
 kvfleet_router_in_flight{endpoint}                 router-side in-flight requests
 kvfleet_router_imbalance                           (max load - min load) / mean load,
                                                    load = in-flight / capacity, active endpoints
@@ -23,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kvfleet_router.peer_hint import REASONS as PEER_HINT_REASONS
 from kvfleet_router.policies.guard import imbalance_ratio
 from kvfleet_router.router_core import RouterCore
 
@@ -73,6 +77,12 @@ class RouterMetrics:
                                       ["endpoint", "kind"], registry=r)
         self.pd_prefills = Counter("kvfleet_router_pd_prefills", "P/D prefill legs",
                                    ["outcome"], registry=r)
+        self.peer_hints = Counter("kvfleet_router_peer_hints", "kv_sharing peer-hint "
+                                  "decisions", ["reason"], registry=r)
+        for reason in PEER_HINT_REASONS:
+            self.peer_hints.labels(reason)
+        self.peer_hint_blocks = Counter("kvfleet_router_peer_hint_blocks",
+                                        "KV blocks named in attached peer hints", registry=r)
         r.register(_LiveCollector(core, queue_len))
 
     def render(self) -> bytes:

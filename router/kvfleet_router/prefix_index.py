@@ -18,6 +18,7 @@ hashes, plus a reverse map hash -> endpoints so a lookup costs O(prompt blocks).
   text prompts fall back to the approximate index, which is always recorded as well.
       pidx.apply("e0", event)              # BlockStored / BlockRemoved / AllBlocksCleared
       pidx.match(pidx.hash_tokens(token_ids, block_size))
+      pidx.engine_hashes("e0", router_hashes[:n])   # the engine's own hashes (peer hints)
 
 `match` returns the number of *leading* blocks each endpoint holds, because a prefix cache
 can only reuse a contiguous prefix.
@@ -169,6 +170,7 @@ class PreciseKVIndex(ChainIndex):
     def __init__(self, max_blocks_per_endpoint: int = 1_000_000) -> None:
         super().__init__(max_blocks_per_endpoint)
         self._engine_to_router: dict[str, dict[int, int]] = {}
+        self._router_to_engine: dict[str, dict[int, int]] = {}
         self.block_sizes: dict[str, int] = {}
         self.last_seq: dict[str, int] = {}
 
@@ -186,10 +188,20 @@ class PreciseKVIndex(ChainIndex):
             self.last_seq[endpoint] = event.seq
         elif event.type == "BlockRemoved":
             gone = [mapping.pop(h) for h in event.block_hashes if h in mapping]
+            reverse = self._router_to_engine.get(endpoint, {})
+            for h in gone:
+                reverse.pop(h, None)
             self.remove(endpoint, gone)
         elif event.type == "BlockStored":
             self._store(endpoint, event, mapping)
         return is_in_order
+
+    def engine_hashes(self, endpoint: str, hashes: list[int]) -> list[int] | None:
+        """The engine's own block hashes (its KV events' values) of router chain `hashes`
+        on `endpoint`, or None when any of them is not known there."""
+        reverse = self._router_to_engine.get(endpoint, {})
+        out = [reverse.get(h) for h in hashes]
+        return None if None in out else out  # type: ignore[return-value]
 
     def _store(self, endpoint: str, event: KVEvent, mapping: dict[int, int]) -> None:
         size = event.block_size
@@ -203,16 +215,19 @@ class PreciseKVIndex(ChainIndex):
         else:
             return  # parent unknown (before we subscribed): the chain cannot be placed
         hashes: list[int] = []
+        reverse = self._router_to_engine.setdefault(endpoint, {})
         for i, engine_hash in enumerate(event.block_hashes):
             tokens = event.token_ids[i * size:(i + 1) * size]
             parent = hash((parent, tuple(tokens)))
             mapping[engine_hash] = parent
+            reverse[parent] = engine_hash
             hashes.append(parent)
         self.record(endpoint, hashes)
 
     def reset(self, endpoint: str) -> None:
         self.forget_endpoint(endpoint)
         self._engine_to_router.pop(endpoint, None)
+        self._router_to_engine.pop(endpoint, None)
         self.last_seq.pop(endpoint, None)
 
     hash_tokens = staticmethod(hash_tokens)

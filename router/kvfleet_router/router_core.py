@@ -14,9 +14,11 @@ decision tests do; a replay or the simulator could):
     core.finish(e)                  # when the request ends (in-flight drives the load scorers)
 
 `core.record(routed)` alone remembers the prompt without touching in-flight counts, and
-`core.apply(cfg)` swaps in a new config (what an admin push does). What the server adds
-around these calls (health feedback, learning, the wait queue) lives in feedback.py and
-dispatch.py, so a driver that wants the adaptive policies to learn calls
+`core.apply(cfg)` swaps in a new config (what an admin push does). With
+`kv_sharing.enabled`, `core.peer_hint(routed)` says whether the chosen endpoint should
+fetch the prompt's prefix from a peer (peer_hint.py) and returns the hint to attach.
+What the server adds around these calls (health feedback, learning, the wait queue)
+lives in feedback.py and dispatch.py, so a driver that wants the adaptive policies to learn calls
 `HealthFeedback.exchange_done` after each exchange, as the dispatcher does.
 """
 
@@ -25,9 +27,22 @@ from __future__ import annotations
 import random
 from array import array
 from dataclasses import dataclass, field
+from typing import Any
+
+from kvfleet_engine.contract.peer_prefix import peer_prefix_hint
 
 from kvfleet_router.config import RouterConfig
 from kvfleet_router.endpoint import EndpointState
+from kvfleet_router.peer_hint import (
+    NO_PEER,
+    NOT_ELIGIBLE,
+    HintDecision,
+    PeerCandidate,
+    can_be_peer,
+    can_take_hint,
+    decide_peer_hint,
+    decision_inputs,
+)
 from kvfleet_router.policies.context import RouteContext
 from kvfleet_router.policies.policy import POLICIES, Decision, Policy, build_policy
 from kvfleet_router.prefix_index import ApproxPrefixIndex, PreciseKVIndex, hash_tokens
@@ -41,6 +56,9 @@ class Routed:
     ctx: RouteContext
     hashes: list[int] = field(default_factory=list)
     policy_name: str = ""
+    # block size -> (router chain of the prompt's token blocks, endpoint -> leading blocks)
+    precise: dict[int, tuple[list[int], dict[str, int]]] = field(default_factory=dict)
+    num_hinted_blocks: int = 0  # blocks named in an attached peer hint
 
     @property
     def matched_fraction(self) -> float:
@@ -82,14 +100,19 @@ class RouterCore:
         return any(e.role == role for e in self.registry.endpoints)
 
     def prefix_fractions(self, info: RequestInfo, hashes: list[int],
-                         endpoints: list[EndpointState]) -> dict[str, float]:
+                         endpoints: list[EndpointState],
+                         by_size: dict[int, tuple[list[int], dict[str, int]]] | None = None,
+                         ) -> dict[str, float]:
+        """endpoint -> matched fraction of the prompt's blocks; `by_size` (filled in) keeps
+        the precise index's chains and matches per block size."""
         out: dict[str, float] = {}
         if hashes:
             for name, n in self.approx.match(hashes).items():
                 out[name] = n / len(hashes)
         if info.prompt_token_ids is None:
             return out
-        by_size: dict[int, tuple[list[int], dict[str, int]]] = {}
+        if by_size is None:
+            by_size = {}
         for e in endpoints:
             size = self.precise.block_sizes.get(e.name)
             if e.prefix_mode != "precise" or not size:
@@ -117,8 +140,37 @@ class RouterCore:
         ctx = RouteContext(request=info, role=role, now=now, rng=self.rng,
                            num_prompt_tokens=info.estimated_prompt_tokens(
                                self.cfg.prefix.chars_per_token))
-        ctx.prefix_fraction = self.prefix_fractions(info, hashes, endpoints)
-        return Routed(policy.choose(endpoints, ctx), ctx, hashes, name)
+        by_size: dict[int, tuple[list[int], dict[str, int]]] = {}
+        ctx.prefix_fraction = self.prefix_fractions(info, hashes, endpoints, by_size)
+        return Routed(policy.choose(endpoints, ctx), ctx, hashes, name, by_size)
+
+    def peer_hint(self, routed: Routed) -> tuple[HintDecision, dict[str, Any] | None]:
+        """Whether the chosen endpoint should take the prompt's prefix from a peer, and the
+        `kv_transfer_params` value naming it (None unless the decision is `attached`)."""
+        e = routed.decision.endpoint
+        tokens = routed.ctx.request.prompt_token_ids
+        size = self.precise.block_sizes.get(e.name) if e is not None else None
+        if e is None or tokens is None or not size or not can_take_hint(e):
+            return HintDecision(NOT_ELIGIBLE), None
+        chain, matched = routed.precise.get(size) or ([], {})
+        if not chain:  # the policy's candidates had other block sizes: match here
+            chain = hash_tokens(tokens, size)
+            matched = self.precise.match(chain) if chain else {}
+        ctx = routed.ctx
+        peers = [PeerCandidate(p.name, p.url, matched[p.name], p.peer_measure.bytes_per_block)
+                 for p in self.registry.endpoints
+                 if p.name in matched and self.precise.block_sizes.get(p.name) == size
+                 and can_be_peer(p, e, ctx.request.model, ctx.now)]
+        decision = decide_peer_hint(decision_inputs(
+            e, matched.get(e.name, 0), len(tokens), size, peers, self.cfg))
+        if not decision.is_attached or decision.peer is None:
+            return decision, None
+        engine_hashes = self.precise.engine_hashes(decision.peer.name,
+                                                   chain[:decision.num_blocks])
+        if not engine_hashes:
+            return HintDecision(NO_PEER), None
+        routed.num_hinted_blocks = decision.num_blocks
+        return decision, peer_prefix_hint(decision.peer.url, engine_hashes)
 
     def record(self, routed: Routed) -> None:
         """Remember the prompt on the chosen endpoint (also when balancing by load)."""

@@ -1,7 +1,8 @@
 """Scrape each backend's /metrics (vLLM names, older names accepted) into `Signals`.
 
 Read: running, waiting, KV usage (summed over label sets; KV averaged), the block size
-from cache_config_info, and kvfleet:draining (an engine that got SIGTERM gets no new work).
+from cache_config_info, kvfleet:draining (an engine that got SIGTERM gets no new work),
+and a kvfleet engine's peer-prefix counters (`PeerTotals`, for peer_measure.py).
 
 `parse_metrics(text, now)` is pure; the parsing itself is `kvfleet_engine.contract`'s, shared
 with the operator, and a body with no usable core gauge reads as unknown. `poll_forever`
@@ -18,8 +19,11 @@ from collections.abc import Callable
 
 import aiohttp
 from kvfleet_engine import contract
+from kvfleet_engine.contract import peer_prefix as pp
+from kvfleet_engine.contract.metrics_text import PEER_FAMILIES, EngineMetrics
 
 from kvfleet_router.endpoint import EndpointState, Signals
+from kvfleet_router.peer_measure import PeerTotals
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +34,26 @@ def parse_metrics(text: str, now: float) -> Signals:
 
     A body with no usable core gauge (an error page, garbage) yields `Signals()`, whose
     `scraped_at` of 0 is never fresh: the endpoint reads as unknown, not as idle."""
-    m = contract.read_gauges(text)
+    m = contract.read_gauges(text, also=PEER_FAMILIES)
     if not m.is_usable:
         return Signals()
     g = m.gauges
     return Signals(num_running=g.get(contract.NUM_REQUESTS_RUNNING, 0.0),
                    num_waiting=g.get(contract.NUM_REQUESTS_WAITING, 0.0),
                    kv_usage=g.get(contract.KV_CACHE_USAGE_PERC, 0.0),
-                   block_size=m.block_size or 0, scraped_at=now, is_draining=m.is_draining)
+                   block_size=m.block_size or 0, scraped_at=now, is_draining=m.is_draining,
+                   peer=peer_totals(m))
+
+
+def peer_totals(m: EngineMetrics) -> PeerTotals | None:
+    """The peer-sharing counters, or None when the engine exposes none of them (vLLM)."""
+    c = m.counters
+    totals = PeerTotals(fetch_bytes=c.get(pp.PEER_FETCH_BYTES),
+                        fetch_blocks=c.get(pp.PEER_FETCH_BLOCKS),
+                        fetch_seconds=m.histogram_sums.get(pp.PEER_FETCH_SECONDS),
+                        export_bytes=c.get(pp.PEER_EXPORT_BYTES),
+                        export_blocks=c.get(pp.PEER_EXPORT_BLOCKS))
+    return None if totals == PeerTotals() else totals
 
 
 async def scrape(session: aiohttp.ClientSession, e: EndpointState, timeout_s: float) -> None:

@@ -27,11 +27,18 @@ read scrapes through here and only map the result onto their own types. The rule
    `block_size` label of `vllm:cache_config_info`. A bucket whose `le` is not a number
    (or is NaN) is ignored.
 7. **Kinds.** Counters are read from `<name>_total`, histograms from cumulative
-   `<name>_bucket{le=...}` samples; `_created`, `_count` and `_sum` samples are not read.
+   `<name>_bucket{le=...}` samples and their `<name>_sum` (summed over label sets, into
+   `histogram_sums`); `_created` and `_count` samples are not read.
+8. **Peer prefix sharing** (kvfleet engines only, `contract.peer_prefix`): the counters
+   `kvfleet:peer_fetch_{bytes,blocks,tokens}_total` and
+   `kvfleet:peer_export_{bytes,blocks}_total`, and the histogram
+   `kvfleet:peer_fetch_seconds`, whose sum over the bytes counter's delta is the
+   bandwidth peers delivered (`PEER_FAMILIES`).
 
 `read_metrics(text)` reads every line. `read_gauges(text)` is the router's hot path: it
 splits only lines named after a gauge or info metric (the rest are neither parsed nor
-counted as bad) and fills gauges, role and block size only.
+counted as bad) and fills gauges, role and block size only; `read_gauges(text,
+also=PEER_FAMILIES)` also reads the lines of the counter and histogram families named.
 """
 
 from __future__ import annotations
@@ -41,16 +48,20 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from kvfleet_engine.contract import peer_prefix as pp
 from kvfleet_engine.contract import wire as w
 
 Buckets = tuple[tuple[float, float], ...]  # (upper bound `le`, cumulative count), by le
 
 CORE_GAUGES = (w.NUM_REQUESTS_RUNNING, w.NUM_REQUESTS_WAITING, w.KV_CACHE_USAGE_PERC)
 GAUGES = (*CORE_GAUGES, w.NUM_WAITING_PROMPT_TOKENS, w.DRAINING)
+PEER_COUNTERS = (pp.PEER_FETCH_BYTES, pp.PEER_FETCH_BLOCKS, pp.PEER_FETCH_TOKENS,
+                 pp.PEER_EXPORT_BYTES, pp.PEER_EXPORT_BLOCKS)
+PEER_FAMILIES = (*PEER_COUNTERS, pp.PEER_FETCH_SECONDS)  # rule 8, for read_gauges(also=)
 COUNTERS = (w.PREFIX_CACHE_QUERIES, w.PREFIX_CACHE_HITS, w.NUM_PREEMPTIONS, w.PROMPT_TOKENS,
-            w.GENERATION_TOKENS)
+            w.GENERATION_TOKENS, *PEER_COUNTERS)
 HISTOGRAMS = (w.TIME_TO_FIRST_TOKEN, w.INTER_TOKEN_LATENCY, w.E2E_REQUEST_LATENCY,
-              w.REQUEST_QUEUE_TIME)
+              w.REQUEST_QUEUE_TIME, pp.PEER_FETCH_SECONDS)
 INFOS = (w.ROLE_INFO, w.CACHE_CONFIG_INFO)
 _MEAN_GAUGES = frozenset({w.KV_CACHE_USAGE_PERC})
 _SUFFIX = {"gauge": "", "info": "", "counter": "_total", "histogram": "_bucket"}
@@ -66,11 +77,20 @@ def _lookup_table() -> dict[str, tuple[str, str, bool]]:
     for legacy, family in w.LEGACY_NAMES.items():
         kind = kinds[family]
         table[legacy + _SUFFIX[kind]] = (kind, family, True)
+    for name, (kind, family, is_legacy) in list(table.items()):
+        if kind == "histogram":
+            table[name.removesuffix("_bucket") + "_sum"] = ("sum", family, is_legacy)
     return table
 
 
 _TABLE = _lookup_table()
 _GAUGE_LINES = frozenset(n for n, (kind, _, _) in _TABLE.items() if kind in ("gauge", "info"))
+
+
+def _lines_of(families: Collection[str]) -> frozenset[str]:
+    """The exposed sample names of these families (any kind, legacy names included)."""
+    wanted = frozenset(families)
+    return frozenset(n for n, (_, family, _) in _TABLE.items() if family in wanted)
 
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*')
@@ -99,6 +119,7 @@ class EngineMetrics:
     gauges: dict[str, float] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)  # family name, no `_total`
     histograms: dict[str, Buckets] = field(default_factory=dict)
+    histogram_sums: dict[str, float] = field(default_factory=dict)  # `<name>_sum`, by family
     role: str | None = None
     block_size: int | None = None
     num_bad_lines: int = 0
@@ -195,10 +216,16 @@ def _finite_sum(samples: list[MetricSample]) -> tuple[float, int]:
 def _reduce(parsed: ParsedText) -> EngineMetrics:
     out = EngineMetrics(num_bad_lines=parsed.num_bad_lines, first_bad_line=parsed.first_bad_line)
     by_family: dict[str, dict[bool, list[MetricSample]]] = {}
+    sums: dict[str, dict[bool, list[MetricSample]]] = {}
     for s in parsed.samples:
         entry = _TABLE.get(s.name)
         if entry is not None:
-            by_family.setdefault(entry[1], {}).setdefault(entry[2], []).append(s)
+            group = sums if entry[0] == "sum" else by_family
+            group.setdefault(entry[1], {}).setdefault(entry[2], []).append(s)
+    for family, by_age in sums.items():
+        total, count = _finite_sum(by_age.get(False) or by_age[True])  # rule 3
+        if count:
+            out.histogram_sums[family] = total
     for family, by_age in by_family.items():
         samples = by_age.get(False) or by_age[True]  # rule 3: the current name wins
         if family in GAUGES or family in COUNTERS:
@@ -230,6 +257,8 @@ def read_metrics(text: str) -> EngineMetrics:
     return _reduce(parse_text(text))
 
 
-def read_gauges(text: str) -> EngineMetrics:
-    """The hot path: gauges, role and block size only; other lines are not parsed."""
-    return _reduce(parse_text(text, only=_GAUGE_LINES))
+def read_gauges(text: str, also: Collection[str] = ()) -> EngineMetrics:
+    """The hot path: gauges, role and block size, plus the counter and histogram families
+    named in `also` (e.g. `PEER_FAMILIES`); other lines are not parsed."""
+    only = _GAUGE_LINES | _lines_of(also) if also else _GAUGE_LINES
+    return _reduce(parse_text(text, only=only))
