@@ -1,5 +1,7 @@
 """Random operation sequences on the KV-cache manager never leak or double-count blocks."""
 
+from array import array
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvfleet_engine.core.block_pool import NULL_BLOCK_ID
@@ -38,7 +40,7 @@ def check_invariants(kv, live):
             block = pool.blocks[req.block_ids[i]]
             if block.block_hash is not None:
                 want = req.all_token_ids[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]
-                assert block.token_ids == tuple(want)
+                assert block.token_ids == array("q", want).tobytes()
 
 
 @settings(max_examples=150, deadline=None)

@@ -47,7 +47,11 @@ class KVBlock:
         self.ref_cnt = 0
         self.block_hash: int | None = None
         self.parent_hash: int | None = None
-        self.token_ids: tuple[int, ...] = ()
+        self.token_ids = b""  # the block's tokens as int64s: a quarter of a tuple of ints
+
+    def tokens(self) -> list[int]:
+        """The token ids of a cached block ([] when it is not a cache entry)."""
+        return array("q", self.token_ids).tolist()
 
     def __repr__(self) -> str:
         return f"KVBlock({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash})"
@@ -103,7 +107,8 @@ class BlockPool:
         self, block_hash: int, parent_hash: int | None, token_ids: Sequence[int]
     ) -> KVBlock | None:
         block = self._cached.get(block_hash)
-        if block is None or block.parent_hash != parent_hash or block.token_ids != tuple(token_ids):
+        if block is None or block.parent_hash != parent_hash \
+                or block.token_ids != array("q", token_ids).tobytes():  # fmt: skip
             return None
         return block
 
@@ -131,7 +136,7 @@ class BlockPool:
             if block.block_hash is None and block_hash not in self._cached:
                 block.block_hash = block_hash
                 block.parent_hash = parent
-                block.token_ids = tuple(tokens)
+                block.token_ids = array("q", tokens).tobytes()
                 self._cached[block_hash] = block
                 if not stored:
                     first_parent = parent
@@ -176,7 +181,7 @@ class BlockPool:
                 del self._cached[block.block_hash]
                 block.block_hash = None
                 block.parent_hash = None
-                block.token_ids = ()
+                block.token_ids = b""
             block.ref_cnt = 1
             out.append(block)
         if removed:

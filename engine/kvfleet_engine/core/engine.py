@@ -189,7 +189,7 @@ class LLMEngine:
         """The cached leading run of `block_hashes` (at most max_blocks) and its KV bytes."""
         run = prefix_share.export_run(self.kv_cache.pool, block_hashes, max_blocks)
         data = self.runner.read_blocks([b.block_id for b in run]) if run else b""
-        tokens = [t for b in run for t in b.token_ids]
+        tokens = [t for b in run for t in b.tokens()]
         return ExportedPrefix([h for b in run if (h := b.block_hash) is not None], tokens, data)
 
     def abort_request(self, request_id: str) -> bool:
