@@ -144,12 +144,17 @@ class RouterCore:
         ctx.prefix_fraction = self.prefix_fractions(info, hashes, endpoints, by_size)
         return Routed(policy.choose(endpoints, ctx), ctx, hashes, name, by_size)
 
+    def block_size(self, e: EndpointState) -> int:
+        """The endpoint's KV block size: from its KV events, else its last scrape (a replica
+        that has stored nothing yet, such as a new one, still takes hints); 0 if unknown."""
+        return self.precise.block_sizes.get(e.name) or e.signals.block_size
+
     def peer_hint(self, routed: Routed) -> tuple[HintDecision, dict[str, Any] | None]:
         """Whether the chosen endpoint should take the prompt's prefix from a peer, and the
         `kv_transfer_params` value naming it (None unless the decision is `attached`)."""
         e = routed.decision.endpoint
         tokens = routed.ctx.request.prompt_token_ids
-        size = self.precise.block_sizes.get(e.name) if e is not None else None
+        size = self.block_size(e) if e is not None else 0
         if e is None or tokens is None or not size or not can_take_hint(e):
             return HintDecision(NOT_ELIGIBLE), None
         chain, matched = routed.precise.get(size) or ([], {})
@@ -159,7 +164,7 @@ class RouterCore:
         ctx = routed.ctx
         peers = [PeerCandidate(p.name, p.url, matched[p.name], p.peer_measure.bytes_per_block)
                  for p in self.registry.endpoints
-                 if p.name in matched and self.precise.block_sizes.get(p.name) == size
+                 if p.name in matched and self.block_size(p) == size
                  and can_be_peer(p, e, ctx.request.model, ctx.now)]
         decision = decide_peer_hint(decision_inputs(
             e, matched.get(e.name, 0), len(tokens), size, peers, self.cfg))

@@ -170,6 +170,17 @@ def test_a_draining_peer_hands_its_prefix_to_the_chosen_endpoint():
     assert routed.num_hinted_blocks == 8
 
 
+def test_a_new_replica_takes_hints_once_its_block_size_is_scraped():
+    core = sharing_core()
+    store(core, "e0", TOKENS, 8)
+    e1 = core.registry.by_name["e1"]  # has stored nothing: its KV events name no block size
+    assert core.peer_hint(route_to(core, "e1"))[0].reason == NOT_ELIGIBLE
+    e1.apply_scrape(parse_metrics('vllm:num_requests_running{model_name="m"} 0\n'
+                                  'vllm:cache_config_info{block_size="16",num_gpu_blocks="9"} 1\n',
+                                  now=1.0))
+    assert core.peer_hint(route_to(core, "e1"))[0].reason == ATTACHED
+
+
 def test_only_builtin_precise_endpoints_give_or_take_hints():
     core = sharing_core(engines=("vllm", "builtin"))
     store(core, "e0", TOKENS, 8)
