@@ -17,7 +17,10 @@ Public API:
   events (ZMQ PUB on port+1, replay ROUTER on port+2), rendered as `--kv-events-config`
   when the pool asks for precise routing (`is_precise_routing`); the router derives the
   same addresses from the replica's URL (kvfleet_router.vllm_kv_events).
-- `engine_env(spec, role) -> dict[str, str]`.
+- `engine_env(spec, role, *, lmcache_url=None) -> dict[str, str]`.
+- LMCache (lmcache.py): with `routing.kvSharing` on vLLM and an LMCache server URL from
+  the runtime (`lmcache_url=`, Kubernetes only), `engine_args` adds LMCache's
+  `--kv-transfer-config` (before the user's args) and `engine_env` LMCache's env.
 
 Renderers are registered by engine kind in `RENDERERS`.
 """
@@ -31,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvfleet_operator.api.spec import PoolSpec
+from kvfleet_operator.lmcache import LMCACHE_KV_TRANSFER_CONFIG, is_lmcache, lmcache_env
 
 # vLLM's NixlConnector: both sides of a P/D pair run kv_both (as llm-d does).
 NIXL_KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
@@ -166,11 +170,20 @@ def engine_command(spec: PoolSpec) -> list[str]:
     return RENDERERS[spec.engine.kind].command()
 
 
-def engine_args(spec: PoolSpec, role: str, *, host: str = "0.0.0.0", port: int = 8000) -> list[str]:
+def engine_args(spec: PoolSpec, role: str, *, host: str = "0.0.0.0", port: int = 8000,
+                lmcache_url: str | None = None) -> list[str]:
     if role not in spec.topology.roles():
         raise ValueError(f"role {role!r} is not in this pool's topology")
-    return RENDERERS[spec.engine.kind].args(spec, role, host, port)
+    args = RENDERERS[spec.engine.kind].args(spec, role, host, port)
+    if lmcache_url and is_lmcache(spec):
+        at = len(args) - len(spec.engine.args)  # the user's args stay last, so they win
+        args[at:at] = ["--kv-transfer-config",
+                       json.dumps(LMCACHE_KV_TRANSFER_CONFIG, sort_keys=True)]
+    return args
 
 
-def engine_env(spec: PoolSpec, role: str) -> dict[str, str]:
-    return RENDERERS[spec.engine.kind].env(spec, role)
+def engine_env(spec: PoolSpec, role: str, *, lmcache_url: str | None = None) -> dict[str, str]:
+    env = RENDERERS[spec.engine.kind].env(spec, role)
+    if lmcache_url and is_lmcache(spec):
+        env.update(lmcache_env(lmcache_url))
+    return env

@@ -6,6 +6,9 @@ Public API:
 - `RouterEndpoint`: one replica the router should know (name, url, role, state).
 - `build_router_config(spec, endpoints, version) -> dict`. With scale to zero, the router
   holds a request for `COLD_START_HOLD_S` (a cold start), not its default queue timeout.
+  With `routing.kvSharing.enabled` on builtin engines, every endpoint is marked
+  `engine: builtin` and the router's `kv_sharing` section carries the margin (peer hints,
+  kvfleet_router/peer_hint.py); vLLM pools share KV through LMCache, not the router.
 - `next_version(previous, candidate) -> int`: the version only moves when the content
   (everything but `version`) changes, so a steady pool never re-pushes.
 """
@@ -29,6 +32,11 @@ class RouterEndpoint:
     url: str
     role: str
     is_draining: bool = False
+
+
+def is_router_kv_sharing(spec: PoolSpec) -> bool:
+    """The router steers peer prefix fetches: kvSharing on builtin engines."""
+    return spec.routing.kv_sharing.enabled and spec.engine.is_builtin
 
 
 def capacity(spec: PoolSpec) -> int:
@@ -67,6 +75,10 @@ def build_router_config(
         "policy": policy,
         "session": {"header": r.session_header},
     }
+    if is_router_kv_sharing(spec):
+        for ep in config["endpoints"]:
+            ep["engine"] = "builtin"
+        config["kv_sharing"] = {"enabled": True, "margin": float(r.kv_sharing.margin)}
     if spec.topology.is_disaggregated:
         config["pd"] = {"prefill_threshold_tokens": r.pd_threshold_tokens}
     if spec.autoscaling.scale_to_zero.enabled:

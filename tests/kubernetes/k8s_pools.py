@@ -63,7 +63,16 @@ def variants() -> dict[str, dict[str, Any]]:
         "builtin-pd": pd,
         "vllm-sidecar": _variant(unified, "side-unified", "routing", "placement", "sidecar"),
         "builtin-pd-sidecar": _variant(pd, "side-pd", "routing", "placement", "sidecar"),
+        "vllm-lmcache": lmcache_pool(),
     }
+
+
+def lmcache_pool() -> dict[str, Any]:
+    """vLLM unified with routing.kvSharing: LMCache's connector and an LMCache server."""
+    out = _variant(example("vllm-unified.yaml"), "shared-kv", "routing", "kvSharing",
+                   {"enabled": True})
+    out["spec"]["engine"]["image"] = "lmcache/vllm-openai:v0.3.11"
+    return out
 
 
 def all_pools() -> dict[str, InferencePool]:

@@ -8,6 +8,7 @@ from k8s_pools import TOKENS, all_pools, children, deployment, engine_container
 from kvfleet_engine.cli import build_parser
 from kvfleet_operator.engine_args import engine_args, engine_env
 from kvfleet_operator.runtimes.kubernetes import KVFLEET_IMAGE, VLLM_IMAGE, build_children
+from kvfleet_operator.runtimes.kubernetes.lmcache_server import lmcache_remote_url
 from kvfleet_operator.runtimes.kubernetes.placement import engine_port
 
 POOLS = all_pools()
@@ -83,9 +84,11 @@ def test_every_engine_runs_exactly_what_engine_args_renders(name):
         c = engine_container(objs, f"{pool.name}-{role}")
         port = 8001 if pool.spec.routing.placement == "sidecar" else 8000
         assert engine_port(pool) == port
-        assert c["args"] == engine_args(pool.spec, role, host="0.0.0.0", port=port)
+        lmcache = lmcache_remote_url(pool)  # routing.kvSharing on vLLM (test_k8s_lmcache.py)
+        assert c["args"] == engine_args(pool.spec, role, host="0.0.0.0", port=port,
+                                        lmcache_url=lmcache)
         env = _env_values(c)
-        for key, value in engine_env(pool.spec, role).items():
+        for key, value in engine_env(pool.spec, role, lmcache_url=lmcache).items():
             assert env[key] == value
         assert [e["name"] for e in c["env"]].count("HOME") == 1
 

@@ -15,7 +15,8 @@ from kvfleet_router.config import RouterConfig
 POOLS = all_pools()
 COMMON = ("app.kubernetes.io/name", "app.kubernetes.io/instance",
           "app.kubernetes.io/component", "app.kubernetes.io/part-of", "kvfleet.io/pool")
-POOL_WIDE = {"Secret/engine-token", "NetworkPolicy/engines"}  # serve every role
+POOL_WIDE = {"Secret/engine-token", "NetworkPolicy/engines",  # serve every role
+             "Deployment/lmcache", "Service/lmcache", "NetworkPolicy/lmcache"}  # LMCache
 
 
 @pytest.mark.parametrize("name", sorted(POOLS))

@@ -71,10 +71,24 @@ PODS = [
 ]
 
 
+def engines_policy(objs: list[dict]) -> list[dict]:
+    return [p for p in by_kind(objs, "NetworkPolicy") if p["metadata"]["name"].endswith("-engines")]
+
+
+def test_only_the_pools_engines_reach_its_lmcache_server():
+    pool = POOLS["vllm-lmcache"]
+    [policy] = [p for p in by_kind(children(pool), "NetworkPolicy")
+                if p["metadata"]["name"].endswith("-lmcache")]
+    selected = {p.name for p in PODS if matches(policy["spec"]["podSelector"], p.label_map)}
+    assert selected == {f"{pool.name}-lmcache"}
+    allowed = {p.name: ports for p in PODS if (ports := admitted(policy, p))}
+    assert allowed == {f"{pool.name}-unified": {"TCP/65432"}}
+
+
 @pytest.mark.parametrize("name", sorted(POOLS))
 def test_selects_exactly_the_pools_engine_pods(name):
     pool = POOLS[name]
-    [policy] = by_kind(children(pool), "NetworkPolicy")
+    [policy] = engines_policy(children(pool))
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     selected = {p.name for p in PODS if matches(policy["spec"]["podSelector"], p.label_map)}
     assert selected == {f"{pool.name}-{role}" for role in pool.spec.topology.roles()}
@@ -83,7 +97,7 @@ def test_selects_exactly_the_pools_engine_pods(name):
 @pytest.mark.parametrize("name", sorted(POOLS))
 def test_admits_exactly_router_operator_and_peers(name):
     pool = POOLS[name]
-    [policy] = by_kind(children(pool), "NetworkPolicy")
+    [policy] = engines_policy(children(pool))
     allowed = {p.name: ports for p in PODS if (ports := admitted(policy, p))}
     engines = {f"{pool.name}-{role}": {"*"} for role in pool.spec.topology.roles()}
     if pool.spec.routing.placement == "sidecar":  # the router sidecars' port is open to all

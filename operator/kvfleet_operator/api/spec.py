@@ -221,6 +221,17 @@ class GatewaySpec:
 
 
 @dataclass(slots=True)
+class KVSharingSpec:
+    """Fleet-wide KV: builtin engines fetch a prompt's cached prefix from the peer that
+    holds it when the router estimates that beats recomputing it (by `margin`); vLLM
+    engines share KV through an LMCache server (Kubernetes only). Off by default until
+    measured to help."""
+
+    enabled: bool = spec_field(False)
+    margin: float = spec_field(1.5, minimum=1, maximum=100)
+
+
+@dataclass(slots=True)
 class RoutingSpec:
     policy: str = spec_field("cache-aware", enum=ROUTING_POLICIES)
     weights: WeightsSpec | None = spec_field(None)
@@ -231,6 +242,7 @@ class RoutingSpec:
     placement: str = spec_field("deployment", enum=ROUTER_PLACEMENTS)
     prefix_mode: str = spec_field("approximate", enum=PREFIX_MODES)
     gateway: GatewaySpec | None = spec_field(None)
+    kv_sharing: KVSharingSpec = spec_field(default_factory=KVSharingSpec)
 
     def __post_init__(self) -> None:
         merged = self.effective_weights()
@@ -351,7 +363,28 @@ class PoolSpec:
         if self.routing.gateway is not None and self.topology.unified is None:
             raise SpecError("routing.gateway", "needs a unified topology: the endpoint picker "
                             "does not run prefill/decode legs")
+        _check_kv_sharing(self)
         # vLLM pools: flags that vLLM version rejects, block sizes a CPU build cannot use.
         from kvfleet_operator.vllm_compat import check_vllm_engine
 
         check_vllm_engine(self)
+
+
+def _check_kv_sharing(spec: PoolSpec) -> None:
+    """routing.kvSharing's cross-field rules (the CRD's CEL rules say the same)."""
+    if not spec.routing.kv_sharing.enabled:
+        return
+    where = "routing.kvSharing.enabled"
+    if not spec.engine.enable_prefix_caching:
+        raise SpecError(where, "needs engine.enablePrefixCaching: true (there is no cached "
+                        "prefix to share)")
+    if spec.engine.is_builtin and spec.routing.prefix_mode != "precise":
+        raise SpecError(where, "needs routing.prefixMode: precise with builtin engines (the "
+                        "router finds the peer holding a prefix from their KV events)")
+    if not spec.engine.is_builtin and spec.topology.is_disaggregated:
+        raise SpecError(where, "with engine.kind: vllm needs a unified topology (prefill/"
+                        "decode's NixlConnector owns --kv-transfer-config)")
+    if not spec.engine.is_builtin and not spec.engine.image:
+        raise SpecError(where, "with engine.kind: vllm needs engine.image: an image with "
+                        "vLLM and LMCache (e.g. lmcache/vllm-openai); it runs the LMCache "
+                        "server too")

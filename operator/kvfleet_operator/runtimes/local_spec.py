@@ -20,6 +20,9 @@ def unhonoured_fields(spec: PoolSpec) -> list[str]:
     if spec.routing.gateway is not None:
         out.append(f"routing.gateway ({spec.routing.gateway.kind}) is ignored: a local fleet "
                    "runs kvfleet's router, no gateway endpoint picker")
+    if spec.routing.kv_sharing.enabled and spec.engine.kind == "vllm":
+        out.append("routing.kvSharing is ignored for engine.kind: vllm: a local fleet runs "
+                   "no LMCache server, so each vLLM engine keeps its own prefix cache")
     if spec.routing.replicas > 1:
         out.append(f"routing.replicas ({spec.routing.replicas}) is ignored: a local fleet "
                    "runs one router")

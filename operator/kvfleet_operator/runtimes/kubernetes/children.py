@@ -1,6 +1,8 @@
 """`build_children`: every object the operator owns for one pool, in apply order (Secrets
 and the ConfigMap before the pods that mount them; the NetworkPolicy before any engine;
-with `routing.gateway`, the GIE InferencePool and kvfleet's picker last, gie_pool.py)."""
+with `routing.kvSharing` on vLLM, the LMCache server before the engines that dial it,
+lmcache_server.py; with `routing.gateway`, the GIE InferencePool and kvfleet's picker
+last, gie_pool.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from .configmap import build_router_configmap
 from .deployment import build_engine_deployment, build_router_deployment
 from .errors import UnservableSpec
 from .gie_pool import gateway_children
+from .lmcache_server import lmcache_children
 from .network_policy import build_network_policy
 from .options import KVFLEET_IMAGE, BuildOptions, Tokens
 from .pdb import build_engine_pdb, build_router_pdb
@@ -52,6 +55,7 @@ def build_children(
     children.append(build_router_service(pool))
     if not is_sidecar(pool):
         children.append(build_router_pdb(pool))
+    children += lmcache_children(pool)  # routing.kvSharing on vLLM: the LMCache server
     children += [build_engine_deployment(pool, role, counts[role], image, options)
                  for role in roles]
     if not is_sidecar(pool):  # else every engine pod carries its router

@@ -6,6 +6,8 @@ run on a cluster (probes, drain, GPUs, volumes, a restricted securityContext).
   plus the runtime's env (caches, HF token, NIXL host), and a memory-backed /dev/shm.
   vLLM does not wait for in-flight requests on SIGTERM, so a preStop hook polls its
   `/metrics` until nothing is running or waiting (or the drain timeout passes).
+  With `routing.kvSharing`, also LMCache's connector and env, pointing at the pool's
+  LMCache server (lmcache_server.py).
 - builtin: `kvfleet engine` with `engine_args` from kvfleet's image. It drains on SIGTERM
   itself (`--drain-timeout`), so it has no preStop.
 
@@ -24,6 +26,7 @@ from kvfleet_operator.api.spec import GPU_RESOURCE, RoleSpec
 from kvfleet_operator.engine_args import NIXL_SIDE_CHANNEL_PORT, engine_args, engine_env
 
 from . import meta
+from .lmcache_server import lmcache_remote_url
 from .model_source import model_volumes
 from .options import VLLM_IMAGE, BuildOptions
 from .placement import ENGINE_PORT, engine_port, engine_port_name, is_sidecar
@@ -91,7 +94,8 @@ def resources(role: RoleSpec) -> dict[str, Any]:
 
 def _env(pool: InferencePool, role: str, extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
-        {"name": k, "value": v} for k, v in engine_env(pool.spec, role).items()
+        {"name": k, "value": v}
+        for k, v in engine_env(pool.spec, role, lmcache_url=lmcache_remote_url(pool)).items()
     ]
     env += cache_env() + extra
     if pool.spec.engine.is_builtin:  # guards its KV events and KV transfer (as `kvfleet up`)
@@ -115,7 +119,8 @@ def engine_container(
     port, port_name = engine_port(pool), engine_port_name(pool)
     ports = [{"name": port_name, "containerPort": port, "protocol": "TCP"}]
     container: dict[str, Any] = {"name": "engine"}
-    args = engine_args(spec, role, host="0.0.0.0", port=port)
+    args = engine_args(spec, role, host="0.0.0.0", port=port,
+                       lmcache_url=lmcache_remote_url(pool))
     if spec.engine.is_builtin:
         container.update(image=spec.engine.image or image, command=["kvfleet", "engine"],
                          args=args)
