@@ -18,7 +18,7 @@ policy:
   name: cache-aware              # round-robin | random | least-request | least-kv | prefix-cache |
                                  # session | latency | ucb | slo | cache-aware
   picker: max                    # max | power-of-two | weighted-random (ignored by round-robin)
-  weights: {prefix: 1.0, queue: 1.0, kv: 0.5}   # scorer -> weight (cache-aware only)
+  weights: {prefix: 1.0, queue: 4.0, kv: 0.0}   # scorer -> weight (cache-aware only)
   allow_override: false          # honour the per-request header below?
   override_header: x-kvfleet-policy
   imbalance: {abs_threshold: 8, rel_threshold: 1.5}   # cache-aware's load guard
@@ -179,10 +179,12 @@ class SloConfig:
 
 
 def _default_weights() -> dict[str, float]:
-    # queue and kv both score the free share of capacity; queue is live (router in-flight),
-    # kv lags by up to one scrape, so it weighs less. A full prefix hit (1.0) outweighs any
-    # load gap short of about two thirds of capacity; the imbalance guard acts long before.
-    return {"prefix": 1.0, "queue": 1.0, "kv": 0.5}
+    # Chosen in the simulator on the Mooncake trace (bench/sim_policies.md, "Tuning the
+    # default weights"): queue scores the free share of capacity, so at 4 a full prefix hit
+    # (1.0) outweighs a load gap of a quarter of capacity and load decides beyond that. The
+    # kv score lags one scrape and mostly restates the queue; weighted in, it lowered both
+    # hit rate and SLO attainment there, so it is off (the saturation filter still reads KV).
+    return {"prefix": 1.0, "queue": 4.0, "kv": 0.0}
 
 
 @dataclass(slots=True)

@@ -125,7 +125,10 @@ def test_start_and_finish_drive_least_request():
 def test_default_weights_keep_affinity_under_small_load_and_balance_fresh_prompts():
     c = core()  # capacity 10 each, default weights, guard abs 8 / rel 1.5
     first = route(c, PROMPT).decision.endpoint
-    first.num_in_flight = 3  # queue 0.7 vs 1.0: less than the full prefix hit (1.0) it holds
+    first.num_in_flight = 2  # queue 4 x (0.8 vs 1.0): less than the prefix hit it holds
     assert route(c, PROMPT + "x").decision.endpoint is first
+    first.num_in_flight = 4  # 4 x 0.4 = 1.6 > a full prefix hit: load decides
+    assert route(c, PROMPT + "y").decision.endpoint is not first
+    first.num_in_flight = 2
     fresh = route(c, "unrelated text " * 10)  # no prefix anywhere: the least loaded wins
     assert fresh.decision.endpoint is not first and fresh.decision.reason == "picked"
