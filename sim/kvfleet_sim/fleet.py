@@ -255,8 +255,9 @@ class FleetSim:
         cut = [f for f in self.runtime.cut_off if not f.request_id.startswith("p:")]
         finished = self.finished + cut
         if hop := self.settings.client_latency_s:
-            finished = [dataclasses.replace(f, first_token=f.first_token + hop,
-                                            finished=f.finished + hop) for f in finished]  # fmt: skip
+            shift = dataclasses.replace
+            finished = [shift(f, first_token=f.first_token + hop, finished=f.finished + hop)
+                        for f in finished]  # fmt: skip
         return SimResult(finished, gaps, self.timeline, lifetimes,
                          end, len(scale), num_clipped, scale, self.imbalance,
                          (queried - q0, hit - h0), self.router.core.prefix_hit_ratio, roles,

@@ -88,5 +88,5 @@ def test_the_simulator_agrees_with_a_live_fleet_on_a_40_second_burst(tmp_path):
         assert abs(gap[key]) <= TOLERANCE, f"{key}: {gap[key]:+.1%}\n{report}"
     for key in THROUGHPUT_KEYS:
         assert abs(gap[key]) <= THROUGHPUT_TOLERANCE, f"{key}: {gap[key]:+.1%}\n{report}"
-    # The probes' fixed cost per request (hops) is a few ms: it shifts, it cannot hide a gap.
+    # The hops (client minus engine TTFT) cost a few ms: they shift, they cannot hide a gap.
     assert 0 <= out["client_latency_s"] < 0.05, report
