@@ -13,6 +13,7 @@ import asyncio
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,7 @@ class Fleet:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 ENGINE_COUNTERS = {
