@@ -1,7 +1,7 @@
 """Routing policies, autoscalers and scaling efficiency in the simulator; writes
 bench/sim_policies.md.
 
-    .venv/bin/python bench/sim_policies.py            # long on 2 cores (N=256); deterministic
+    .venv/bin/python bench/sim_policies.py --jobs 2   # ~45 min on 2 free cores; deterministic
     .venv/bin/python bench/sim_policies.py --quick    # shorter slices, N <= 16, for a look
 
 Every table is one `kvfleet sim compare` or `kvfleet sim efficiency` (sim/kvfleet_sim)
@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,11 +30,64 @@ TRACES = ROOT.parent / "shared" / "traces"
 RESULTS = ROOT / "bench" / "results"
 UNIFIED = "sim/pools/h100-llama3-8b-16.yaml"
 PD = "sim/pools/h100-llama3-8b-pd.yaml"
+UNIFIED_32 = "sim/pools/h100-llama3-8b-32.yaml"  # Mooncake needs more than 16 at its peaks
+PD_32 = "sim/pools/h100-llama3-8b-pd-32.yaml"
+SIZES_16 = "the unified pool (2-16 replicas) and the P/D pool (1-6 prefill, 2-10 decode)"
+SIZES_32 = "the unified pool (2-32 replicas) and the P/D pool (1-12 prefill, 2-20 decode)"
+TUNING = ROOT / "sim" / "pools" / "tuning"
+# cache-aware weight variants the default (prefix 1 / queue 4 / kv 0) was chosen among
+WEIGHTS = {"p1-q1-kv0.5": (1.0, 1.0, 0.5), "p1-q2-kv0": (1.0, 2.0, 0.0),
+           "p1-q4-kv0.5": (1.0, 4.0, 0.5), "p1-q8-kv0": (1.0, 8.0, 0.0),
+           "p2-q4-kv0": (2.0, 4.0, 0.0)}  # fmt: skip
 ROUTING = ["cache-aware", "sgl-cache-aware", "prefix-cache", "least-request", "least-kv",
            "round-robin", "random", "session", "latency", "ucb", "slo"]  # fmt: skip
 
 
 EFFICIENCY_PLOT = RESULTS / "sim_efficiency.png"
+
+
+def weight_pool(name: str) -> Path:
+    """The 16-replica pool with one weight variant (written once; the files are committed)."""
+    import yaml
+
+    path = TUNING / f"h100-llama3-8b-16-{name}.yaml"
+    prefix, queue, kv = WEIGHTS[name]
+    pool = yaml.safe_load((ROOT / UNIFIED).read_text())
+    pool["metadata"]["name"] = f"h100-llama3-8b-16-{name.replace('.', '')}"
+    pool["spec"]["routing"]["weights"] = {"prefix": prefix, "queue": queue, "kv": kv}
+    text = ("# bench/sim_policies.py writes this: h100-llama3-8b-16.yaml with cache-aware "
+            f"weights prefix {prefix:g} / queue {queue:g} / kv {kv:g}.\n"
+            + yaml.safe_dump(pool, sort_keys=False))  # fmt: skip
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return path
+
+
+def run_section(section: tuple[str, str, str, list[str]], index: int) -> tuple[list[str], dict]:
+    """One `kvfleet sim` command, its table captured: (markdown lines, its JSON)."""
+    from kvfleet_sim.cli import main as sim_main
+
+    title, what, command, sim_args = section
+    path = RESULTS / f"sim_policies_{index}.json"
+    started = time.perf_counter()
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = sim_main([command, *sim_args, "--no-progress", "--json", str(path)])
+    if rc != 0:
+        raise SystemExit(f"sim_policies: section {title!r} exited {rc}")
+    table = buf.getvalue().strip().splitlines()
+    cmd = f"kvfleet sim {command} " + " ".join(
+        a.replace(str(TRACES), "../shared/traces").replace(str(ROOT) + "/", "")
+        for a in sim_args)  # fmt: skip
+    lines = [f"## {title}", "", what, "", "```", cmd, "```", "", *table[:-1], ""]
+    if command == "efficiency":
+        plot = os.path.relpath(EFFICIENCY_PLOT, RESULTS.parent)
+        lines += [f"![scaling efficiency]({plot})", ""]
+    result = {"title": title, "args": sim_args, "result": json.loads(path.read_text())}
+    path.unlink()
+    print(f"{title}: {time.perf_counter() - started:.0f} s wall", file=sys.stderr, flush=True)
+    return lines, result
 
 
 def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
@@ -54,22 +108,32 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         "The same slice with every endpoint in `precise` mode (the router's index fed from "
         "the engines' BlockStored/BlockRemoved events).", "compare",
         [*m_slice, "--pool", UNIFIED, "--scaler", "fixed-max", "--prefix-mode", "precise",
-         "--policy", "cache-aware", "--policy", "sgl-cache-aware", "--policy", "round-robin"],
+         "--policy", "cache-aware", "--policy", "sgl-cache-aware", "--policy", "round-robin",
+         "--policy", "least-request"],
+    ), (
+        "Tuning the default weights (cache-aware, approximate index)",
+        "The same slice, 16 replicas, the pool's own `cache-aware` policy with the weights "
+        "in each pool file's name (`sim/pools/tuning/`, the 16-replica pool otherwise); the "
+        "first row is the shipped default, prefix 1 / queue 4 / kv 0, the second the "
+        "default before it.", "compare",
+        [*m_slice, "--pool", UNIFIED, *sum((["--pool", str(weight_pool(name).relative_to(
+            ROOT))] for name in WEIGHTS), []), "--scaler", "fixed-max"],
     )]
-    for name, trace, start, compress in (
-        ("Azure conversation", "azure_llm_2023_conv.csv", "1800", "4"),
-        ("Azure code", "azure_llm_2023_code.csv", "1800", "4"),
-        ("Mooncake conversation", "mooncake_conversation.jsonl", "900", "1"),
+    a_dur = "600" if quick else "1800"
+    for name, trace, unified, pd, sizes in (
+        ("Azure conversation", "azure_llm_2023_conv.csv", UNIFIED, PD, SIZES_16),
+        ("Azure code", "azure_llm_2023_code.csv", UNIFIED, PD, SIZES_16),
+        ("Mooncake conversation", "mooncake_conversation.jsonl", UNIFIED_32, PD_32, SIZES_32),
     ):
         out.append((
             f"Autoscalers on {name}, unified and prefill/decode pools",
             "kvfleet's autoscaler, fixed at max, the KEDA rule (waiting > 5 per replica) and "
             "a Knative-KPA-style baseline (concurrency over the pool's stable and panic "
-            "windows, target 0.7 x maxNumSeqs), each on the unified pool (2-16 replicas) and "
-            "the P/D pool (1-6 prefill, 2-10 decode); replica-seconds per role are in the "
-            "JSON.", "compare",
-            ["--trace", str(TRACES / trace), "--start-s", start, "--warmup-s", "120",
-             "--duration-s", dur, "--compress", compress, "--pool", UNIFIED, "--pool", PD,
+            f"windows, target 0.7 x maxNumSeqs), each on {sizes}; the "
+            "trace at its own pace (30 minutes measured after 5 of warm-up); replica-seconds "
+            "per role are in the JSON.", "compare",
+            ["--trace", str(TRACES / trace), "--start-s", "900", "--warmup-s", "300",
+             "--duration-s", a_dur, "--compress", "1", "--pool", unified, "--pool", pd,
              "--scaler", "kvfleet", "--scaler", "fixed-max", "--scaler", "waiting-5",
              "--scaler", "kpa"],
         ))  # fmt: skip
@@ -93,10 +157,9 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
 
 
 def main(argv: list[str]) -> int:
-    from kvfleet_sim.cli import main as sim_main
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--jobs", type=int, default=1, help="sections run side by side")
     p.add_argument("--out", default=str(ROOT / "bench" / "sim_policies.md"))
     args = p.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
@@ -109,26 +172,16 @@ def main(argv: list[str]) -> int:
              "per request. Prefix hit: prompt tokens found in the engines' prefix caches / "
              "looked up. Imbalance: (max - min) / mean of queue/capacity over the endpoints "
              "taking requests, sampled each second.", ""]  # fmt: skip
-    runs: list[dict[str, object]] = []
-    for i, (title, what, command, sim_args) in enumerate(sections(args.quick)):
-        path = RESULTS / f"sim_policies_{i}.json"
-        started = time.perf_counter()
-        buf = io.StringIO()
-        with contextlib.redirect_stdout(buf):
-            rc = sim_main([command, *sim_args, "--no-progress", "--json", str(path)])
-        if rc != 0:
-            return rc
-        table = buf.getvalue().strip().splitlines()
-        cmd = f"kvfleet sim {command} " + " ".join(
-            a.replace(str(TRACES), "../shared/traces").replace(str(ROOT) + "/", "")
-            for a in sim_args)  # fmt: skip
-        lines += [f"## {title}", "", what, "", "```", cmd, "```", "", *table[:-1], ""]
-        if command == "efficiency":
-            plot = os.path.relpath(EFFICIENCY_PLOT, Path(args.out).resolve().parent)
-            lines += [f"![scaling efficiency]({plot})", ""]
-        runs.append({"title": title, "args": sim_args, "result": json.loads(path.read_text())})
-        path.unlink()
-        print(f"{title}: {time.perf_counter() - started:.0f} s wall", file=sys.stderr)
+    todo = sections(args.quick)
+    # The longest first, so that with --jobs 2 the scaling-efficiency section (most of the
+    # time) runs beside all the others; the report keeps the sections' order.
+    order = sorted(range(len(todo)), key=lambda i: todo[i][2] != "efficiency")
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {i: pool.submit(run_section, todo[i], i) for i in order}
+        done = [futures[i].result() for i in range(len(todo))]
+    for section_lines, _ in done:
+        lines += section_lines
+    runs = [result for _, result in done]
     (RESULTS / "sim_policies.json").write_text(json.dumps(runs, indent=1))
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
