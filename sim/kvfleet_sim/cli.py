@@ -18,7 +18,10 @@ highest rate that still meets `--slo-attainment`, then prints rate(N) / (N x rat
 and hit rate per run as PNGs (`plots.py`).
 Traces: the Azure LLM CSVs or the Mooncake JSONL (by content). Results (`--json`) are
 bit-for-bit reproducible for a given seed. Prefill/decode pools take the router's P/D
-path, with the KV hand-off over `--kv-gbytes-per-s` plus `--kv-latency-ms`. Bad flags, an
+path, with the KV hand-off over `--kv-gbytes-per-s` plus `--kv-latency-ms`; pools with
+`routing.kvSharing` fetch cached prefixes from peers over `--peer-gbytes-per-s` plus
+`--peer-latency-ms` when the router's hint says so (`peer_fetch.py`), and a second table
+splits the prefix tokens reused into local and fetched. Bad flags, an
 unreadable or malformed trace, an impossible rate or a pool the simulator cannot model end
 with one line on stderr and exit 2.
 """
@@ -41,6 +44,8 @@ from kvfleet_sim.scalers import SCALERS
 from kvfleet_sim.trace import TraceError, TraceRequest
 
 COMMANDS = ("run", "compare", "gate", "efficiency")
+PEER_GBYTES_PER_S = SimSettings().peer_bytes_per_s / 1e9
+PEER_LATENCY_MS = SimSettings().peer_latency_s * 1000
 
 
 class CLIError(Exception):
@@ -69,6 +74,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="P/D: the prefill-to-decode KV link, GB/s")  # fmt: skip
     p.add_argument("--kv-latency-ms", type=float, default=2.0,
                    help="P/D: fixed latency per KV hand-off")  # fmt: skip
+    p.add_argument("--peer-gbytes-per-s", type=float, default=PEER_GBYTES_PER_S,
+                   help="routing.kvSharing: the link a peer prefix fetch crosses, GB/s")
+    p.add_argument("--peer-latency-ms", type=float, default=PEER_LATENCY_MS,
+                   help="routing.kvSharing: fixed latency per peer prefix fetch")
     p.add_argument("--ttft-slo", type=float, default=None, help="default: the pool's target")
     p.add_argument("--itl-slo", type=float, default=None, help="default: pool's, else 0.05")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
@@ -187,6 +196,34 @@ def format_table(summaries: list[Summary], ttft_slo: float, itl_slo: float) -> s
     return "\n".join(rows)
 
 
+def format_peer_table(summaries: list[Summary]) -> str:
+    """Prefix reuse and KV moved, for the runs whose pool shares KV (`routing.kvSharing`)."""
+    rows = ["| run | prefix tokens reused: local / fetched | fetched blocks | bytes moved "
+            "| hints attached / asked | fetch outcomes | mean fetch (ms) |", "|" + "---|" * 7]
+    for s in summaries:
+        if (p := s.peer) is None:
+            continue
+        hints = p["hints"]
+        outcomes = ", ".join(f"{k} {v}" for k, v in p["fetches"].items()) or "-"
+        rows.append(
+            f"| {s.name} | {p['prefix_tokens_local']:,} / {p['prefix_tokens_fetched']:,} "
+            f"| {p['fetched_blocks']:,} | {p['bytes_moved'] / 1e9:.2f} GB "
+            f"| {hints.get('attached', 0)} / {sum(hints.values())} | {outcomes} "
+            f"| {p['fetch_mean_s'] * 1000:.1f} |"
+        )
+    return "\n".join(rows)
+
+
+def args_json(args: argparse.Namespace, skip: tuple[str, ...]) -> dict[str, object]:
+    """The flags for --json; the peer-link flags only when set (older JSON stays as it was)."""
+    out = {k: v for k, v in vars(args).items() if k not in skip}
+    for key, default in (("peer_gbytes_per_s", PEER_GBYTES_PER_S),
+                         ("peer_latency_ms", PEER_LATENCY_MS)):
+        if out.get(key) == default:
+            out.pop(key, None)
+    return out
+
+
 Progress = Callable[[list[TraceRequest], str], Callable[[int], None]]
 
 
@@ -232,7 +269,9 @@ def probe_line(enabled: bool) -> tuple[Callable[[int, float, Summary], None] | N
 def settings_of(args: argparse.Namespace) -> SimSettings:
     return SimSettings(startup_s=args.startup_s, seed=args.seed, prefix_mode=args.prefix_mode,
                        kv_bytes_per_s=args.kv_gbytes_per_s * 1e9,
-                       kv_latency_s=args.kv_latency_ms / 1000)  # fmt: skip
+                       kv_latency_s=args.kv_latency_ms / 1000,
+                       peer_bytes_per_s=args.peer_gbytes_per_s * 1e9,
+                       peer_latency_s=args.peer_latency_ms / 1000)  # fmt: skip
 
 
 def _fail(exc: Exception) -> int:
@@ -265,7 +304,7 @@ def main_efficiency(args: argparse.Namespace) -> int:
     probes = sum(len(p.probes) for p in points)
     print(f"({probes} replays in {time.perf_counter() - started:.0f} s wall)")
     if args.json:
-        settings = {k: v for k, v in vars(args).items() if k not in ("json", "plot", "progress")}
+        settings = args_json(args, ("json", "plot", "progress"))
         out = {"args": settings, "ttft_slo_s": ttft_slo, "itl_slo_s": itl_slo,
                "slo_attainment": args.slo_attainment, "tolerance": args.tolerance,
                "points": [p.to_dict() for p in points]}  # fmt: skip
@@ -303,10 +342,12 @@ def main(argv: list[str]) -> int:
         for s, role in zip(summaries, ("baseline", "candidate"), strict=True):
             s.name = f"{role}: {s.name}"
     print(format_table(summaries, ttft_slo, itl_slo))
+    if any(s.peer is not None for s in summaries):
+        print(format_peer_table(summaries))
     print(f"({len(runs)} runs in {time.perf_counter() - started:.0f} s wall)")
     if args.json:
         skip = ("json", "plot", "plot_dir", "progress")
-        settings = {k: v for k, v in vars(args).items() if k not in skip}
+        settings = args_json(args, skip)
         out = {"args": settings, "ttft_slo_s": ttft_slo, "itl_slo_s": itl_slo,
                "runs": [r.to_dict() for r in runs]}  # fmt: skip
         Path(args.json).write_text(json.dumps(out, indent=1))

@@ -12,7 +12,10 @@ What is real and what is simulated:
   push, drains), the same code `kvfleet up` runs, over the virtual-time ports in `ports.py`;
 - simulated: GPU time (the engine's cost-model profile, per step), the P/D KV hand-off
   (`handoff.py`: bytes over a link plus a fixed latency), process start-up
-  (`startup_s` from provisioning to ready), the network (zero latency: KV events arrive at
+  (`startup_s` from provisioning to ready), with `routing.kvSharing` the peer prefix
+  fetch (`peer_fetch.py`: the router core's own hint, the peer's real export and the
+  target's real install, bytes over a link plus a fixed latency in between), the network
+  (zero latency: KV events arrive at
   the end of the step that made them; `client_latency_s`, default 0, is the client's fixed
   cost per request, its hops through the router, added to the reported first-token and
   finish times), and the router's hold queue (unbounded and FIFO
@@ -21,7 +24,8 @@ What is real and what is simulated:
 Events run in time order: arrivals, replica steps (each replica on its own clock), the
 router's scrapes of its endpoints every `scrape_interval_s`, control-loop ticks every
 `tick_s` (the loop decides every `autoscaling.intervalSeconds`), the end of a P/D KV
-hand-off, and the end of a stopped replica's grace period.
+hand-off, a peer's answer to a prefix fetch and the fetch's end, and the end of a stopped
+replica's grace period.
 """
 
 from __future__ import annotations
@@ -33,22 +37,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvfleet_engine.contract import KVEvent
+from kvfleet_engine.contract.peer_prefix import parse_peer_prefix
 from kvfleet_engine.core.config import EngineConfig
-from kvfleet_engine.core.sequence import PreloadedKV
+from kvfleet_engine.core.prefix_share import PrefixInstall
+from kvfleet_engine.core.sequence import PrefixKV, PreloadedKV
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.api.status import DECISION_REASONS
 from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
 from kvfleet_operator.loop.ports import Saved
 from kvfleet_operator.loop.state import LoopState
+from kvfleet_operator.router_desired import is_router_kv_sharing
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.endpoint import Signals as EndpointSignals
 from kvfleet_router.pd_deciders import PDDecider, build_decider
 from kvfleet_router.policies.guard import imbalance_ratio
 from kvfleet_router.proxy import Outcome
 from kvfleet_router.request_info import RequestInfo
-from kvfleet_router.router_core import Routed
+from kvfleet_router.router_core import Routed, RouterCore
 
 from kvfleet_sim.handoff import Handoff, HandoffError, kv_bytes_per_token
+from kvfleet_sim.peer_fetch import PeerFetches, PeerStats
 from kvfleet_sim.ports import (
     HeldRequest,
     SimClock,
@@ -84,6 +92,10 @@ class SimSettings:
     # times. Every arrival delayed by one constant leaves the queues as they were, so it
     # only shifts what is reported. bench/sim_fidelity.py measures it on a live fleet.
     client_latency_s: float = 0.0
+    # routing.kvSharing: the link a peer prefix fetch crosses (peer_fetch.py); a 100 Gb/s
+    # NIC by default, the engines' HTTP KV export rather than an RDMA engine
+    peer_bytes_per_s: float = 12.5e9
+    peer_latency_s: float = 0.002
 
     def __post_init__(self) -> None:
         if self.startup_s < 0 or self.scrape_interval_s <= 0 or self.tick_s <= 0:
@@ -92,6 +104,8 @@ class SimSettings:
             raise SimError("client_latency_s must be >= 0")
         if not (self.kv_bytes_per_s > 0 and self.kv_latency_s >= 0):
             raise SimError("kv_bytes_per_s must be > 0 and kv_latency_s >= 0")
+        if not (self.peer_bytes_per_s > 0 and self.peer_latency_s >= 0):
+            raise SimError("peer_bytes_per_s must be > 0 and peer_latency_s >= 0")
         if self.prefix_mode not in (None, "approximate", "precise"):
             raise SimError(f"prefix_mode must be approximate or precise, got {self.prefix_mode!r}")
 
@@ -112,6 +126,7 @@ class SimResult:
     lifetime_roles: list[str] = field(default_factory=list)  # the role of each lifetime
     role_timeline: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     num_prefill_legs: int = 0  # P/D: requests that took a separate prefill leg
+    peer: PeerStats | None = None  # routing.kvSharing: hints and fetches, measured
 
 
 def engine_config(pool: InferencePool) -> EngineConfig:
@@ -124,7 +139,7 @@ def engine_config(pool: InferencePool) -> EngineConfig:
         profile = load_profile(e.profile)
     except (OSError, ValueError, KeyError) as exc:
         raise SimError(f"engine.profile {e.profile!r}: {exc}") from None
-    if pool.spec.topology.is_disaggregated:
+    if pool.spec.topology.is_disaggregated or is_router_kv_sharing(pool.spec):
         try:
             kv_bytes_per_token(profile)
         except HandoffError as exc:
@@ -180,6 +195,16 @@ class FleetSim:
         self.in_transfer: dict[str, tuple[HeldRequest, SimReplica, PreloadedKV]] = {}
         self.num_prefill_legs = 0
         self._decider: tuple[object, PDDecider] | None = None
+        # routing.kvSharing (unified pools; the dispatcher hints only unified requests)
+        self.fetches: PeerFetches | None = None
+        self.fetching: dict[str, HeldRequest] = {}  # id -> a request waiting for its fetch
+        self.peer_at_start: PeerStats | None = None
+        if is_router_kv_sharing(self.spec) and not self.is_pd:
+            from kvfleet_engine.runners.cost_model import load_profile
+
+            link = Handoff(kv_bytes_per_token(load_profile(self.spec.engine.profile or "")),
+                           settings.peer_bytes_per_s, settings.peer_latency_s)
+            self.fetches = PeerFetches(link, self.config.block_size)
 
     @staticmethod
     def check_pool(pool: InferencePool) -> None:
@@ -231,6 +256,10 @@ class FleetSim:
                     self.push(t + self.settings.scrape_interval_s, "scrape")
             elif kind == "handoff":
                 self.handoff_done(name, t)
+            elif kind == "peer":
+                self.peer_answers(name, t)
+            elif kind == "fetched":
+                self.fetch_done(name, t)
             elif kind == "kill":
                 for f in self.runtime.kill(name):
                     if f.request_id.startswith("p:"):
@@ -261,13 +290,18 @@ class FleetSim:
         return SimResult(finished, gaps, self.timeline, lifetimes,
                          end, len(scale), num_clipped, scale, self.imbalance,
                          (queried - q0, hit - h0), self.router.core.prefix_hit_ratio, roles,
-                         self.role_timeline, self.num_prefill_legs)  # fmt: skip
+                         self.role_timeline, self.num_prefill_legs, self.peer_stats())
 
     def prefix_counters(self) -> tuple[int, int]:
         """Prompt tokens looked up in, and found in, every engine's prefix cache so far."""
         replicas = [r for r, _ in self.runtime.retired] + list(self.runtime.by_name.values())
         kvs = [r.engine.kv_cache for r in replicas]
         return sum(kv.prefix_cache_queries for kv in kvs), sum(kv.prefix_cache_hits for kv in kvs)
+
+    def peer_stats(self) -> PeerStats | None:
+        if self.fetches is None:
+            return None
+        return self.fetches.stats.minus(self.peer_at_start or PeerStats())
 
     def is_busy(self, i: int, n: int, t: float, trace_end: float) -> bool:
         return i < n or t <= trace_end or bool(self.serving) or bool(self.router.held)
@@ -301,6 +335,7 @@ class FleetSim:
         core, model = self.router.core, self.spec.model.api_name
         feedback = self.router.feedback
         role = "decode" if self.is_pd else "unified"
+        fetches = self.fetches if core.cfg.kv_sharing.enabled else None
         num_routed = 0
         for h in held:
             info = RequestInfo(model=model, prompt_token_ids=h.prompt, max_tokens=h.num_output)
@@ -321,9 +356,46 @@ class FleetSim:
                     self.prefilling[h.request_id] = (h, prefill)
                     self.send(prefill.name, "p:" + h.request_id, h, t, is_prefill=True)
                     continue
+            if fetches is not None and self.start_fetch(core, fetches, routed, ep, h, t):
+                continue
             self.send(ep.name, h.request_id, h, t)
         if num_routed:
             del held[:num_routed]
+
+    def start_fetch(self, core: RouterCore, fetches: PeerFetches, routed: Routed,
+                    ep: EndpointState, h: HeldRequest, t: float) -> bool:
+        """The dispatcher's `with_peer_hint`: ask the core for a hint; with one, the request
+        waits for its prefix (True) instead of entering the engine now."""
+        decision, value = core.peer_hint(routed)
+        fetches.stats.hints[decision.reason] += 1
+        hint = parse_peer_prefix(value) if value is not None else None
+        if hint is None:
+            return False
+        peer = next((e.name for e in core.registry.endpoints if e.url == hint.url), "")
+        at = fetches.start(h.request_id, h.prompt, ep.name, peer, hint, t)
+        if at is None:
+            return False
+        self.fetching[h.request_id] = h
+        self.push(at, "peer", h.request_id)
+        return True
+
+    def peer_answers(self, rid: str, t: float) -> None:
+        assert self.fetches is not None
+        peer = self.runtime.by_name.get(self.fetches.in_flight[rid].peer)
+        self.push(self.fetches.export(rid, peer.engine if peer else None, t), "fetched", rid)
+
+    def fetch_done(self, rid: str, t: float) -> None:
+        """The fetch is over: the request enters its engine with the blocks, if any."""
+        assert self.fetches is not None
+        f = self.fetches.landed(rid, t)
+        h = self.fetching.pop(rid)
+        if f.target not in self.runtime.by_name:  # the target replica is gone: lost
+            self.fetches.record(f, None)
+            self.finished.append(Finished(rid, f.target, h.arrival, t, t, 0, True))
+            self.release(rid)
+            return
+        installed = self.send(f.target, rid, h, t, prefix_kv=f.prefix)
+        self.fetches.record(f, installed if f.prefix is not None else None)
 
     def decider(self) -> PDDecider:
         """The P/D decider of the config in force (rebuilt after a push), as pd.py keeps it."""
@@ -333,15 +405,18 @@ class FleetSim:
         return self._decider[1]
 
     def send(self, name: str, request_id: str, h: HeldRequest, t: float,
-             is_prefill: bool = False, preloaded: PreloadedKV | None = None) -> None:  # fmt: skip
+             is_prefill: bool = False, preloaded: PreloadedKV | None = None,
+             prefix_kv: PrefixKV | None = None) -> PrefixInstall:  # fmt: skip
         replica = self.runtime.by_name[name]
         num_output = 1 if is_prefill else min(h.num_output,
                                               self.config.max_model_len - len(h.prompt))
-        replica.add(request_id, h.prompt, num_output, h.arrival, hold_kv=is_prefill,
-                    preloaded_kv=preloaded)  # fmt: skip
+        installed = replica.add(request_id, h.prompt, num_output, h.arrival,
+                                hold_kv=is_prefill, preloaded_kv=preloaded,
+                                prefix_kv=prefix_kv)  # fmt: skip
         if not replica.is_stepping:
             replica.is_stepping = True
             self.push(max(t, replica.clock.now_s), "step", name)
+        return installed
 
     def prefill_done(self, f: Finished, replica: SimReplica | None, t: float) -> None:
         """The prefill leg answered: its endpoint is free; the KV travels to decode. A failed
@@ -424,7 +499,10 @@ class FleetSim:
         load-imbalance sample over the endpoints taking requests."""
         if self.prefix_at_start is None and t >= self.settings.measure_from_s:
             self.prefix_at_start = self.prefix_counters()
+            if self.fetches is not None:
+                self.peer_at_start = self.fetches.stats.copy()
         loads: dict[str, list[float]] = {}
+        fetches = self.fetches
         for name, ep in self.router.endpoints.items():
             replica = self.runtime.by_name.get(name)
             if replica is None:
@@ -436,6 +514,7 @@ class FleetSim:
                 kv_usage=sample.kv_usage,
                 block_size=self.config.block_size,
                 scraped_at=t,
+                peer=fetches.replica_totals(name).scrape() if fetches is not None else None,
             ))  # fmt: skip
             ep.is_signals_fresh = True
             if ep.is_accepting() and replica.state == "ready":

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 
 from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.core.engine import LLMEngine
+from kvfleet_engine.core.prefix_share import PrefixInstall
 from kvfleet_engine.core.sampling_params import SamplingParams
-from kvfleet_engine.core.sequence import PreloadedKV
+from kvfleet_engine.core.sequence import PrefixKV, PreloadedKV
 from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
 from kvfleet_engine.server.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from kvfleet_operator.signals import ReplicaSample
@@ -89,13 +90,17 @@ class SimReplica:
         return len(self._arrival)
 
     def add(self, request_id: str, prompt: list[int], num_output: int, arrival: float,
-            hold_kv: bool = False, preloaded_kv: PreloadedKV | None = None) -> None:  # fmt: skip
+            hold_kv: bool = False, preloaded_kv: PreloadedKV | None = None,
+            prefix_kv: PrefixKV | None = None) -> PrefixInstall:  # fmt: skip
         """A request as the server would get it; `hold_kv` for a P/D prefill leg (the
-        blocks stay until `release_held`), `preloaded_kv` for a decode leg."""
+        blocks stay until `release_held`), `preloaded_kv` for a decode leg, `prefix_kv`
+        for blocks fetched from a peer (what the engine installed comes back)."""
         params = SamplingParams(max_tokens=num_output, temperature=0.0, ignore_eos=True)
-        self.engine.add_request(request_id, prompt, params, arrival_time=arrival,
-                                hold_kv=hold_kv, preloaded_kv=preloaded_kv)  # fmt: skip
+        installed = self.engine.add_request(request_id, prompt, params, arrival_time=arrival,
+                                            hold_kv=hold_kv, preloaded_kv=preloaded_kv,
+                                            prefix_kv=prefix_kv)  # fmt: skip
         self._arrival[request_id] = arrival
+        return installed
 
     def handoff(self, request_id: str) -> PreloadedKV:
         """A finished prefill leg's KV, as the decode replica's pull would read it."""

@@ -1,13 +1,16 @@
 """Summaries of a simulation run: latency percentiles, SLO attainment, replica-seconds,
-prefix-cache hit rate and load imbalance."""
+prefix-cache hit rate and load imbalance; with `routing.kvSharing`, the prefix tokens
+reused split into local hits and tokens fetched from peers, and the bytes moved."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from kvfleet_sim.fleet import SimResult
+from kvfleet_sim.peer_fetch import PeerStats
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -50,9 +53,32 @@ class Summary:
     max_replicas: int
     num_scale_events: int
     duration_s: float
+    peer: dict[str, Any] | None = None  # routing.kvSharing only (`peer_summary`)
 
-    def to_dict(self) -> dict[str, float | int | str | dict[str, float]]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.peer is None:
+            del out["peer"]  # as before kvSharing was simulated
+        return out
+
+
+def peer_summary(stats: PeerStats, prefix_tokens: tuple[int, int]) -> dict[str, Any]:
+    """Prefix tokens reused, local (the engine's own cache) and fetched (installed from a
+    peer, then hit), the bytes moved, hints by reason and fetches by outcome. The engines
+    count a fetched block's tokens as prefix hits once the request is admitted, so local
+    hits are the engines' hits less the fetched tokens."""
+    queried, hit = prefix_tokens
+    n = sum(stats.outcomes.values())
+    return {
+        "prefix_tokens_queried": queried,
+        "prefix_tokens_local": max(0, hit - stats.num_tokens),
+        "prefix_tokens_fetched": stats.num_tokens,
+        "fetched_blocks": stats.num_blocks,
+        "bytes_moved": stats.num_bytes,
+        "fetch_mean_s": stats.fetch_seconds / n if n else 0.0,
+        "hints": dict(sorted(stats.hints.items())),
+        "fetches": dict(sorted(stats.outcomes.items())),
+    }
 
 
 def replica_seconds(lifetimes: Sequence[tuple[float, float]], start: float, end: float) -> float:
@@ -113,4 +139,6 @@ def summarize(
         max_replicas=max((p for t, p, _ in result.timeline if start_s <= t < end_s), default=0),
         num_scale_events=sum(1 for t, _ in result.reasons if start_s <= t < end_s),
         duration_s=span,
+        peer=peer_summary(result.peer, result.prefix_tokens) if result.peer is not None \
+        else None,  # fmt: skip
     )

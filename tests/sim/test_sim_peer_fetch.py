@@ -1,0 +1,130 @@
+"""The simulator's peer prefix fetch (`routing.kvSharing`, sim/kvfleet_sim/peer_fetch.py):
+the router core's own hint, the peer engine's real export and the target engine's real
+install, with the fetch's time in between. Round-robin routing sends a prompt's second
+turn to the replica that lacks its prefix, so the hint decides what happens."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from kvfleet_engine.contract import peer_prefix as pp
+from kvfleet_operator.api import parse_pool
+from kvfleet_sim.fleet import FleetSim, SimResult, SimSettings
+from kvfleet_sim.peer_fetch import PeerStats
+from kvfleet_sim.report import summarize
+from kvfleet_sim.scalers import SCALERS
+from kvfleet_sim.trace import TraceRequest
+
+ROOT = Path(__file__).resolve().parents[2]
+POOL = ROOT / "sim" / "pools" / "h100-llama3-8b-16.yaml"
+BLOCK = 512  # tokens per trace hash id
+SHARED = (1, 2, 3, 4)  # a 2,048-token prefix: 128 KV blocks of 16 tokens
+
+
+def pool(sharing: bool = True, replicas: int = 2, num_blocks: int | None = None):
+    m = yaml.safe_load(POOL.read_text())
+    spec = m["spec"]
+    spec["topology"]["unified"]["replicas"] = {"min": replicas, "max": replicas}
+    spec["engine"]["maxModelLen"] = 32768
+    if num_blocks:
+        spec["engine"].update(numBlocks=num_blocks, maxModelLen=4096)
+    spec["routing"].update(policy="round-robin", prefixMode="precise",
+                           kvSharing={"enabled": sharing})
+    return parse_pool(m)
+
+
+def turn(t: float, *ids: int, out: int = 4) -> TraceRequest:
+    return TraceRequest(t, BLOCK * len(ids), out, ids)
+
+
+def replay(trace: list[TraceRequest], sharing: bool = True, num_blocks: int | None = None,
+           **settings: float) -> tuple[FleetSim, SimResult]:
+    p = pool(sharing, num_blocks=num_blocks)
+    sim = FleetSim(p, SCALERS["fixed-max"](p.spec), SimSettings(**settings))  # type: ignore[arg-type]
+    return sim, sim.run(trace)
+
+
+def ttft(result: SimResult, rid: str) -> float:
+    f = next(f for f in result.finished if f.request_id == rid)
+    assert not f.is_aborted
+    return f.first_token - f.arrival
+
+
+def stats(sim: FleetSim) -> PeerStats:
+    assert sim.fetches is not None
+    return sim.fetches.stats
+
+
+def test_the_second_turn_takes_its_prefix_from_the_peer_and_its_ttft_drops():
+    trace = [turn(1.0, *SHARED, 10), turn(3.0, *SHARED, 11)]
+    sim, result = replay(trace)
+    s = stats(sim)
+    assert s.hints["attached"] == 1 and s.outcomes == {pp.OUTCOME_HIT: 1}, s
+    assert s.num_blocks == 128 and s.num_tokens == 128 * 16
+    assert s.num_bytes == 128 * 16 * sim.fetches.link.bytes_per_token  # type: ignore[union-attr]
+    # The fetched blocks are the target engine's prefix hits: every request reused them.
+    q1 = next(f for f in result.finished if f.request_id == "q1")
+    target = sim.runtime.by_name[q1.replica].engine.kv_cache
+    assert target.prefix_cache_hits == 128 * 16
+    # The second turn waited for the fetch (latency plus bytes over the link) ...
+    fetch_s = sim.fetches.link.seconds(128 * 16)  # type: ignore[union-attr]
+    assert s.fetch_seconds == pytest.approx(fetch_s)
+    assert ttft(result, "q1") > fetch_s
+    # ... and still beat recomputing 2,048 tokens, the same replay without kvSharing.
+    plain, base = replay(trace, sharing=False)
+    assert plain.fetches is None
+    assert ttft(result, "q1") < ttft(base, "q1")
+    summary = summarize("x", result, 2.0, 0.05)
+    assert summary.peer is not None and summary.peer["prefix_tokens_fetched"] == 2048
+    assert summary.peer["prefix_tokens_local"] == 0
+    assert summarize("x", base, 2.0, 0.05).to_dict().keys() == summary.to_dict().keys() - {"peer"}
+
+
+def test_a_slow_link_is_measured_by_the_router_and_the_next_hint_is_refused():
+    """0.1 GB/s: the first fetch (268 MB, 2.7 s, under the engine's 5 s timeout) is hinted
+    on the router's prior; the router scrapes the bandwidth it achieved and recomputes the
+    next prefix on that replica instead."""
+    trace = [turn(1.0, *SHARED, 10), turn(3.0, *SHARED, 11),
+             turn(10.0, 21, 22, 23, 24, 30), turn(12.0, 21, 22, 23, 24, 31)]
+    sim, result = replay(trace, peer_bytes_per_s=0.1e9)
+    s = stats(sim)
+    assert s.outcomes == {pp.OUTCOME_HIT: 1}, s
+    assert s.hints["attached"] == 1 and s.hints["recompute-cheaper"] == 1, s.hints
+    assert ttft(result, "q1") > 2.6  # it really waited for the slow fetch
+    target = next(f.replica for f in result.finished if f.request_id == "q1")
+    assert next(f.replica for f in result.finished if f.request_id == "q3") == target
+    bandwidth = sim.router.endpoints[target].peer_measure.bandwidth.value
+    assert bandwidth is not None and 0.09e9 < bandwidth < 0.1e9
+
+
+def test_a_fetch_slower_than_the_engine_timeout_falls_back_to_recompute():
+    trace = [turn(1.0, *SHARED, 10), turn(3.0, *SHARED, 11)]
+    sim, result = replay(trace, peer_bytes_per_s=0.01e9)  # 27 s for 268 MB
+    s = stats(sim)
+    assert s.outcomes == {pp.OUTCOME_TIMEOUT: 1} and s.num_blocks == 0 and s.num_bytes == 0
+    assert 5.0 < ttft(result, "q1") < 6.0  # the 5 s timeout, then the prompt computed
+    assert not any(f.is_aborted for f in result.finished)
+
+
+def test_blocks_the_peer_evicted_before_its_export_are_recomputed():
+    """A 2 s peer latency; meanwhile the peer serves a long prompt that evicts the shared
+    prefix from its small cache, so its export finds none of the blocks."""
+    trace = [turn(1.0, *SHARED, 10), turn(3.0, *SHARED, 11),
+             turn(3.5, *range(40, 48), out=2)]
+    sim, result = replay(trace, num_blocks=300, peer_latency_s=2.0)
+    s = stats(sim)
+    assert s.hints["attached"] == 1, s.hints
+    assert s.outcomes.keys() <= {pp.OUTCOME_MISS, pp.OUTCOME_PARTIAL} and s.outcomes, s
+    assert s.num_blocks < 128
+    assert not any(f.is_aborted for f in result.finished)
+    assert len(result.finished) == 3
+    # the peer answered after the latency; the prompt then computed what it did not get
+    assert ttft(result, "q1") > 2.0
+
+
+def test_the_fetched_and_local_counts_are_measured_after_warm_up():
+    trace = [turn(1.0, *SHARED, 10), turn(3.0, *SHARED, 11), turn(8.0, 50, 51)]
+    sim, result = replay(trace, measure_from_s=5.0)
+    assert stats(sim).num_tokens == 2048
+    assert result.peer is not None and result.peer.num_tokens == 0
+    assert result.peer.hints == {"no-peer": 1} and not result.peer.outcomes
