@@ -368,6 +368,7 @@ class FleetSim:
         waits for its prefix (True) instead of entering the engine now."""
         decision, value = core.peer_hint(routed)
         fetches.stats.hints[decision.reason] += 1
+        fetches.stats.by_decision[f"{routed.decision.reason}/{decision.reason}"] += 1
         hint = parse_peer_prefix(value) if value is not None else None
         if hint is None:
             return False

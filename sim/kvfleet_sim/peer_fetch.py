@@ -88,6 +88,9 @@ class PeerStats:
     """Fleet totals: hints by reason, fetches by outcome, what moved."""
 
     hints: Counter[str] = field(default_factory=Counter)
+    # "<the policy's decision reason>/<hint reason>": "balanced/..." are the requests the
+    # imbalance guard sent by load alone
+    by_decision: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
     num_blocks: int = 0  # fetched blocks written into a target's cache
     num_tokens: int = 0  # prompt tokens those blocks hold (the fetched prefix reuse)
@@ -95,11 +98,12 @@ class PeerStats:
     fetch_seconds: float = 0.0  # hint to blocks in hand, summed
 
     def copy(self) -> PeerStats:
-        return PeerStats(Counter(self.hints), Counter(self.outcomes), self.num_blocks,
-                         self.num_tokens, self.num_bytes, self.fetch_seconds)
+        return PeerStats(Counter(self.hints), Counter(self.by_decision), Counter(self.outcomes),
+                         self.num_blocks, self.num_tokens, self.num_bytes, self.fetch_seconds)
 
     def minus(self, start: PeerStats) -> PeerStats:
-        return PeerStats(self.hints - start.hints, self.outcomes - start.outcomes,
+        return PeerStats(self.hints - start.hints, self.by_decision - start.by_decision,
+                         self.outcomes - start.outcomes,
                          self.num_blocks - start.num_blocks, self.num_tokens - start.num_tokens,
                          self.num_bytes - start.num_bytes,
                          self.fetch_seconds - start.fetch_seconds)

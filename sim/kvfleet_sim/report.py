@@ -77,6 +77,7 @@ def peer_summary(stats: PeerStats, prefix_tokens: tuple[int, int]) -> dict[str, 
         "bytes_moved": stats.num_bytes,
         "fetch_mean_s": stats.fetch_seconds / n if n else 0.0,
         "hints": dict(sorted(stats.hints.items())),
+        "hints_by_decision": dict(sorted(stats.by_decision.items())),
         "fetches": dict(sorted(stats.outcomes.items())),
     }
 
