@@ -1,7 +1,7 @@
 """Fleet-wide KV in the simulator: routing with and without peer prefix fetch at 64
 replicas on the h100-llama3-8b profile; then a bandwidth sweep.
 
-    .venv/bin/python bench/sim_kv_pool.py --jobs 2   # the figures in bench/README.md, ~20 min
+    .venv/bin/python bench/sim_kv_pool.py --jobs 2   # the figures in bench/README.md, ~15 min
     .venv/bin/python bench/sim_kv_pool.py --replicas 8 --duration-s 60 --sweep 1,10 --seeds 1
 
 Every run is the simulator (sim/kvfleet_sim: real engine scheduler and prefix-cached KV per
