@@ -380,6 +380,12 @@ class FleetSim:
         self.push(at, "peer", h.request_id)
         return True
 
+    def is_fetching_for(self, name: str) -> bool:
+        """A request on its way into this replica's engine (its server holds it while the
+        prefix is fetched, so a drained replica does not exit under it)."""
+        fetches = self.fetches
+        return fetches is not None and any(f.target == name for f in fetches.in_flight.values())
+
     def peer_answers(self, rid: str, t: float) -> None:
         assert self.fetches is not None
         peer = self.runtime.by_name.get(self.fetches.in_flight[rid].peer)
@@ -481,7 +487,7 @@ class FleetSim:
             self.push(end, "step", name)
         else:
             replica.is_stepping = False
-            if replica.state == "stopping":
+            if replica.state == "stopping" and not self.is_fetching_for(name):
                 self.runtime.remove(name)  # drained: the process exits
         if done and self.router.held:
             self.dispatch(end)
