@@ -7,7 +7,7 @@ bench/sim_policies.md.
 Every table is one `kvfleet sim compare` or `kvfleet sim efficiency` (sim/kvfleet_sim)
 over the same trace slice and seed: the real engine scheduler and prefix-cached KV per
 replica with the h100-llama3-8b cost model, the router's RouterCore (prefix indexes fed as
-in production) and the operator's control loop. Results also go to
+in production) and the operator's control loop. Summaries (no per-second series) also go to
 bench/results/sim_policies.json, the scaling-efficiency plot to
 bench/results/sim_efficiency.png.
 """
@@ -77,6 +77,22 @@ def ceiling_note(trace: str, start_s: float, duration_s: float) -> str:
             "2 s TTFT SLO to prefill alone on an idle replica with an empty cache (the cost "
             "model, 8,192-token chunks): without prefix hits no fleet meets the SLO for more "
             f"than {ceiling:.1%} (a hit shortens the prefill and can lift that).")  # fmt: skip
+
+
+PER_SECOND = ("timeline", "role_timeline", "imbalance")  # each command's own --json has them
+
+
+def compact(runs: list[dict]) -> list[dict]:
+    """The sections' results without their per-second series (tens of MB over 30-minute
+    replays): summaries, variants, scale reasons and efficiency probes stay."""
+    out = []
+    for section in runs:
+        result = dict(section["result"])
+        if "runs" in result:
+            result["runs"] = [{k: v for k, v in r.items() if k not in PER_SECOND}
+                              for r in result["runs"]]  # fmt: skip
+        out.append({**section, "result": result})
+    return out
 
 
 def run_section(section: tuple[str, str, str, list[str]], index: int) -> tuple[list[str], dict]:
@@ -198,7 +214,7 @@ def main(argv: list[str]) -> int:
     for section_lines, _ in done:
         lines += section_lines
     runs = [result for _, result in done]
-    (RESULTS / "sim_policies.json").write_text(json.dumps(runs, indent=1))
+    (RESULTS / "sim_policies.json").write_text(json.dumps(compact(runs), indent=1))
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
