@@ -124,3 +124,23 @@ def test_keys_spread_over_endpoints():
     eps = [ep("a"), ep("b"), ep("c")]
     picks = {session_choice(eps, f"user-{i}", 1.25) for i in range(60)}
     assert picks == {0, 1, 2}
+
+
+def test_inlined_queue_and_kv_scores_follow_the_endpoint_rules():
+    # queue and kv inline EndpointState.queue_depth() / kv_usage() for speed: they must
+    # stay the same rules (fresh scrape adds foreign load, stale KV scores 0).
+    eps = [ep("fresh", in_flight=3, kv=0.4, running=10, waiting=2, capacity=16),
+           ep("stale", in_flight=5, capacity=16), ep("busy", in_flight=20, kv=1.2, capacity=16)]
+    queue = SCORERS["queue"](cfg())(eps, ctx())
+    assert queue == [max(0.0, 1.0 - e.queue_depth() / e.capacity) for e in eps]
+    assert queue[0] == 1.0 - 12 / 16  # 3 own + 9 foreign
+    kv = SCORERS["kv"](cfg())(eps, ctx())
+    assert kv == [0.0 if (u := e.kv_usage()) is None else min(1.0, max(0.0, 1.0 - u))
+                  for e in eps]
+    assert kv == [0.6, 0.0, 0.0]
+
+
+def test_prefix_scores_zero_where_no_endpoint_holds_the_prompt():
+    eps = [ep("a"), ep("b")]
+    assert SCORERS["prefix"](cfg())(eps, ctx()) == [0.0, 0.0]
+    assert SCORERS["prefix"](cfg())(eps, ctx(prefix_fraction={"b": 0.5})) == [0.0, 0.5]
