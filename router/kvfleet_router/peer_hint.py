@@ -23,6 +23,12 @@ it can be and a configured prior otherwise (`decision_inputs`):
 - prefill rate: 1 / the chosen endpoint's SLO EWMA `prefill_s_per_token` (TTFT per
   uncached prompt token of its streamed answers), else 1 / `policy.slo.prefill_s_per_token`.
 
+The same rule credits the policy's prefix scorer (`peer_credits`, `RouteContext.peer_credit`):
+an endpoint that would be told to fetch `gain` blocks is scored as if it cached
+`gain * (1 - fetch_s / recompute_s)` of them, the share of their prefill the fetch saves.
+So with sharing on, a cold endpoint with a short queue can outscore the warm, busy one,
+and the imbalance guard's or the queue scorer's choice keeps the warm cache's value.
+
 Reasons (`kvfleet_router_peer_hints_total{reason}`): `attached`; `no-peer` (no eligible
 peer holds enough more); `recompute-cheaper` (the estimate says recompute);
 `not-eligible` (a text prompt, an endpoint that is not a builtin engine in precise mode,
@@ -106,6 +112,16 @@ def decide_peer_hint(inp: HintInputs) -> HintDecision:
     return HintDecision(reason, best, n, estimate)
 
 
+def fetch_credit(decision: HintDecision, num_local_blocks: int) -> float:
+    """Blocks a fetch is worth to the policy: the gain, times the share of its recompute
+    time the fetch saves; 0 unless the decision attaches a hint."""
+    est = decision.estimate
+    if not decision.is_attached or est is None or not est.recompute_s > 0:
+        return 0.0
+    gain = decision.num_blocks - num_local_blocks
+    return gain * max(0.0, 1.0 - est.fetch_s / est.recompute_s)
+
+
 def prefill_tokens_per_s(e: EndpointState, cfg: RouterConfig) -> float:
     s_per_token = e.prefill_s_per_token.value
     if s_per_token is None or not s_per_token > 0:
@@ -135,9 +151,14 @@ def can_take_hint(e: EndpointState) -> bool:
     return e.engine == "builtin" and e.prefix_mode == "precise"
 
 
+def can_serve_cache(e: EndpointState, model: str | None, now: float) -> bool:
+    """A builtin engine that may serve its cache to another: precisely indexed, healthy,
+    still configured (a draining one stays a peer until it is removed), serving the model."""
+    return (can_take_hint(e) and not e.is_removed and e.is_healthy(now)
+            and (not e.models or model is None or model in e.models))
+
+
 def can_be_peer(e: EndpointState, chosen: EndpointState, model: str | None,
                 now: float) -> bool:
-    """A builtin engine that may serve its cache to `chosen`: precisely indexed, healthy,
-    still configured (a draining one stays a peer until it is removed), serving the model."""
-    return (e is not chosen and can_take_hint(e) and not e.is_removed and e.is_healthy(now)
-            and (not e.models or model is None or model in e.models))
+    """`e` may serve its cache to `chosen` (`can_serve_cache`, and not `chosen` itself)."""
+    return e is not chosen and can_serve_cache(e, model, now)

@@ -39,9 +39,11 @@ from kvfleet_router.peer_hint import (
     HintDecision,
     PeerCandidate,
     can_be_peer,
+    can_serve_cache,
     can_take_hint,
     decide_peer_hint,
     decision_inputs,
+    fetch_credit,
 )
 from kvfleet_router.policies.context import RouteContext
 from kvfleet_router.policies.policy import POLICIES, Decision, Policy, build_policy
@@ -142,12 +144,47 @@ class RouterCore:
                                self.cfg.prefix.chars_per_token))
         by_size: dict[int, tuple[list[int], dict[str, int]]] = {}
         ctx.prefix_fraction = self.prefix_fractions(info, hashes, endpoints, by_size)
+        if self.cfg.kv_sharing.enabled and by_size:
+            ctx.peer_credit = self.peer_credits(endpoints, by_size, ctx)
         return Routed(policy.choose(endpoints, ctx), ctx, hashes, name, by_size)
 
     def block_size(self, e: EndpointState) -> int:
         """The endpoint's KV block size: from its KV events, else its last scrape (a replica
         that has stored nothing yet, such as a new one, still takes hints); 0 if unknown."""
         return self.precise.block_sizes.get(e.name) or e.signals.block_size
+
+    def peer_credits(self, endpoints: list[EndpointState],
+                     by_size: dict[int, tuple[list[int], dict[str, int]]],
+                     ctx: RouteContext) -> dict[str, float]:
+        """endpoint -> the prompt's fraction a fetch from the best peer is worth there
+        (`peer_hint.fetch_credit`, the rule `peer_hint` applies after the choice)."""
+        tokens = ctx.request.prompt_token_ids
+        out: dict[str, float] = {}
+        if tokens is None:
+            return out
+        by_name = self.registry.by_name
+        for size, (chain, matched) in by_size.items():
+            # the two longest holders able to serve: the best peer of any endpoint is one
+            holders = sorted((p for p in (by_name.get(n) for n in matched) if p is not None
+                              and self.block_size(p) == size
+                              and can_serve_cache(p, ctx.request.model, ctx.now)),
+                             key=lambda p: matched[p.name], reverse=True)[:2]
+            if not chain or not holders:
+                continue
+            for e in endpoints:
+                if not can_take_hint(e) or self.block_size(e) != size:
+                    continue
+                best = next((p for p in holders if p is not e), None)
+                if best is None:
+                    continue
+                local = matched.get(e.name, 0)
+                peer = PeerCandidate(best.name, best.url, matched[best.name],
+                                     best.peer_measure.bytes_per_block)
+                credit = fetch_credit(decide_peer_hint(decision_inputs(
+                    e, local, len(tokens), size, [peer], self.cfg)), local)
+                if credit > 0:
+                    out[e.name] = credit / len(chain)
+        return out
 
     def peer_hint(self, routed: Routed) -> tuple[HintDecision, dict[str, Any] | None]:
         """Whether the chosen endpoint should take the prompt's prefix from a peer, and the

@@ -229,6 +229,49 @@ def test_a_slow_measured_prefill_rate_and_the_margin_steer_the_decision():
     assert core.peer_hint(route_to(core, "e1"))[0].reason == ATTACHED
 
 
+# --- the prefix scorer's peer credit ---
+
+
+def cache_aware_core(sharing, num_in_flight=(1, 0), **kv):
+    eps = [{"name": f"e{i}", "url": f"http://127.0.0.1:{9000 + i}", "prefix_mode": "precise",
+            "engine": "builtin", "capacity": 8} for i in range(2)]
+    cfg = RouterConfig.from_dict({"endpoints": eps, "policy": {"name": "cache-aware"},
+                                  "kv_sharing": {"enabled": sharing, **kv}})
+    core = RouterCore(cfg, rng=random.Random(0))
+    store(core, "e0", TOKENS, 8)
+    store(core, "e1", [999] * BS, 1)
+    for name, n in zip(("e0", "e1"), num_in_flight, strict=True):
+        core.registry.by_name[name].num_in_flight = n
+    return core
+
+
+def test_a_fetchable_prefix_is_credited_to_the_cold_endpoint():
+    # Priors: fetching 8 blocks takes 18.8 ms against 64 ms of recompute: worth 8 * 0.71.
+    core = cache_aware_core(sharing=True)
+    routed = core.route(RequestInfo(prompt_token_ids=list(TOKENS)), "unified", 1.0)
+    assert routed.ctx.peer_credit["e1"] == pytest.approx((1 - 18.777 / 64) * 8 / 8, abs=1e-3)
+    assert "e0" not in routed.ctx.peer_credit  # its own copy is the longest
+    assert routed.ctx.prefix_fraction == {"e0": 1.0, "e1": 0.0}  # the hit estimate is unchanged
+    # e0 holds the whole prefix but runs 1 request more: with the credit, e1 wins
+    # (queue 4 x 7/8 + prefix 1 = 4.5 against 4 + 0.71).
+    assert routed.decision.endpoint.name == "e1"
+    assert core.peer_hint(routed)[0].reason == ATTACHED
+
+
+def test_without_sharing_or_when_recompute_is_cheaper_the_warm_endpoint_keeps_it():
+    for core in (cache_aware_core(sharing=False), cache_aware_core(sharing=True, margin=4.0)):
+        routed = core.route(RequestInfo(prompt_token_ids=list(TOKENS)), "unified", 1.0)
+        assert routed.ctx.peer_credit == {}
+        assert routed.decision.endpoint.name == "e0"
+
+
+def test_a_peer_that_cannot_serve_earns_no_credit():
+    core = cache_aware_core(sharing=True)
+    core.registry.by_name["e0"].is_probe_healthy = False
+    routed = core.route(RequestInfo(prompt_token_ids=list(TOKENS)), "unified", 1.0)
+    assert routed.ctx.peer_credit == {}
+
+
 # --- the dispatcher ---
 
 

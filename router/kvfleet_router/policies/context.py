@@ -14,6 +14,8 @@ class RouteContext:
     role: str = "unified"  # the role wanted for this leg
     num_prompt_tokens: int = 0  # estimated without a tokenizer when only text is known
     prefix_fraction: dict[str, float] = field(default_factory=dict)  # endpoint -> matched/total
+    # endpoint -> extra fraction a peer fetch is worth (kv_sharing; peer_hint.fetch_credit)
+    peer_credit: dict[str, float] = field(default_factory=dict)
     now: float = 0.0
     rng: random.Random = field(default_factory=random.Random)
 

@@ -9,7 +9,9 @@ min-max(x) below means (max - x) / (max - min) over the candidates, 1.0 for all 
            on its own load only, so one request more is worth 1/capacity (not the whole
            [0, 1] range) and adding an idle endpoint changes no other endpoint's score.
 * kv:      1 - kv_usage_i; 0 when the scrape is stale or missing (unknown is not idle).
-* prefix:  matched leading blocks / prompt blocks on endpoint i (ctx.prefix_fraction).
+* prefix:  matched leading blocks / prompt blocks on endpoint i (ctx.prefix_fraction),
+           plus, with kv_sharing, the blocks a peer fetch is worth there (ctx.peer_credit);
+           at most 1.
 * session: bounded-load rendezvous hashing: endpoints ordered by H(key, name); the first
            whose in-flight <= ceil(load_factor * (total in-flight + 1) / n) scores 1, the
            rest 0. No session key: 0 for all (neutral).
@@ -67,7 +69,10 @@ def kv(cfg: RouterConfig) -> Scorer:
 
 def prefix(cfg: RouterConfig) -> Scorer:
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
-        fractions = ctx.prefix_fraction
+        fractions, credit = ctx.prefix_fraction, ctx.peer_credit
+        if credit:
+            return [min(1.0, fractions.get(e.name, 0.0) + credit.get(e.name, 0.0))
+                    for e in eps]
         if not fractions:  # no endpoint holds any of the prompt
             return [0.0] * len(eps)
         return [min(1.0, fractions.get(e.name, 0.0)) for e in eps]
