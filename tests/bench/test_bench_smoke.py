@@ -74,6 +74,18 @@ def test_trace_expansion_is_deterministic_and_keeps_prefix_sharing():
     assert trace_mooncake.block_text(5, 64) != trace_mooncake.block_text(6, 64)
 
 
+def test_kv_pool_samples_whole_conversations():
+    kv_pool = load_bench_module("kv_pool")
+    turns = {k: [[0, k], [0, k, 500 + k], [0, k, 500 + k, 900 + k]] for k in range(1, 1001)}
+    some = {k for k, ts in turns.items() if any(kv_pool.is_sampled(t, 0, 10) for t in ts)}
+    every = {k for k, ts in turns.items() if all(kv_pool.is_sampled(t, 0, 10) for t in ts)}
+    assert some == every  # a conversation is kept with all its turns or not at all
+    assert 60 <= len(every) <= 140  # about one in ten
+    assert all(kv_pool.is_sampled(t, 0, 1) for ts in turns.values() for t in ts)
+    singles = sum(kv_pool.is_sampled([0], i, 10) for i in range(1000))
+    assert 60 <= singles <= 140  # one-block prompts are sampled one by one
+
+
 @pytest.mark.skipif(not TRACE.exists(), reason="shared/traces not beside the repository")
 def test_trace_load_compresses_time_and_rejects_bad_arguments():
     slow = trace_mooncake.load(TRACE, 50, 1.0)
