@@ -29,6 +29,10 @@ an endpoint that would be told to fetch `gain` blocks is scored as if it cached
 So with sharing on, a cold endpoint with a short queue can outscore the warm, busy one,
 and the imbalance guard's or the queue scorer's choice keeps the warm cache's value.
 
+The hint carries `timeout_s` = the estimate's recompute time (at least
+`MIN_FETCH_TIMEOUT_S`): a fetch still waiting then is given up, so a peer stuck in a long
+engine step costs the request about what recomputing would have (`fetch_timeout_s`).
+
 Reasons (`kvfleet_router_peer_hints_total{reason}`): `attached`; `no-peer` (no eligible
 peer holds enough more); `recompute-cheaper` (the estimate says recompute);
 `not-eligible` (a text prompt, an endpoint that is not a builtin engine in precise mode,
@@ -51,6 +55,7 @@ NO_PEER = "no-peer"
 RECOMPUTE_CHEAPER = "recompute-cheaper"
 NOT_ELIGIBLE = "not-eligible"
 REASONS = (ATTACHED, NO_PEER, RECOMPUTE_CHEAPER, NOT_ELIGIBLE)
+MIN_FETCH_TIMEOUT_S = 0.1  # a hint's fetch limit is never shorter
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +125,13 @@ def fetch_credit(decision: HintDecision, num_local_blocks: int) -> float:
         return 0.0
     gain = decision.num_blocks - num_local_blocks
     return gain * max(0.0, 1.0 - est.fetch_s / est.recompute_s)
+
+
+def fetch_timeout_s(decision: HintDecision) -> float | None:
+    """The hint's `timeout_s`: the recompute time the fetch is meant to beat."""
+    if decision.estimate is None:
+        return None
+    return max(MIN_FETCH_TIMEOUT_S, decision.estimate.recompute_s)
 
 
 def prefill_tokens_per_s(e: EndpointState, cfg: RouterConfig) -> float:

@@ -44,6 +44,7 @@ from kvfleet_router.peer_hint import (
     decide_peer_hint,
     decision_inputs,
     fetch_credit,
+    fetch_timeout_s,
 )
 from kvfleet_router.policies.context import RouteContext
 from kvfleet_router.policies.policy import POLICIES, Decision, Policy, build_policy
@@ -212,7 +213,8 @@ class RouterCore:
         if not engine_hashes:
             return HintDecision(NO_PEER), None
         routed.num_hinted_blocks = decision.num_blocks
-        return decision, peer_prefix_hint(decision.peer.url, engine_hashes)
+        return decision, peer_prefix_hint(decision.peer.url, engine_hashes,
+                                          fetch_timeout_s(decision))
 
     def record(self, routed: Routed) -> None:
         """Remember the prompt on the chosen endpoint (also when balancing by load)."""

@@ -13,8 +13,9 @@ server's `peer_fetch.py` does before the request is added:
    that is gone: `unreachable`);
 3. the exported blocks travel, `bytes / bytes_per_s`, where bytes are the model's KV
    (`handoff.kv_bytes_per_token` of the profile) for the blocks sent; a fetch whose
-   latency plus transfer exceeds the engine's fetch timeout gives up at the timeout
-   (`timeout`) and the request computes its prompt;
+   latency plus transfer exceeds the fetch's limit (the engine's timeout, or the hint's
+   shorter `timeout_s`, as in the engine) gives up at that limit (`timeout`) and the
+   request computes its prompt;
 4. the request enters the target's engine with `add_request(prefix_kv=...)`: the engine's
    own install path (`core.prefix_share.install`) writes the blocks, registers them as
    cached (BlockStored events reach the router's precise index) and pins them until
@@ -62,6 +63,7 @@ class Fetch:
     peer: str  # the replica named in the hint ("" when its URL is unknown)
     asked: list[int]  # engine hashes asked for (those agreeing with the prompt)
     started: float
+    timeout_s: float = DEFAULT_TIMEOUT_S  # the engine's, or the hint's when shorter
     prefix: PrefixKV | None = None  # the blocks once the peer answered
     num_bytes: int = 0  # modelled KV bytes on the wire
     outcome: str = ""  # set when the fetch failed before the install
@@ -150,12 +152,16 @@ class PeerFetches:
         if not asked:
             self.stats.outcomes[pp.OUTCOME_MISMATCH] += 1
             return None
-        self.in_flight[rid] = Fetch(target, peer, asked, t)
-        return t + self.link.latency_s
+        f = self.in_flight[rid] = Fetch(target, peer, asked, t,
+                                        hint.fetch_timeout_s(self.timeout_s))
+        return t + min(self.link.latency_s, f.timeout_s)
 
     def export(self, rid: str, peer: LLMEngine | None, t: float) -> float:
         """The peer reads what it still caches; the time the blocks (or the give-up) land."""
         f = self.in_flight[rid]
+        if self.link.latency_s > f.timeout_s:  # given up before the peer could answer
+            f.outcome = pp.OUTCOME_TIMEOUT
+            return t
         if peer is None:
             f.outcome = pp.OUTCOME_UNREACHABLE
             return t
@@ -169,9 +175,9 @@ class PeerFetches:
         peer_totals.export_bytes += f.num_bytes
         peer_totals.export_blocks += n
         done = t + f.num_bytes / self.link.bytes_per_s
-        if done - f.started > self.timeout_s:
+        if done - f.started > f.timeout_s:
             f.outcome = pp.OUTCOME_TIMEOUT
-            return f.started + self.timeout_s
+            return f.started + f.timeout_s
         f.prefix = PrefixKV(list(exported.block_hashes), exported.data)
         return done
 

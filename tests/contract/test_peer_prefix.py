@@ -22,6 +22,10 @@ def test_the_hint_round_trips_through_the_engines_reader():
     assert contract.parse_peer_prefix({"peer_prefix": None}) is None
     assert contract.parse_peer_prefix(
         {"peer_prefix": {"url": "https://[::1]:9", "block_hashes": [0]}}) is not None
+    timed = contract.parse_peer_prefix(contract.peer_prefix_hint("http://h:1", [3], 0.25))
+    assert timed.timeout_s == 0.25 and parsed.timeout_s is None
+    assert timed.fetch_timeout_s(5.0) == 0.25 and timed.fetch_timeout_s(0.1) == 0.1
+    assert parsed.fetch_timeout_s(5.0) == 5.0
 
 
 @pytest.mark.parametrize("value", [
@@ -35,6 +39,12 @@ def test_the_hint_round_trips_through_the_engines_reader():
     {"url": "http://h:1", "block_hashes": [True]}, {"url": "http://h:1", "block_hashes": [1.0]},
     {"url": "http://h:1", "block_hashes": [2**63]},
     {"url": "http://h:1", "block_hashes": [1] * (pp.MAX_PEER_PREFIX_BLOCKS + 1)},
+    {"url": "http://h:1", "block_hashes": [1], "timeout_s": 0},
+    {"url": "http://h:1", "block_hashes": [1], "timeout_s": -1},
+    {"url": "http://h:1", "block_hashes": [1], "timeout_s": True},
+    {"url": "http://h:1", "block_hashes": [1], "timeout_s": "1"},
+    {"url": "http://h:1", "block_hashes": [1], "timeout_s": float("nan")},
+    {"url": "http://h:1", "block_hashes": [1], "timeout_s": 3601},
 ])
 def test_a_malformed_hint_is_refused_with_a_reason(value):
     with pytest.raises(pp.PeerPrefixError, match="peer_prefix"):

@@ -287,3 +287,24 @@ async def test_export_endpoint_needs_the_token_and_checks_its_body(fleet):
             header, payload = unpack_frame(await resp.read())
     assert header.block_hashes == hashes and header.token_ids == prompt[:48]
     assert header.model == MODEL and len(payload) == 3 * BLOCK_BYTES
+
+
+async def test_the_hints_shorter_timeout_gives_up_a_stalled_fetch_early(fleet):
+    """The importer's own limit is 2 s; a hint's `timeout_s` of 0.3 s is obeyed."""
+    _, importer, _, _ = fleet
+    stall = await _fake_peer(None)
+    url = f"http://127.0.0.1:{stall.sockets[0].getsockname()[1]}"
+    prompt = prompt_of(43, 90)
+    params = pp.peer_prefix_hint(url, chained_hashes(prompt, 16, 5), timeout_s=0.3)
+    try:
+        async with aiohttp.ClientSession() as session:
+            before = await samples(session, importer.url)
+            started = asyncio.get_running_loop().time()
+            out = await hinted(session, importer.url, prompt, params)
+            took = asyncio.get_running_loop().time() - started
+            after = await samples(session, importer.url)
+    finally:
+        stall.close()
+    assert out["usage"]["prompt_tokens"] == 90
+    assert outcome(after, MODEL, "timeout") - outcome(before, MODEL, "timeout") == 1
+    assert took < 1.5  # not the engine's 2 s

@@ -167,6 +167,9 @@ def test_a_draining_peer_hands_its_prefix_to_the_chosen_endpoint():
     assert decision.reason == ATTACHED and decision.num_blocks == 8
     peer = parse_peer_prefix(hint)
     assert peer.url == "http://127.0.0.1:9000" and list(peer.block_hashes) == hashes
+    # the fetch may take as long as recomputing would (8 blocks at the 0.5 ms/token prior:
+    # 64 ms), and never less than MIN_FETCH_TIMEOUT_S
+    assert decision.estimate.recompute_s == pytest.approx(0.064) and peer.timeout_s == 0.1
     assert routed.num_hinted_blocks == 8
 
 
@@ -226,7 +229,9 @@ def test_a_slow_measured_prefill_rate_and_the_margin_steer_the_decision():
     store(core, "e1", [999] * BS, 1)
     assert core.peer_hint(route_to(core, "e1"))[0].reason == RECOMPUTE_CHEAPER
     core.registry.by_name["e1"].prefill_s_per_token.add(0.01)  # measured: 100 tokens/s
-    assert core.peer_hint(route_to(core, "e1"))[0].reason == ATTACHED
+    decision, hint = core.peer_hint(route_to(core, "e1"))
+    assert decision.reason == ATTACHED
+    assert parse_peer_prefix(hint).timeout_s == pytest.approx(128 * 0.01)  # its recompute
 
 
 # --- the prefix scorer's peer credit ---

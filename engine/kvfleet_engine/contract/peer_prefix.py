@@ -11,6 +11,10 @@ attaches (inside the request body's `kv_transfer_params`, beside vLLM's P/D keys
 - `block_hashes`: the engine's chained block hashes (`core.block_pool.hash_block_tokens`,
   the values its KV events carry) of the prompt's first N full blocks, from the root,
   in order; at most `MAX_PEER_PREFIX_BLOCKS`, each an integer in [0, 2**63).
+- `timeout_s` (optional): give up the fetch after this many seconds, when it is shorter
+  than the engine's own `--peer-fetch-timeout`. A router sets it to its estimate of the
+  recompute time, so a peer stuck in a long engine step costs the request about what
+  recomputing would have, not the whole engine timeout. A number in (0, 3600].
 
 The receiving engine asks the peer's `POST /v1/kv_cache/export` (behind the engine token)
 for the blocks of the hashes that match the prompt's own hashes, verifies what comes back
@@ -32,6 +36,8 @@ from urllib.parse import urlsplit
 PEER_PREFIX = "peer_prefix"  # key inside kv_transfer_params
 PEER_URL = "url"
 PEER_BLOCK_HASHES = "block_hashes"
+PEER_TIMEOUT = "timeout_s"
+MAX_TIMEOUT_S = 3600.0
 MAX_PEER_PREFIX_BLOCKS = 8192  # 131,072 tokens at block size 16
 MAX_HASH = 2**63  # hashes are masked to 63 bits
 MAX_URL_CHARS = 2048
@@ -75,17 +81,27 @@ class PeerPrefixError(ValueError):
 class PeerPrefix:
     url: str  # base URL, no trailing slash
     block_hashes: tuple[int, ...]
+    timeout_s: float | None = None  # the sender's limit, if any
 
     @property
     def export_url(self) -> str:
         return self.url + EXPORT_PATH
 
+    def fetch_timeout_s(self, engine_timeout_s: float) -> float:
+        """The fetch's limit: the engine's, or the hint's when that is shorter."""
+        if self.timeout_s is None:
+            return engine_timeout_s
+        return min(engine_timeout_s, self.timeout_s)
 
-def peer_prefix_hint(url: str, block_hashes: Sequence[int]) -> dict[str, Any]:
+
+def peer_prefix_hint(url: str, block_hashes: Sequence[int],
+                     timeout_s: float | None = None) -> dict[str, Any]:
     """The `kv_transfer_params` entry naming a peer and the prompt blocks it holds
     (merge it into the request's kv_transfer_params). Raises PeerPrefixError when the
     same value would be refused by the engine."""
-    value = {PEER_URL: url, PEER_BLOCK_HASHES: [int(h) for h in block_hashes]}
+    value: dict[str, Any] = {PEER_URL: url, PEER_BLOCK_HASHES: [int(h) for h in block_hashes]}
+    if timeout_s is not None:
+        value[PEER_TIMEOUT] = round(float(timeout_s), 6)
     parse_peer_prefix({PEER_PREFIX: value})
     return {PEER_PREFIX: value}
 
@@ -109,7 +125,16 @@ def parse_peer_prefix(kv_transfer_params: Mapping[str, Any] | None) -> PeerPrefi
     if not all(type(h) is int and 0 <= h < MAX_HASH for h in hashes):
         raise PeerPrefixError(f"`{PEER_PREFIX}.{PEER_BLOCK_HASHES}` must hold integers in "
                               "[0, 2**63)")
-    return PeerPrefix(url, tuple(hashes))
+    return PeerPrefix(url, tuple(hashes), _timeout(value.get(PEER_TIMEOUT)))
+
+
+def _timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not 0 < value <= MAX_TIMEOUT_S:
+        raise PeerPrefixError(f"`{PEER_PREFIX}.{PEER_TIMEOUT}` must be a number of seconds "
+                              f"in (0, {MAX_TIMEOUT_S:g}]")
+    return float(value)
 
 
 def _base_url(url: Any) -> str:

@@ -86,7 +86,7 @@ async def fetch_peer_prefix(state: ServerState, hint: pp.PeerPrefix,
     started = time.monotonic()
     try:
         frame = await fetch_frame(
-            hint.export_url, timeout_s=settings.peer_fetch_timeout_s,
+            hint.export_url, timeout_s=hint.fetch_timeout_s(settings.peer_fetch_timeout_s),
             token=settings.internal_token, session=state.peer_session,
             json_body={"block_hashes": asked},
             max_bytes=settings.kv_export_max_bytes + HEADER_SLACK)
