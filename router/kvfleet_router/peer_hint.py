@@ -169,8 +169,3 @@ def can_serve_cache(e: EndpointState, model: str | None, now: float) -> bool:
     return (can_take_hint(e) and not e.is_removed and e.is_healthy(now)
             and (not e.models or model is None or model in e.models))
 
-
-def can_be_peer(e: EndpointState, chosen: EndpointState, model: str | None,
-                now: float) -> bool:
-    """`e` may serve its cache to `chosen` (`can_serve_cache`, and not `chosen` itself)."""
-    return e is not chosen and can_serve_cache(e, model, now)

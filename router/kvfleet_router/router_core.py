@@ -38,7 +38,6 @@ from kvfleet_router.peer_hint import (
     NOT_ELIGIBLE,
     HintDecision,
     PeerCandidate,
-    can_be_peer,
     can_serve_cache,
     can_take_hint,
     decide_peer_hint,
@@ -145,7 +144,7 @@ class RouterCore:
                                self.cfg.prefix.chars_per_token))
         by_size: dict[int, tuple[list[int], dict[str, int]]] = {}
         ctx.prefix_fraction = self.prefix_fractions(info, hashes, endpoints, by_size)
-        if self.cfg.kv_sharing.enabled and by_size:
+        if self.cfg.kv_sharing.enabled and by_size and policy.scores_prefix:
             ctx.peer_credit = self.peer_credits(endpoints, by_size, ctx)
         return Routed(policy.choose(endpoints, ctx), ctx, hashes, name, by_size)
 
@@ -153,6 +152,18 @@ class RouterCore:
         """The endpoint's KV block size: from its KV events, else its last scrape (a replica
         that has stored nothing yet, such as a new one, still takes hints); 0 if unknown."""
         return self.precise.block_sizes.get(e.name) or e.signals.block_size
+
+    def peer_holders(self, matched: dict[str, int], size: int, model: str | None,
+                     now: float) -> list[PeerCandidate]:
+        """Endpoints that hold leading blocks of the prompt (`matched`) at block size `size`
+        and may serve them to a peer (`can_serve_cache`), longest first (registry order on
+        ties): the best peer of any endpoint is the first one that is not itself."""
+        holders = [PeerCandidate(p.name, p.url, matched[p.name], p.peer_measure.bytes_per_block)
+                   for p in self.registry.endpoints
+                   if p.name in matched and self.block_size(p) == size
+                   and can_serve_cache(p, model, now)]
+        holders.sort(key=lambda c: c.num_blocks, reverse=True)
+        return holders
 
     def peer_credits(self, endpoints: list[EndpointState],
                      by_size: dict[int, tuple[list[int], dict[str, int]]],
@@ -163,26 +174,19 @@ class RouterCore:
         out: dict[str, float] = {}
         if tokens is None:
             return out
-        by_name = self.registry.by_name
         for size, (chain, matched) in by_size.items():
-            # the two longest holders able to serve: the best peer of any endpoint is one
-            holders = sorted((p for p in (by_name.get(n) for n in matched) if p is not None
-                              and self.block_size(p) == size
-                              and can_serve_cache(p, ctx.request.model, ctx.now)),
-                             key=lambda p: matched[p.name], reverse=True)[:2]
+            holders = self.peer_holders(matched, size, ctx.request.model, ctx.now)[:2]
             if not chain or not holders:
                 continue
             for e in endpoints:
                 if not can_take_hint(e) or self.block_size(e) != size:
                     continue
-                best = next((p for p in holders if p is not e), None)
+                best = next((c for c in holders if c.name != e.name), None)
                 if best is None:
                     continue
                 local = matched.get(e.name, 0)
-                peer = PeerCandidate(best.name, best.url, matched[best.name],
-                                     best.peer_measure.bytes_per_block)
                 credit = fetch_credit(decide_peer_hint(decision_inputs(
-                    e, local, len(tokens), size, [peer], self.cfg)), local)
+                    e, local, len(tokens), size, [best], self.cfg)), local)
                 if credit > 0:
                     out[e.name] = credit / len(chain)
         return out
@@ -200,10 +204,8 @@ class RouterCore:
             chain = hash_tokens(tokens, size)
             matched = self.precise.match(chain) if chain else {}
         ctx = routed.ctx
-        peers = [PeerCandidate(p.name, p.url, matched[p.name], p.peer_measure.bytes_per_block)
-                 for p in self.registry.endpoints
-                 if p.name in matched and self.block_size(p) == size
-                 and can_be_peer(p, e, ctx.request.model, ctx.now)]
+        peers = [c for c in self.peer_holders(matched, size, ctx.request.model, ctx.now)
+                 if c.name != e.name]
         decision = decide_peer_hint(decision_inputs(
             e, matched.get(e.name, 0), len(tokens), size, peers, self.cfg))
         if not decision.is_attached or decision.peer is None:

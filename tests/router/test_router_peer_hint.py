@@ -270,6 +270,14 @@ def test_without_sharing_or_when_recompute_is_cheaper_the_warm_endpoint_keeps_it
         assert routed.decision.endpoint.name == "e0"
 
 
+def test_a_policy_without_the_prefix_scorer_computes_no_credit():
+    core = cache_aware_core(sharing=True)
+    routed = core.route(RequestInfo(prompt_token_ids=list(TOKENS)), "unified", 1.0,
+                        policy_name="least-request")
+    assert routed.ctx.peer_credit == {}
+    assert core.peer_hint(routed)[0].reason in (ATTACHED, NO_PEER)  # the hint still runs
+
+
 def test_a_peer_that_cannot_serve_earns_no_credit():
     core = cache_aware_core(sharing=True)
     core.registry.by_name["e0"].is_probe_healthy = False

@@ -115,6 +115,8 @@ def test_a_peer_slower_to_answer_than_the_hints_timeout_is_given_up_at_the_timeo
              turn(3.5, *range(40, 48), out=2)]
     sim, result = replay(trace, num_blocks=300, peer_latency_s=3.0)
     assert stats(sim).outcomes == {pp.OUTCOME_TIMEOUT: 1}
+    assert sim.fetches is not None
+    assert all(t.export_bytes == 0 for t in sim.fetches.totals.values())  # never answered
     assert 1.016 < ttft(result, "q1") < 1.6  # not the 3 s latency
 
 

@@ -52,6 +52,7 @@ class Policy:
         self.saturation: Filter = FILTERS["saturation"](cfg)
         self.scorers: list[tuple[float, Scorer]] = [
             (w, SCORERS[s](cfg)) for s, w in weights.items() if w > 0]
+        self.scores_prefix = weights.get("prefix", 0) > 0  # reads ctx.peer_credit
         self.picker: Picker = PICKERS[picker]()
         self.guard = cfg.policy.imbalance if use_guard else None
         self.balance_scorer: Scorer = SCORERS["queue"](cfg)
