@@ -52,7 +52,9 @@ def peer_totals(m: EngineMetrics) -> PeerTotals | None:
                         fetch_blocks=c.get(pp.PEER_FETCH_BLOCKS),
                         fetch_seconds=m.histogram_sums.get(pp.PEER_FETCH_SECONDS),
                         export_bytes=c.get(pp.PEER_EXPORT_BYTES),
-                        export_blocks=c.get(pp.PEER_EXPORT_BLOCKS))
+                        export_blocks=c.get(pp.PEER_EXPORT_BLOCKS),
+                        timeout_bytes=c.get(pp.PEER_FETCH_TIMEOUT_BYTES),
+                        timeout_seconds=c.get(pp.PEER_FETCH_TIMEOUT_SECONDS))
     return None if totals == PeerTotals() else totals
 
 

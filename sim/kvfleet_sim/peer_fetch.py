@@ -27,9 +27,11 @@ server's `peer_fetch.py` does before the request is added:
 The request waits for all of it before it enters the engine, and its TTFT counts from its
 arrival. The peer's read and the target's write cost no GPU time here. Each replica's
 counters (`totals`) are the ones a real engine exports at /metrics
-(`kvfleet:peer_fetch_bytes_total`, the fetch-seconds sum, `kvfleet:peer_export_*`), and
-the router's scrapes feed them to `PeerMeasure`, so the router's bandwidth and bytes per
-block are measured the same way as in a live fleet.
+(`kvfleet:peer_fetch_bytes_total`, the fetch-seconds sum, `kvfleet:peer_export_*`, and
+for a timed-out fetch `kvfleet:peer_fetch_timeout_{bytes_asked,seconds}_total`: the bytes
+of every block it asked for and the seconds it waited), and the router's scrapes feed them
+to `PeerMeasure`, so the router's bandwidth (an upper bound from timeouts included) and
+bytes per block are measured the same way as in a live fleet.
 """
 
 from __future__ import annotations
@@ -78,11 +80,14 @@ class ReplicaTotals:
     fetch_seconds: float = 0.0
     export_bytes: int = 0
     export_blocks: int = 0
+    timeout_bytes: int = 0  # bytes asked for by fetches that timed out
+    timeout_seconds: float = 0.0  # seconds they waited
 
     def scrape(self) -> PeerTotals:
         return PeerTotals(float(self.fetch_bytes), float(self.fetch_blocks),
                           self.fetch_seconds, float(self.export_bytes),
-                          float(self.export_blocks))
+                          float(self.export_blocks), float(self.timeout_bytes),
+                          self.timeout_seconds)
 
 
 @dataclass(slots=True)
@@ -191,6 +196,10 @@ class PeerFetches:
             mine = self.replica_totals(f.target)
             mine.fetch_bytes += f.num_bytes if f.prefix is not None else 0
             mine.fetch_seconds += seconds
+        elif f.outcome == pp.OUTCOME_TIMEOUT:  # as the server: every block asked, time waited
+            mine = self.replica_totals(f.target)
+            mine.timeout_bytes += len(f.asked) * self.block_size * self.link.bytes_per_token
+            mine.timeout_seconds += seconds
         return f
 
     def record(self, f: Fetch, installed: PrefixInstall | None) -> str:

@@ -39,3 +39,16 @@ def test_the_fast_path_reads_them_only_when_asked():
     assert peer.counters[pp.PEER_EXPORT_BYTES] == 4096
     assert peer.histogram_sums == {pp.PEER_FETCH_SECONDS: 0.25}  # not the TTFT sum
     assert c.TIME_TO_FIRST_TOKEN not in peer.histograms
+
+
+def test_the_timed_out_fetch_counters_are_peer_families():
+    text = "\n".join([
+        'vllm:num_requests_running{model_name="a"} 1',
+        'kvfleet:peer_fetch_timeout_bytes_asked_total{model_name="a"} 8192',
+        'kvfleet:peer_fetch_timeout_bytes_asked_total{model_name="b"} 8',
+        'kvfleet:peer_fetch_timeout_seconds_total{model_name="a"} 1.5',
+        'kvfleet:peer_fetch_timeout_seconds_created{model_name="a"} 1.7e9', ""])
+    for m in (c.read_metrics(text), c.read_gauges(text, also=PEER_FAMILIES)):
+        assert m.counters == {pp.PEER_FETCH_TIMEOUT_BYTES: 8200,
+                              pp.PEER_FETCH_TIMEOUT_SECONDS: 1.5}
+        assert m.histogram_sums == {} and m.num_bad_lines == 0

@@ -9,7 +9,14 @@ from kvfleet_engine.core.prefix_share import PrefixInstall, PrefixMismatch
 from kvfleet_engine.core.sequence import PrefixKV
 from kvfleet_engine.server.errors import APIError
 from kvfleet_engine.server.kv_export import parse_export_body
-from kvfleet_engine.server.peer_fetch import FetchResult, failure_outcome, installed_outcome
+from kvfleet_engine.server.peer_fetch import (
+    FetchResult,
+    failure_outcome,
+    installed_outcome,
+    record,
+)
+from kvfleet_engine.server.peer_metrics import PeerPrefixMetrics
+from prometheus_client import CollectorRegistry
 
 
 @pytest.mark.parametrize("exc, want", [
@@ -34,6 +41,22 @@ def test_installed_outcomes():
     assert installed_outcome(fetched, PrefixInstall()) == "skipped"
     assert installed_outcome(fetched, None) == "error"
     assert installed_outcome(FetchResult("timeout"), None) == "timeout"
+
+
+def test_a_timed_out_fetch_records_its_bound_and_no_fetch_time():
+    registry = CollectorRegistry()
+    metrics = PeerPrefixMetrics(registry, "m")
+    timed_out = FetchResult(pp.OUTCOME_TIMEOUT, num_asked=3, timeout_bytes=3 * 4096,
+                            timeout_seconds=0.5)
+    assert record(metrics, timed_out, None, 16) == pp.OUTCOME_TIMEOUT
+    record(metrics, FetchResult(pp.OUTCOME_ERROR, num_asked=3), None, 16)  # no bound
+
+    def value(name: str) -> float | None:
+        return registry.get_sample_value(name, {"model_name": "m"})
+
+    assert value(pp.PEER_FETCH_TIMEOUT_BYTES + "_total") == 3 * 4096
+    assert value(pp.PEER_FETCH_TIMEOUT_SECONDS + "_total") == 0.5
+    assert value(pp.PEER_FETCH_SECONDS + "_count") == 0  # the histogram is completed fetches'
 
 
 def test_export_body():

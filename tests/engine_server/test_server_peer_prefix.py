@@ -308,3 +308,28 @@ async def test_the_hints_shorter_timeout_gives_up_a_stalled_fetch_early(fleet):
     assert out["usage"]["prompt_tokens"] == 90
     assert outcome(after, MODEL, "timeout") - outcome(before, MODEL, "timeout") == 1
     assert took < 1.5  # not the engine's 2 s
+
+
+async def test_a_timed_out_fetch_counts_the_bytes_it_asked_for_and_its_wait(fleet):
+    """Against a stalled peer no byte arrives, yet the fetch proves the link is at most
+    (blocks asked x block bytes) / seconds waited fast: both counters say so."""
+    _, importer, _, _ = fleet
+    stall = await _fake_peer(None)
+    url = f"http://127.0.0.1:{stall.sockets[0].getsockname()[1]}"
+    prompt = prompt_of(44, 90)
+    params = pp.peer_prefix_hint(url, chained_hashes(prompt, 16, 5), timeout_s=0.3)
+    try:
+        async with aiohttp.ClientSession() as session:
+            before = await samples(session, importer.url)
+            await hinted(session, importer.url, prompt, params)
+            after = await samples(session, importer.url)
+    finally:
+        stall.close()
+
+    def delta(family: str) -> float:
+        return counter(after, MODEL, family) - counter(before, MODEL, family)
+
+    assert outcome(after, MODEL, "timeout") - outcome(before, MODEL, "timeout") == 1
+    assert delta(pp.PEER_FETCH_TIMEOUT_BYTES) == 5 * BLOCK_BYTES
+    assert 0.3 <= delta(pp.PEER_FETCH_TIMEOUT_SECONDS) < 1.5
+    assert delta(pp.PEER_FETCH_BYTES) == 0

@@ -115,6 +115,39 @@ def test_block_size_falls_back_to_the_importing_side():
     assert m.bytes_per_block == 2e6
 
 
+def test_timed_out_fetches_lower_the_bandwidth_to_their_bound():
+    """Every fetch timed out: no completed-fetch delta, yet 100 MB asked in 1 s of waiting
+    proves the link is at most 0.1 GB/s, and the estimate (unknown, then above) follows."""
+    m = PeerMeasure()
+    m.observe(PeerTotals(fetch_bytes=0, fetch_seconds=0.0, timeout_bytes=0,
+                         timeout_seconds=0.0))
+    m.observe(PeerTotals(fetch_bytes=0, fetch_seconds=0.0, timeout_bytes=1e8,
+                         timeout_seconds=1.0))
+    assert m.bandwidth.value == pytest.approx(1e8)  # unknown: the bound is the estimate
+    m.bandwidth.value = 1e9  # e.g. an earlier fast link
+    m.observe(PeerTotals(fetch_bytes=0, fetch_seconds=0.0, timeout_bytes=2e8,
+                         timeout_seconds=2.0))
+    assert m.bandwidth.value == pytest.approx(0.8e9 + 0.2e8)  # lowered by the EWMA
+    m.observe(PeerTotals(fetch_bytes=0, fetch_seconds=0.0, timeout_bytes=1e8,
+                         timeout_seconds=1.0))  # counters went down: a new baseline
+    assert m.bandwidth.num_samples == 2
+
+
+def test_a_timeout_bound_above_the_estimate_teaches_nothing():
+    m = PeerMeasure()
+    m.observe(PeerTotals(fetch_bytes=0, fetch_seconds=0.0, timeout_bytes=0,
+                         timeout_seconds=0.0))
+    m.observe(PeerTotals(fetch_bytes=1e8, fetch_seconds=1.0, timeout_bytes=0,
+                         timeout_seconds=0.0))
+    assert m.bandwidth.value == pytest.approx(1e8)
+    # a 10 GB-asked, 1 s timeout only says "at most 10 GB/s": already known
+    m.observe(PeerTotals(fetch_bytes=1e8, fetch_seconds=1.0, timeout_bytes=1e10,
+                         timeout_seconds=1.0))
+    assert m.bandwidth.value == pytest.approx(1e8) and m.bandwidth.num_samples == 1
+    m.observe(PeerTotals(fetch_bytes=1e8, fetch_seconds=1.0))  # not exposed: nothing
+    assert m.bandwidth.num_samples == 1
+
+
 def test_the_scrape_carries_the_peer_counters():
     text = "\n".join([
         'vllm:num_requests_running{model_name="m"} 0',
@@ -123,10 +156,13 @@ def test_the_scrape_carries_the_peer_counters():
         'kvfleet:peer_fetch_seconds_bucket{model_name="m",le="+Inf"} 1',
         'kvfleet:peer_fetch_seconds_sum{model_name="m"} 0.25',
         'kvfleet:peer_export_bytes_total{model_name="m"} 0',
-        'kvfleet:peer_export_blocks_total{model_name="m"} 0', ""])
+        'kvfleet:peer_export_blocks_total{model_name="m"} 0',
+        'kvfleet:peer_fetch_timeout_bytes_asked_total{model_name="m"} 4096',
+        'kvfleet:peer_fetch_timeout_seconds_total{model_name="m"} 0.5', ""])
     s = parse_metrics(text, now=1.0)
     assert s.peer == PeerTotals(fetch_bytes=2048, fetch_blocks=2, fetch_seconds=0.25,
-                                export_bytes=0, export_blocks=0)
+                                export_bytes=0, export_blocks=0, timeout_bytes=4096,
+                                timeout_seconds=0.5)
     assert parse_metrics('vllm:num_requests_running{model_name="m"} 0\n', 1.0).peer is None
 
 

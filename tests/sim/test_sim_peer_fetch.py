@@ -108,6 +108,30 @@ def test_a_fetch_slower_than_the_hints_timeout_falls_back_to_recompute():
     assert not any(f.is_aborted for f in result.finished)
 
 
+def test_a_link_too_slow_for_any_fetch_is_learned_from_the_timeout():
+    """0.1 GB/s: the first fetch (268 MB) times out at the hint's limit, so no fetch ever
+    completes; its bytes asked over its wait (about 0.26 GB/s) bound the link from above, the
+    router's estimate drops from the 1 GB/s prior to that bound, and the next prefix on
+    that replica is recomputed instead of hinted into another timeout."""
+    trace = [turn(1.0, *SHARED, 10), turn(3.0, *SHARED, 11),
+             turn(10.0, 21, 22, 23, 24, 30), turn(12.0, 21, 22, 23, 24, 31)]
+    sim, result = replay(trace, peer_bytes_per_s=0.1e9)
+    s = stats(sim)
+    assert s.outcomes == {pp.OUTCOME_TIMEOUT: 1}, s
+    assert s.hints["attached"] == 1 and s.hints["recompute-cheaper"] == 1, s.hints
+    target = next(f.replica for f in result.finished if f.request_id == "q1")
+    assert next(f.replica for f in result.finished if f.request_id == "q3") == target
+    assert sim.fetches is not None
+    mine = sim.fetches.totals[target]
+    asked = 128 * 16 * sim.fetches.link.bytes_per_token
+    assert mine.timeout_bytes == asked and mine.fetch_bytes == 0
+    assert 1.0 < mine.timeout_seconds < 1.1  # the hint's limit
+    bandwidth = sim.router.endpoints[target].peer_measure.bandwidth.value
+    assert bandwidth == pytest.approx(asked / mine.timeout_seconds)  # above the true 0.1
+    assert 0.1e9 < bandwidth < 0.3e9  # GB/s (a bound), far under the 1 GB/s prior
+    assert not any(f.is_aborted for f in result.finished)
+
+
 def test_a_peer_slower_to_answer_than_the_hints_timeout_is_given_up_at_the_timeout():
     """Whatever the peer would have answered (here: it evicted the blocks meanwhile), the
     fetch ends at the hint's limit as a timeout."""

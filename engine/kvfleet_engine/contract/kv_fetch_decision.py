@@ -6,7 +6,9 @@
 
 `margin` >= 1 asks the fetch to win by that factor (the estimate ignores the install
 time and the peer's read). Inputs come from what a caller measured: peer bandwidth from
-`kvfleet:peer_fetch_bytes_total` over `kvfleet:peer_fetch_seconds`, the prefill rate from
+`kvfleet:peer_fetch_bytes_total` over `kvfleet:peer_fetch_seconds` (capped by timed-out
+fetches' `kvfleet:peer_fetch_timeout_bytes_asked_total` over
+`kvfleet:peer_fetch_timeout_seconds_total`), the prefill rate from
 uncached prompt tokens per busy second. Stdlib only: the router and the simulator use it.
 """
 

@@ -33,7 +33,10 @@ read scrapes through here and only map the result onto their own types. The rule
    `kvfleet:peer_fetch_{bytes,blocks,tokens}_total` and
    `kvfleet:peer_export_{bytes,blocks}_total`, and the histogram
    `kvfleet:peer_fetch_seconds`, whose sum over the bytes counter's delta is the
-   bandwidth peers delivered (`PEER_FAMILIES`).
+   bandwidth peers delivered; and for fetches that timed out, the counters
+   `kvfleet:peer_fetch_timeout_bytes_asked_total` (blocks asked for x bytes per block)
+   and `kvfleet:peer_fetch_timeout_seconds_total` (seconds waited), whose deltas' ratio
+   is an upper bound on that bandwidth (`PEER_FAMILIES`).
 
 `read_metrics(text)` reads every line. `read_gauges(text)` is the router's hot path: it
 splits only lines named after a gauge or info metric (the rest are neither parsed nor
@@ -56,7 +59,8 @@ Buckets = tuple[tuple[float, float], ...]  # (upper bound `le`, cumulative count
 CORE_GAUGES = (w.NUM_REQUESTS_RUNNING, w.NUM_REQUESTS_WAITING, w.KV_CACHE_USAGE_PERC)
 GAUGES = (*CORE_GAUGES, w.NUM_WAITING_PROMPT_TOKENS, w.DRAINING)
 PEER_COUNTERS = (pp.PEER_FETCH_BYTES, pp.PEER_FETCH_BLOCKS, pp.PEER_FETCH_TOKENS,
-                 pp.PEER_EXPORT_BYTES, pp.PEER_EXPORT_BLOCKS)
+                 pp.PEER_EXPORT_BYTES, pp.PEER_EXPORT_BLOCKS, pp.PEER_FETCH_TIMEOUT_BYTES,
+                 pp.PEER_FETCH_TIMEOUT_SECONDS)
 PEER_FAMILIES = (*PEER_COUNTERS, pp.PEER_FETCH_SECONDS)  # rule 8, for read_gauges(also=)
 COUNTERS = (w.PREFIX_CACHE_QUERIES, w.PREFIX_CACHE_HITS, w.NUM_PREEMPTIONS, w.PROMPT_TOKENS,
             w.GENERATION_TOKENS, *PEER_COUNTERS)

@@ -51,6 +51,10 @@ PEER_FETCH_BLOCKS = "kvfleet:peer_fetch_blocks"  # counter: fetched blocks insta
 PEER_FETCH_TOKENS = "kvfleet:peer_fetch_tokens"  # counter: prompt tokens those blocks hold
 PEER_FETCH_BYTES = "kvfleet:peer_fetch_bytes"  # counter: KV payload bytes received
 PEER_FETCH_SECONDS = "kvfleet:peer_fetch_seconds"  # histogram: hint read to blocks in hand
+# A fetch that timed out: the KV bytes it asked for (blocks asked x bytes per block) and the
+# seconds it waited. Their deltas' ratio bounds the link's bandwidth from above.
+PEER_FETCH_TIMEOUT_BYTES = "kvfleet:peer_fetch_timeout_bytes_asked"  # counter
+PEER_FETCH_TIMEOUT_SECONDS = "kvfleet:peer_fetch_timeout_seconds"  # counter
 PEER_EXPORT_BLOCKS = "kvfleet:peer_export_blocks"  # counter: blocks served to peers
 PEER_EXPORT_BYTES = "kvfleet:peer_export_bytes"  # counter: KV payload bytes served to peers
 OUTCOME_LABEL = "outcome"

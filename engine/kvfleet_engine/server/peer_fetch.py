@@ -6,7 +6,10 @@ the prompt's own chained hashes, checks the answer against the prompt
 (`core.prefix_share.check_export`), and returns the blocks as `PrefixKV` for
 `LLMEngine.add_request(prefix_kv=...)`, or None with the reason. Nothing here raises: a
 failed fetch means the request computes its prompt. `record` counts the outcome once the
-engine has installed (or refused) the blocks.
+engine has installed (or refused) the blocks. A fetch that timed out also reports the KV
+bytes it asked for (blocks asked x the block geometry's bytes) and the seconds it waited:
+it proves the link is at most that fast, which a router learns even when no fetch ever
+completes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from kvfleet_engine.core.prefix_share import (
     num_agreeing,
     num_usable_blocks,
 )
+from kvfleet_engine.core.request_checks import bytes_per_block
 from kvfleet_engine.core.sequence import PrefixKV
 from kvfleet_engine.server.kv_fetch import fetch_frame
 from kvfleet_engine.server.peer_metrics import PeerPrefixMetrics
@@ -44,6 +48,8 @@ class FetchResult:
     num_asked: int = 0
     num_bytes: int = 0
     seconds: float = 0.0
+    timeout_bytes: int = 0  # a timed-out fetch: KV bytes it asked for
+    timeout_seconds: float = 0.0  # and how long it waited
 
 
 def failure_outcome(exc: KVTransferError) -> str:
@@ -98,7 +104,12 @@ async def fetch_peer_prefix(state: ServerState, hint: pp.PeerPrefix,
     except KVTransferError as exc:
         outcome = failure_outcome(exc)
         log.info("peer prefix from %s not used (%s): %s", hint.url, outcome, exc)
-        return FetchResult(outcome, num_asked=len(asked))
+        if outcome != pp.OUTCOME_TIMEOUT:
+            return FetchResult(outcome, num_asked=len(asked))
+        block_bytes = bytes_per_block(*state.kv_block_shape) or 0
+        return FetchResult(outcome, num_asked=len(asked),
+                           timeout_bytes=len(asked) * block_bytes,
+                           timeout_seconds=time.monotonic() - started)
     seconds = time.monotonic() - started
     if num == 0:
         return FetchResult(pp.OUTCOME_MISS, num_asked=len(asked), seconds=seconds)
@@ -114,6 +125,9 @@ def record(metrics: PeerPrefixMetrics, fetched: FetchResult, installed: PrefixIn
     metrics.bytes.inc(fetched.num_bytes)
     if fetched.seconds > 0:
         metrics.seconds.observe(fetched.seconds)
+    if fetched.timeout_bytes > 0 and fetched.timeout_seconds > 0:  # both or neither
+        metrics.timeout_bytes.inc(fetched.timeout_bytes)
+        metrics.timeout_seconds.inc(fetched.timeout_seconds)
     if installed is not None and outcome in (pp.OUTCOME_HIT, pp.OUTCOME_PARTIAL):
         metrics.blocks.inc(installed.num_written)
         metrics.tokens.inc(installed.num_written * block_size)

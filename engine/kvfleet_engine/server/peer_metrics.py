@@ -3,7 +3,9 @@
 Importing side: one `kvfleet:peer_fetch_total{outcome}` per request that carried a hint
 (every outcome is exported from start-up, at 0), the blocks, tokens and bytes that came
 in, and how long successful fetches took (bytes over seconds is the peer bandwidth a
-router can estimate). Exporting side: blocks and bytes served to peers.
+router can estimate); for fetches that timed out, the bytes they asked for and the seconds
+they waited (their ratio bounds that bandwidth from above: a slow link where every fetch
+times out still teaches the router). Exporting side: blocks and bytes served to peers.
 """
 
 from __future__ import annotations
@@ -35,6 +37,12 @@ class PeerPrefixMetrics:
         self.seconds = Histogram(pp.PEER_FETCH_SECONDS, "Duration of successful peer-prefix "
                                  "fetches.", labels, registry=registry,
                                  buckets=FETCH_BUCKETS).labels(model_name)
+        self.timeout_bytes = Counter(pp.PEER_FETCH_TIMEOUT_BYTES, "KV payload bytes asked for "
+                                     "by peer-prefix fetches that timed out.", labels,
+                                     registry=registry).labels(model_name)
+        self.timeout_seconds = Counter(pp.PEER_FETCH_TIMEOUT_SECONDS, "Seconds peer-prefix "
+                                       "fetches that timed out waited.", labels,
+                                       registry=registry).labels(model_name)
         self.export_blocks = Counter(pp.PEER_EXPORT_BLOCKS, "Cached blocks exported to peers.",
                                      labels, registry=registry).labels(model_name)
         self.export_bytes = Counter(pp.PEER_EXPORT_BYTES, "KV payload bytes exported to peers.",
