@@ -3,7 +3,8 @@ endpoint picker (`kvfleet router --epp-port`, ext_proc over TLS), side by side i
 plus the same Envoy in front of a no-op ext_proc server (bench/epp_floor.py, grpcio's own
 per-stream cost, the floor under any Python picker).
 
-Same machine, same fake backends (bench/fake_backend.py: 8-token SSE streams at once), same
+Same machine, same fake backends (bench/fake_backend.py: by default 8-token SSE streams in one
+write; `--max-tokens N --token-delay-ms T` streams N tokens T ms apart, as an engine does), same
 load side (Debian's `wrk` with the TCP_QUICKACK shim, bench/wrkload.py). The data plane under
 test gets core 0: the router alone, or Envoy (`--concurrency 1`) and the picker together;
 wrk and the backends share core 1. Targets take turns level by level and repetition by
@@ -16,6 +17,8 @@ levels (connections:think_ms with think > 0, or one connection), where nothing s
 
     .venv/bin/python bench/epp_overhead.py           # ~8 min; bench/results/epp_overhead.{json,md}
     .venv/bin/python bench/epp_overhead.py --quick   # seconds
+    .venv/bin/python bench/epp_overhead.py --max-tokens 129 --token-delay-ms 10 \
+        --levels 1:0,64:0,512:1600 --duration 15 --out bench/results/epp_overhead_stream.json
 """
 
 from __future__ import annotations
@@ -69,7 +72,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--policy", default="cache-aware")
     p.add_argument("--num-backends", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=8, help="output tokens per request")
+    p.add_argument("--token-delay-ms", type=float, default=0.0,
+                   help="backend pause between streamed tokens (0: all at once)")
     p.add_argument("--plane-cpu", default="0", help="core for the router / Envoy + picker")
     p.add_argument("--client-cpu", default="1", help="core for wrk and the backends")
     p.add_argument("--no-pin", action="store_true")
@@ -101,8 +106,8 @@ class Plane:
 
 def start_backends(args, workdir: Path):
     ports = [procs.free_port() for _ in range(args.num_backends)]
-    cmd = [sys.executable, str(procs.BENCH_DIR / "fake_backend.py"), "--num-tokens", "8",
-           "--token-delay-ms", "0"]
+    cmd = [sys.executable, str(procs.BENCH_DIR / "fake_backend.py"), "--num-tokens",
+           str(args.max_tokens), "--token-delay-ms", f"{args.token_delay_ms:g}"]
     for port in ports:
         cmd += ["--port", str(port)]
     proc = procs.start(cmd, workdir / "backends.log", args.client)
@@ -214,11 +219,19 @@ def fmt(s: dict[str, float], digits: int = 2) -> str:
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
 
+def stream_words(result: dict) -> str:
+    tokens, delay = result.get("max_tokens", 8), result.get("token_delay_ms", 0.0)
+    if delay > 0:
+        return f"responses of {tokens} tokens streamed {delay:g} ms apart"
+    return f"responses of {tokens} tokens in one write"
+
+
 def markdown(result: dict) -> str:
     levels, summary = result["levels"], result["summary"]
     lines = [f"Run: `{result['command']}`, started {result['started']}, {result['reps']} "
              f"repetitions x {result['duration_s']:g} s per level (+{result['warmup_s']:g} s "
              f"unmeasured warm-up), policy {result['policy']}, pinned: {result['pinned']}, "
+             f"{stream_words(result)}, "
              f"load average at start {result['loadavg']} on {result['num_cpus']} cores. "
              "Cells: median (min–max) over repetitions.", ""]
     lines += ["Data-plane CPU per request, µs: the router alone; the picker (EPP) and Envoy of "
@@ -296,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": started, "loadavg": loadavg, "num_cpus": len(procs.usable_cpus()),
         "pinned": not args.no_pin, "policy": args.policy, "reps": args.reps,
         "duration_s": args.duration, "warmup_s": args.warmup, "levels": args.level_list,
+        "max_tokens": args.max_tokens, "token_delay_ms": args.token_delay_ms,
         "load": "wrk " + wrkload.version(), "runs": runs,
         "summary": summarise(runs, args.level_list),
     }
