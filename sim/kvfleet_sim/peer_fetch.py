@@ -175,7 +175,7 @@ class PeerFetches:
         if n == 0:
             f.outcome = pp.OUTCOME_MISS
             return t
-        f.num_bytes = n * self.block_size * self.link.bytes_per_token
+        f.num_bytes = self.kv_bytes(n)
         peer_totals = self.replica_totals(f.peer)
         peer_totals.export_bytes += f.num_bytes
         peer_totals.export_blocks += n
@@ -198,9 +198,13 @@ class PeerFetches:
             mine.fetch_seconds += seconds
         elif f.outcome == pp.OUTCOME_TIMEOUT:  # as the server: every block asked, time waited
             mine = self.replica_totals(f.target)
-            mine.timeout_bytes += len(f.asked) * self.block_size * self.link.bytes_per_token
+            mine.timeout_bytes += self.kv_bytes(len(f.asked))
             mine.timeout_seconds += seconds
         return f
+
+    def kv_bytes(self, num_blocks: int) -> int:
+        """The modelled KV payload of `num_blocks` blocks."""
+        return num_blocks * self.block_size * self.link.bytes_per_token
 
     def record(self, f: Fetch, installed: PrefixInstall | None) -> str:
         """Count the fetch's outcome; `installed` is the engine's answer (None: no install
