@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from kvfleet_engine.contract import KVEvent
@@ -108,6 +109,9 @@ class LLMEngine:
         # installed peer prefixes, pinned until their waiting request is admitted
         self._pins: dict[str, tuple[Request, list[KVBlock]]] = {}
         self._num_pinned = 0
+        # Entered around each forward pass. The server's engine thread releases its
+        # bookkeeping lock there, so a peer's export reads cached blocks while a step computes.
+        self.forward_gate: AbstractContextManager[Any] = nullcontext()
         self.is_last_step_idle = False  # the last step() found nothing it could run
         self._timings = StepTimings()
         self._num_prompt_tokens = 0
@@ -251,7 +255,8 @@ class LLMEngine:
                 )
             )
         t1 = time.perf_counter()
-        sampled = runner.execute(StepBatch(seqs))
+        with self.forward_gate:
+            sampled = runner.execute(StepBatch(seqs))
         t2 = time.perf_counter()
         self._process(scheduled, sampled, outputs)
         t3 = time.perf_counter()

@@ -3,6 +3,11 @@
 asyncio handlers never touch the engine. They put commands on a thread-safe queue;
 the thread runs them between steps and hands outputs, errors, stats snapshots and
 KV events back to the event loop with `call_soon_threadsafe`, one batch per step.
+
+The one exception is `read`: a read-only look at the engine (a peer's export of cached
+blocks) that need not wait for a step to end. The thread holds a bookkeeping lock except
+while a forward pass computes or the queue is idle, and `read` runs under that lock on a
+worker thread, so it sees the block tables between two changes, never during one.
 """
 
 from __future__ import annotations
@@ -12,11 +17,12 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
 Command = Callable[[Any], None]  # runs on the engine thread with the engine as argument
+T = TypeVar("T")
 
 
 class EngineThread:
@@ -39,6 +45,9 @@ class EngineThread:
         self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._live: set[str] = set()  # engine-thread only: requests the engine is running
         self._stats = engine.stats()  # replaced whole by the thread; readers see a snapshot
+        # Held by the thread except in forward passes and idle waits (see `read`).
+        self._book_lock = threading.Lock()
+        engine.forward_gate = _Released(self._book_lock)
         self._thread = threading.Thread(target=self._run, name="kvfleet-engine", daemon=True)
         self._is_stopping = False
 
@@ -95,6 +104,15 @@ class EngineThread:
         self._commands.put(command)
         return future
 
+    async def read(self, fn: Callable[[Any], T]) -> T:
+        """fn(engine) on a worker thread, under the bookkeeping lock: while a step computes or
+        the engine idles, not after the step. fn must only read (no block may change)."""
+        return await asyncio.to_thread(self._read_locked, fn)
+
+    def _read_locked(self, fn: Callable[[Any], T]) -> T:
+        with self._book_lock:
+            return fn(self._engine)
+
     # --- the thread ---
 
     @property
@@ -102,6 +120,10 @@ class EngineThread:
         return self._thread.is_alive()
 
     def _run(self) -> None:
+        with self._book_lock:
+            self._run_locked()
+
+    def _run_locked(self) -> None:
         try:
             while not self._is_stopping:
                 # Wait for a command (bounded by idle_wait_s) when there is nothing to step, or
@@ -128,7 +150,8 @@ class EngineThread:
     def _run_commands(self, *, block: bool) -> None:
         try:
             if block:
-                command = self._commands.get(timeout=self._idle_wait_s)
+                with _Released(self._book_lock):
+                    command = self._commands.get(timeout=self._idle_wait_s)
             else:
                 command = self._commands.get_nowait()
         except queue.Empty:
@@ -181,6 +204,19 @@ def _guarded(
                 on_error(request_id, exc)
 
     return run
+
+
+class _Released:
+    """The held `lock`, let go for the length of a with-block."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+
+    def __enter__(self) -> None:
+        self._lock.release()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.acquire()
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:

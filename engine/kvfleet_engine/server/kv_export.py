@@ -6,8 +6,10 @@ Read-only and behind the engine token, like /v1/kv_transfer. The body is
 longest leading run of them this replica still caches, possibly empty, cut to
 `--kv-export-max-bytes` of payload. The header carries each block's hash, the tokens
 and the served model, so the importer can check everything against its own prompt.
-The lookup and the read run in one engine-thread command, so no block can be evicted
-half-read. A draining replica still exports: its cache stays fetchable until it stops.
+The lookup and the read run together under the engine thread's bookkeeping lock
+(`EngineThread.read`), so no block can be evicted half-read, and while a step computes:
+an export does not wait for the step to end. A draining replica still exports: its cache
+stays fetchable until it stops.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ async def handle_kv_export(request: web.Request) -> web.Response:
     max_blocks = settings.kv_export_max_bytes // max(1, bytes_per_block(dtype, shape) or 1)
     state.num_busy_transfers += 1
     try:
-        out = await state.engine.call(lambda e: e.export_prefix(hashes, max_blocks))
+        out = await state.engine.read(lambda e: e.export_prefix(hashes, max_blocks))
 
         def frame() -> bytes:
             header = make_header(dtype=dtype, block_shape=shape,
