@@ -86,6 +86,16 @@ def test_kv_pool_samples_whole_conversations():
     assert 60 <= singles <= 140  # one-block prompts are sampled one by one
 
 
+def test_kv_pool_reuse_ceiling_counts_leading_blocks_seen_before():
+    kv_pool = load_bench_module("kv_pool")
+    a, b, c = [1] * 16, [2] * 16, [3] * 16
+    reqs = [kv_pool.Request(0.0, a + b + [9], 1),  # 33 tokens, nothing seen yet
+            kv_pool.Request(1.0, a + b + c, 1),  # a, b seen; c is its last block: computed
+            kv_pool.Request(2.0, b + a + [9], 1)]  # b alone was never a leading block
+    assert kv_pool.reuse_ceiling(reqs) == pytest.approx(32 / (33 + 48 + 33))
+    assert kv_pool.reuse_ceiling([]) == 0.0
+
+
 @pytest.mark.skipif(not TRACE.exists(), reason="shared/traces not beside the repository")
 def test_trace_load_compresses_time_and_rejects_bad_arguments():
     slow = trace_mooncake.load(TRACE, 50, 1.0)
