@@ -30,8 +30,8 @@ So with sharing on, a cold endpoint with a short queue can outscore the warm, bu
 and the imbalance guard's or the queue scorer's choice keeps the warm cache's value.
 
 The hint carries `timeout_s` = the estimate's recompute time (at least
-`MIN_FETCH_TIMEOUT_S`): a fetch still waiting then is given up, so a peer stuck in a long
-engine step costs the request about what recomputing would have (`fetch_timeout_s`).
+`MIN_FETCH_TIMEOUT_S`): a fetch still waiting then is given up, so a slow link or a
+busy peer costs the request about what recomputing would have (`fetch_timeout_s`).
 
 Reasons (`kvfleet_router_peer_hints_total{reason}`): `attached`; `no-peer` (no eligible
 peer holds enough more); `recompute-cheaper` (the estimate says recompute);
