@@ -97,7 +97,8 @@ async def handle_kv_transfer(request: web.Request) -> web.Response:
         def read(engine: Any) -> tuple[bytes, tuple[str, list[int]]]:
             return engine.runner.read_blocks(held.block_ids), engine.runner.kv_block_shape()
 
-        payload, (dtype, block_shape) = await state.engine.call(read)
+        # A held request's blocks are final: read them while a step computes, not after it.
+        payload, (dtype, block_shape) = await state.engine.read(read)
         header = make_header(dtype=dtype, block_shape=block_shape, num_blocks=len(held.block_ids),
                              token_ids=held.token_ids, block_size=state.settings.block_size,
                              payload=payload, engine_id=state.settings.engine_id)
