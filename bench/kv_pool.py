@@ -121,18 +121,17 @@ def reuse_ceiling(reqs: list[Request], block_size: int = 16) -> float:
     """The share of prompt tokens an unbounded cache pooled over the whole fleet could
     serve from cache: every usable leading block that an earlier request already held
     (no eviction, no timing). No routing, with or without peer fetch, reuses more."""
-    seen: set[tuple[tuple[int, ...], ...]] = set()
+    from kvfleet_engine.core.prefix_share import chained_hashes, num_usable_blocks
+
+    seen: set[int] = set()
     hits = total = 0
     for r in reqs:
         total += len(r.prompt)
-        usable = (len(r.prompt) - 1) // block_size  # the last prompt token is computed
-        chain: tuple[tuple[int, ...], ...] = ()
-        leading = True
-        for b in range(len(r.prompt) // block_size):
-            chain += (tuple(r.prompt[b * block_size:(b + 1) * block_size]),)
-            leading = leading and b < usable and chain in seen
-            hits += block_size if leading else 0
-            seen.add(chain)
+        chain = chained_hashes(r.prompt, block_size, len(r.prompt) // block_size)
+        usable = num_usable_blocks(len(r.prompt), block_size)
+        hits += block_size * next((i for i, h in enumerate(chain[:usable]) if h not in seen),
+                                  usable)
+        seen.update(chain)
     return hits / total if total else 0.0
 
 

@@ -91,8 +91,9 @@ def test_kv_pool_reuse_ceiling_counts_leading_blocks_seen_before():
     a, b, c = [1] * 16, [2] * 16, [3] * 16
     reqs = [kv_pool.Request(0.0, a + b + [9], 1),  # 33 tokens, nothing seen yet
             kv_pool.Request(1.0, a + b + c, 1),  # a, b seen; c is its last block: computed
-            kv_pool.Request(2.0, b + a + [9], 1)]  # b alone was never a leading block
-    assert kv_pool.reuse_ceiling(reqs) == pytest.approx(32 / (33 + 48 + 33))
+            kv_pool.Request(2.0, b + a + [9], 1),  # b alone was never a leading block
+            kv_pool.Request(3.0, a + b, 1)]  # a seen; b seen but holds the last token
+    assert kv_pool.reuse_ceiling(reqs) == pytest.approx((32 + 16) / (33 + 48 + 33 + 32))
     assert kv_pool.reuse_ceiling([]) == 0.0
 
 
