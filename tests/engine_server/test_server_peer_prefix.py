@@ -289,22 +289,29 @@ async def test_export_endpoint_needs_the_token_and_checks_its_body(fleet):
     assert header.model == MODEL and len(payload) == 3 * BLOCK_BYTES
 
 
-async def test_the_hints_shorter_timeout_gives_up_a_stalled_fetch_early(fleet):
-    """The importer's own limit is 2 s; a hint's `timeout_s` of 0.3 s is obeyed."""
-    _, importer, _, _ = fleet
+async def _hinted_at_a_stalled_peer(importer_url: str, seed: int):
+    """A 90-token prompt hinted at a peer that never answers (5 blocks, `timeout_s` 0.3):
+    the importer's metrics before and after, the answer, and the seconds it took."""
     stall = await _fake_peer(None)
     url = f"http://127.0.0.1:{stall.sockets[0].getsockname()[1]}"
-    prompt = prompt_of(43, 90)
+    prompt = prompt_of(seed, 90)
     params = pp.peer_prefix_hint(url, chained_hashes(prompt, 16, 5), timeout_s=0.3)
     try:
         async with aiohttp.ClientSession() as session:
-            before = await samples(session, importer.url)
+            before = await samples(session, importer_url)
             started = asyncio.get_running_loop().time()
-            out = await hinted(session, importer.url, prompt, params)
+            out = await hinted(session, importer_url, prompt, params)
             took = asyncio.get_running_loop().time() - started
-            after = await samples(session, importer.url)
+            after = await samples(session, importer_url)
     finally:
         stall.close()
+    return before, after, out, took
+
+
+async def test_the_hints_shorter_timeout_gives_up_a_stalled_fetch_early(fleet):
+    """The importer's own limit is 2 s; a hint's `timeout_s` of 0.3 s is obeyed."""
+    _, importer, _, _ = fleet
+    before, after, out, took = await _hinted_at_a_stalled_peer(importer.url, seed=43)
     assert out["usage"]["prompt_tokens"] == 90
     assert outcome(after, MODEL, "timeout") - outcome(before, MODEL, "timeout") == 1
     assert took < 1.5  # not the engine's 2 s
@@ -314,17 +321,7 @@ async def test_a_timed_out_fetch_counts_the_bytes_it_asked_for_and_its_wait(flee
     """Against a stalled peer no byte arrives, yet the fetch proves the link is at most
     (blocks asked x block bytes) / seconds waited fast: both counters say so."""
     _, importer, _, _ = fleet
-    stall = await _fake_peer(None)
-    url = f"http://127.0.0.1:{stall.sockets[0].getsockname()[1]}"
-    prompt = prompt_of(44, 90)
-    params = pp.peer_prefix_hint(url, chained_hashes(prompt, 16, 5), timeout_s=0.3)
-    try:
-        async with aiohttp.ClientSession() as session:
-            before = await samples(session, importer.url)
-            await hinted(session, importer.url, prompt, params)
-            after = await samples(session, importer.url)
-    finally:
-        stall.close()
+    before, after, _, _ = await _hinted_at_a_stalled_peer(importer.url, seed=44)
 
     def delta(family: str) -> float:
         return counter(after, MODEL, family) - counter(before, MODEL, family)

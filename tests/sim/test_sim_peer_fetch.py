@@ -80,19 +80,28 @@ def test_the_second_turn_takes_its_prefix_from_the_peer_and_its_ttft_drops():
     assert summarize("x", base, 2.0, 0.05).to_dict().keys() == summary.to_dict().keys() - {"peer"}
 
 
+# A shared prefix (q0, q1: q1 is hinted to fetch it), then a second prefix (q2, q3) whose
+# second turn shows what the router now thinks of the link to q1's replica.
+TWO_PREFIXES = [turn(1.0, *SHARED, 10), turn(3.0, *SHARED, 11),
+                turn(10.0, 21, 22, 23, 24, 30), turn(12.0, 21, 22, 23, 24, 31)]
+
+
+def replica_of(result, request_id: str) -> str:
+    return next(f.replica for f in result.finished if f.request_id == request_id)
+
+
 def test_a_slow_link_is_measured_by_the_router_and_the_next_hint_is_refused():
     """0.3 GB/s: the first fetch (268 MB, 0.89 s, under the hint's 1.016 s limit) is
     hinted on the router's 1 GB/s prior; the router scrapes the bandwidth it achieved and
     recomputes the next prefix on that replica instead (0.89 s x margin 1.5 > 1.016 s)."""
-    trace = [turn(1.0, *SHARED, 10), turn(3.0, *SHARED, 11),
-             turn(10.0, 21, 22, 23, 24, 30), turn(12.0, 21, 22, 23, 24, 31)]
+    trace = TWO_PREFIXES
     sim, result = replay(trace, peer_bytes_per_s=0.3e9)
     s = stats(sim)
     assert s.outcomes == {pp.OUTCOME_HIT: 1}, s
     assert s.hints["attached"] == 1 and s.hints["recompute-cheaper"] == 1, s.hints
     assert ttft(result, "q1") > 0.88  # it really waited for the slow fetch
-    target = next(f.replica for f in result.finished if f.request_id == "q1")
-    assert next(f.replica for f in result.finished if f.request_id == "q3") == target
+    target = replica_of(result, "q1")
+    assert replica_of(result, "q3") == target
     bandwidth = sim.router.endpoints[target].peer_measure.bandwidth.value
     assert bandwidth is not None and 0.27e9 < bandwidth < 0.3e9
 
@@ -113,14 +122,13 @@ def test_a_link_too_slow_for_any_fetch_is_learned_from_the_timeout():
     completes; its bytes asked over its wait (about 0.26 GB/s) bound the link from above, the
     router's estimate drops from the 1 GB/s prior to that bound, and the next prefix on
     that replica is recomputed instead of hinted into another timeout."""
-    trace = [turn(1.0, *SHARED, 10), turn(3.0, *SHARED, 11),
-             turn(10.0, 21, 22, 23, 24, 30), turn(12.0, 21, 22, 23, 24, 31)]
+    trace = TWO_PREFIXES
     sim, result = replay(trace, peer_bytes_per_s=0.1e9)
     s = stats(sim)
     assert s.outcomes == {pp.OUTCOME_TIMEOUT: 1}, s
     assert s.hints["attached"] == 1 and s.hints["recompute-cheaper"] == 1, s.hints
-    target = next(f.replica for f in result.finished if f.request_id == "q1")
-    assert next(f.replica for f in result.finished if f.request_id == "q3") == target
+    target = replica_of(result, "q1")
+    assert replica_of(result, "q3") == target
     assert sim.fetches is not None
     mine = sim.fetches.totals[target]
     asked = 128 * 16 * sim.fetches.link.bytes_per_token
