@@ -144,3 +144,17 @@ def test_prefix_scores_zero_where_no_endpoint_holds_the_prompt():
     eps = [ep("a"), ep("b")]
     assert SCORERS["prefix"](cfg())(eps, ctx()) == [0.0, 0.0]
     assert SCORERS["prefix"](cfg())(eps, ctx(prefix_fraction={"b": 0.5})) == [0.0, 0.5]
+
+
+@pytest.mark.parametrize("sticky_load, stays", [
+    # other endpoint at 2; cap = ceil(1.25 * (total + 1) / 2):
+    (4, True),   # total 6, cap ceil(4.375) = 5: with this request 5 = cap, it stays
+    (5, False),  # total 7, cap ceil(5.0) = 5: already at the cap, one more is past it
+])
+def test_session_bounded_load_cap_at_the_threshold(sticky_load, stays):
+    eps = [ep("a"), ep("b")]
+    home = session_choice(eps, "user-7", 1.25)
+    eps[home].num_in_flight, eps[1 - home].num_in_flight = sticky_load, 2
+    assert (session_choice(eps, "user-7", 1.25) == home) is stays
+    scores = SCORERS["session"](cfg())(eps, ctx(request=RequestInfo(session_key="user-7")))
+    assert scores[home] == (1.0 if stays else 0.0) and sum(scores) == 1.0

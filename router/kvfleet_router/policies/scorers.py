@@ -13,8 +13,10 @@ min-max(x) below means (max - x) / (max - min) over the candidates, 1.0 for all 
            plus, with kv_sharing, the blocks a peer fetch is worth there (ctx.peer_credit);
            at most 1.
 * session: bounded-load rendezvous hashing: endpoints ordered by H(key, name); the first
-           whose in-flight <= ceil(load_factor * (total in-flight + 1) / n) scores 1, the
-           rest 0. No session key: 0 for all (neutral).
+           whose in-flight with this request, in-flight + 1, stays <=
+           ceil(load_factor * (total in-flight + 1) / n) scores 1 (one already at the cap
+           is skipped), the rest 0; all at the cap: the first. No session key: 0 for all
+           (neutral).
 * latency: min-max of the TTFT EWMA; endpoints without samples score 1 (explore them).
 * ucb:     UCB1 over TTFT: u_i = Q_i + c * sqrt(ln t / n_i), Q_i = mean reward with
            reward = ttft_ref / (ttft_ref + ttft), t = sum of n_i; n_i = 0 -> 1.0; finite
