@@ -1,5 +1,6 @@
 import pytest
-from kvfleet_router.policies.filters import FILTERS
+from kvfleet_router.config import RouterConfig
+from kvfleet_router.policies.filters import FILTERS, is_saturated
 from kvfleet_router.request_info import RequestInfo
 from policy_fixtures import cfg, ctx, ep
 
@@ -54,3 +55,16 @@ def test_saturation_on_waiting_only_when_enabled_and_fresh():
     stale.is_signals_fresh = False  # unknown: not proof of saturation
     eps = [ep("a", kv=0.1, waiting=5), ep("b", kv=0.1, waiting=4), stale]
     assert names(FILTERS["saturation"](c)(eps, ctx())) == ["b", "c"]
+
+
+@pytest.mark.parametrize("max_kv_usage", [1.0, 0.98])
+def test_saturation_kv_boundary_drops_a_full_endpoint(max_kv_usage):
+    """KV usage at the limit is saturated (so with max_kv_usage 1.0 a full endpoint is
+    dropped); just below it is kept; a stale scrape proves nothing."""
+    c = RouterConfig.from_dict({"saturation": {"max_kv_usage": max_kv_usage}})
+    stale = ep("stale", kv=1.0)
+    stale.is_signals_fresh = False
+    eps = [ep("at", kv=max_kv_usage), ep("below", kv=max_kv_usage - 1e-6),
+           ep("over", kv=max_kv_usage + 0.01), stale]
+    assert names(FILTERS["saturation"](c)(eps, ctx())) == ["below", "stale"]
+    assert [is_saturated(e, 0, max_kv_usage) for e in eps] == [True, False, True, False]

@@ -8,7 +8,8 @@ Each factory takes the RouterConfig and returns `f(endpoints, ctx) -> endpoints`
 * role:         keep e if e.role == ctx.role (unified, prefill or decode).
 * model:        keep e if e.models is empty or ctx.request.model is None or in e.models.
 * saturation:   drop e if in_flight >= capacity, or engine waiting >= max_waiting (when > 0,
-                fresh scrape only), or KV usage >= max_kv_usage (fresh scrape only).
+                fresh scrape only), or KV usage >= max_kv_usage (fresh scrape only; at the
+                limit is saturated, so even max_kv_usage 1.0 drops a full endpoint).
 """
 
 from __future__ import annotations
