@@ -158,3 +158,13 @@ def test_session_bounded_load_cap_at_the_threshold(sticky_load, stays):
     assert (session_choice(eps, "user-7", 1.25) == home) is stays
     scores = SCORERS["session"](cfg())(eps, ctx(request=RequestInfo(session_key="user-7")))
     assert scores[home] == (1.0 if stays else 0.0) and sum(scores) == 1.0
+
+
+def test_prefix_plus_peer_credit_is_capped_at_one():
+    # a: 0.75 + 0.3 = 1.05 -> 1; b: 0.5 + 0.25 stays 0.75; c: 1 + 0.01 -> 1; d: credit only
+    eps = [ep("a"), ep("b"), ep("c"), ep("d")]
+    got = SCORERS["prefix"](cfg())(eps, ctx(
+        prefix_fraction={"a": 0.75, "b": 0.5, "c": 1.0},
+        peer_credit={"a": 0.3, "b": 0.25, "c": 0.01, "d": 0.4}))
+    assert got == pytest.approx([1.0, 0.75, 1.0, 0.4])
+    assert all(0.0 <= s <= 1.0 for s in got)
