@@ -42,7 +42,9 @@ class Summary:
     e2e_p50_s: float
     e2e_p90_s: float
     e2e_p99_s: float
-    slo_attainment: float  # fraction of requests with TTFT <= slo and mean ITL <= slo
+    # fraction of measured requests with TTFT <= slo and mean ITL <= slo; a failed request
+    # is in the denominator as a miss (failing requests must never raise attainment)
+    slo_attainment: float
     prefix_hit_rate: float  # prompt tokens found in the engines' prefix caches / looked up
     router_hit_estimate: float  # the router's own estimate of the same (prefix index)
     imbalance_mean: float  # load imbalance over time: (max - min) / mean of queue/capacity
