@@ -1,8 +1,19 @@
-"""The offline API: `LLM(model=..., runner=...).generate(prompts, params)`.
+"""The offline API, shaped like vLLM's: `LLM(model=...).generate(prompts, sampling_params)`.
 
     LLM(model="tiny-random")                            # torch runner, real weights
     LLM(model="smollm2-135m", max_num_seqs=16)          # any EngineConfig field as a kwarg
     LLM(model="cpu-tiny", runner="simulated")           # a cost profile, virtual time
+
+    outputs = llm.generate(["Hello, my name is", ...], SamplingParams(temperature=0.8))
+    outputs[0].prompt, outputs[0].outputs[0].text       # as vLLM's RequestOutput
+    llm.chat([{"role": "user", "content": "Hi"}])       # a list, one output per conversation
+
+`generate` takes one prompt or a list: text, token ids, or vLLM's `{"prompt": ...}` /
+`{"prompt_token_ids": [...]}` dicts; one SamplingParams for all or one per prompt; and
+returns one RequestOutput per prompt, in order. `n` > 1 runs n engine requests (ids
+`"{index}_{request_id}"`, seeds `seed + index` as vLLM does) and returns n outputs. The
+engine computes no log-probabilities, so `cumulative_logprob` and `logprobs` are None.
+`use_tqdm` is accepted and ignored: there is no progress bar.
 
 The torch runner and the model registry are imported only when asked for, so the
 engine core stays importable without torch.
@@ -10,20 +21,52 @@ engine core stays importable without torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from kvfleet_engine.core import outputs as core_outputs
 from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.core.engine import LLMEngine
-from kvfleet_engine.core.outputs import RequestOutput
 from kvfleet_engine.core.sampling_params import SamplingParams
 
 RUNNERS = ("torch", "simulated")
 DEFAULT_NUM_BLOCKS = 256
 DEFAULT_MAX_MODEL_LEN = 2048
+PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids"})
 
-Prompt = str | Sequence[int]
+# text; token ids; or vLLM's TextPrompt / TokensPrompt dicts
+Prompt = str | Sequence[int] | Mapping[str, Any]
+Conversation = list[dict[str, str]]
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """One sample of one prompt (vLLM's CompletionOutput)."""
+
+    index: int
+    text: str  # "" with detokenize=False
+    token_ids: list[int]
+    cumulative_logprob: float | None  # None: the engine computes no log-probabilities
+    logprobs: list[Any] | None
+    finish_reason: str | None  # "stop" | "length" | "abort"
+    stop_reason: int | str | None = None  # the stop token id or stop string; None on EOS
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """One prompt's result (vLLM's RequestOutput); `outputs` holds its n samples."""
+
+    request_id: str
+    prompt: str | None  # None for a prompt given as token ids
+    prompt_token_ids: list[int]
+    prompt_logprobs: list[Any] | None
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (first sample)
 
 
 class LLM:
@@ -87,50 +130,158 @@ class LLM:
         # pseudo tokens are not a language: no EOS, so requests run to max_tokens
         return LLMEngine(config, runner, ByteTokenizer(), eos_token_ids=(), clock=clock)
 
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
-        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: Any = True,
+        priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
-        """Run prompts (text or token ids) to completion; final outputs in prompt order."""
-        batch = self._as_batch(prompts)
-        if params is None or isinstance(params, SamplingParams):
-            per_prompt = [params or SamplingParams()] * len(batch)
-        else:
-            per_prompt = list(params)
-            if len(per_prompt) != len(batch):
-                raise ValueError(f"{len(batch)} prompts but {len(per_prompt)} sampling params")
-        ids = []
-        engine = self.engine
-        for prompt, p in zip(batch, per_prompt, strict=True):
-            request_id = f"llm-{self._next_id}"
-            self._next_id += 1
-            engine.add_request(request_id, self._token_ids(prompt), p)
-            ids.append(request_id)
-        finals: dict[str, RequestOutput] = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.is_finished:
-                    finals[out.request_id] = out
-        return [finals[i] for i in ids]
+        """Run prompts to completion; one RequestOutput per prompt, in prompt order.
+        `priority`: one per prompt, lower runs first (as vLLM's)."""
+        batch = [self._parse_prompt(p) for p in _as_batch(prompts)]
+        per_prompt = _per_prompt(sampling_params, len(batch))
+        priorities = [0] * len(batch) if priority is None else list(priority)
+        if len(priorities) != len(batch):
+            raise ValueError(f"{len(batch)} prompts but {len(priorities)} priorities")
+        return self._run(batch, per_prompt, priorities)
 
     def chat(
-        self, messages: list[dict[str, str]], params: SamplingParams | None = None
-    ) -> RequestOutput:
-        """One conversation through the model's chat template."""
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return self.generate(text, params)[0]
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: Any = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """One conversation (a list of messages) or a list of them, through the model's
+        chat template; one RequestOutput per conversation, whose prompt is the rendered text."""
+        if not messages:
+            raise ValueError("messages is empty: give one conversation or a list of them")
+        conversations: list[Any] = (
+            [messages] if isinstance(messages[0], Mapping) else list(messages))
+        texts = [
+            self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt)
+            for c in conversations
+        ]
+        return self.generate(texts, sampling_params, use_tqdm=use_tqdm)
 
-    def _token_ids(self, prompt: Prompt) -> list[int]:
+    def _run(
+        self,
+        batch: list[tuple[str | None, list[int]]],
+        per_prompt: list[SamplingParams],
+        priorities: list[int],
+    ) -> list[RequestOutput]:
+        engine = self.engine
+        requests: list[tuple[str, list[str]]] = []  # (request id, its samples' engine ids)
+        added: list[str] = []
+        try:
+            for (_, ids), params, prio in zip(batch, per_prompt, priorities, strict=True):
+                request_id = str(self._next_id)
+                self._next_id += 1
+                if params.n == 1:
+                    samples = [(request_id, params)]
+                else:  # vLLM's fan-out: ids "{index}_{request id}", seeds seed + index
+                    samples = [(f"{i}_{request_id}", _sample_params(params, i))
+                               for i in range(params.n)]
+                for sample_id, sample_params in samples:
+                    engine.add_request(sample_id, ids, sample_params, priority=prio)
+                    added.append(sample_id)
+                requests.append((request_id, [sample_id for sample_id, _ in samples]))
+        except BaseException:
+            for sample_id in added:  # nothing of a refused batch stays in the engine
+                engine.abort_request(sample_id)
+            raise
+        pending = set(added)
+        finals: dict[str, core_outputs.RequestOutput] = {}
+        while pending:
+            if not engine.has_unfinished_requests():
+                raise RuntimeError(f"the engine dropped requests {sorted(pending)}")
+            for out in engine.step():
+                if out.is_finished and out.request_id in pending:
+                    finals[out.request_id] = out
+                    pending.discard(out.request_id)
+        results = []
+        for (text, ids), params, (request_id, sample_ids) in zip(
+            batch, per_prompt, requests, strict=True
+        ):
+            outs = [finals[i] for i in sample_ids]
+            results.append(RequestOutput(
+                request_id, text, ids, None,
+                [self._completion(i, out, params) for i, out in enumerate(outs)],
+                True, num_cached_tokens=outs[0].num_cached_tokens))
+        return results
+
+    def _completion(
+        self, index: int, out: core_outputs.RequestOutput, params: SamplingParams
+    ) -> CompletionOutput:
+        token_ids = list(out.token_ids)
+        return CompletionOutput(
+            index, out.text if params.detokenize else "", token_ids, None, None,
+            out.finish_reason, self._stop_reason(out.finish_reason, token_ids, out.text, params))
+
+    def _stop_reason(
+        self, finish_reason: str | None, token_ids: list[int], text: str, params: SamplingParams
+    ) -> int | str | None:
+        """What stopped a "stop" finish, as vLLM reports it: the stop token id, the stop
+        string (the first found where the text was cut), or None for EOS."""
+        if finish_reason != "stop" or not token_ids:
+            return None
+        last = token_ids[-1]
+        if last in params.stop_token_ids:
+            return last
+        if (not params.ignore_eos and last in self.engine.eos_token_ids) or not params.stop:
+            return None
+        full = self.tokenizer.decode(token_ids)
+        found = [(at, i) for i, s in enumerate(params.stop)
+                 if s and (at := full.find(s, len(text))) != -1]
+        return params.stop[min(found)[1]] if found else None
+
+    def _parse_prompt(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        """(prompt text or None, token ids)."""
         if isinstance(prompt, str):
-            return list(self.tokenizer.encode(prompt))
-        return list(prompt)
+            return prompt, list(self.tokenizer.encode(prompt))
+        if isinstance(prompt, Mapping):
+            extra = sorted(set(prompt) - PROMPT_KEYS)
+            if extra:
+                raise ValueError(f"prompt keys {extra} are not supported; "
+                                 f"use {sorted(PROMPT_KEYS)}")
+            text = prompt.get("prompt")
+            if "prompt_token_ids" in prompt:
+                return text, list(prompt["prompt_token_ids"])
+            if isinstance(text, str):
+                return text, list(self.tokenizer.encode(text))
+            raise ValueError("a prompt dict needs a 'prompt' string or 'prompt_token_ids'")
+        return None, list(prompt)
 
-    @staticmethod
-    def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
-        if isinstance(prompts, str):
-            return [prompts]
-        items: list[Any] = list(prompts)
-        if items and all(isinstance(t, int) for t in items):
-            return [items]  # one prompt given as token ids
-        return items
+
+def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str | Mapping):
+        return [prompts]
+    items: list[Any] = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [items]  # one prompt given as token ids
+    return items
+
+
+def _per_prompt(
+    params: SamplingParams | Sequence[SamplingParams] | None, num_prompts: int
+) -> list[SamplingParams]:
+    if params is None or isinstance(params, SamplingParams):
+        return [params or SamplingParams()] * num_prompts
+    per_prompt = list(params)
+    if len(per_prompt) != num_prompts:
+        raise ValueError(f"{num_prompts} prompts but {len(per_prompt)} sampling params")
+    for p in per_prompt:
+        if not isinstance(p, SamplingParams):
+            raise ValueError(f"sampling params must be SamplingParams, not {type(p).__name__}")
+    return per_prompt
+
+
+def _sample_params(params: SamplingParams, index: int) -> SamplingParams:
+    seed = None if params.seed is None else params.seed + index
+    return replace(params, n=1, best_of=None, seed=seed)

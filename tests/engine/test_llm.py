@@ -13,16 +13,17 @@ def test_generate_keeps_prompt_order_and_accepts_text_or_ids():
     llm = LLM("cpu-tiny", runner="simulated", num_blocks=64, max_num_seqs=2)
     params = SamplingParams(max_tokens=4, temperature=0)
     outs = llm.generate(["first prompt", [104, 105], "third"], params)
-    assert [len(o.token_ids) for o in outs] == [4, 4, 4]
-    assert outs[0].num_prompt_tokens == len("first prompt") and outs[1].num_prompt_tokens == 2
+    assert [len(o.outputs[0].token_ids) for o in outs] == [4, 4, 4]
+    assert len(outs[0].prompt_token_ids) == len("first prompt")
+    assert outs[1].prompt_token_ids == [104, 105]
     again = LLM("cpu-tiny", runner="simulated", num_blocks=64).generate([104, 105], params)
-    assert again[0].token_ids == outs[1].token_ids  # deterministic pseudo tokens
+    assert again[0].outputs[0].token_ids == outs[1].outputs[0].token_ids  # deterministic
 
 
 def test_per_prompt_params_and_mismatch_error():
     llm = LLM("h100-llama3-8b", runner="simulated", num_blocks=64)
     outs = llm.generate(["a", "b"], [SamplingParams(max_tokens=1), SamplingParams(max_tokens=3)])
-    assert [len(o.token_ids) for o in outs] == [1, 3]
+    assert [len(o.outputs[0].token_ids) for o in outs] == [1, 3]
     with pytest.raises(ValueError, match="2 prompts but 1"):
         llm.generate(["a", "b"], [SamplingParams()])
 
@@ -63,7 +64,7 @@ def test_torch_runner_generates_the_reference_greedy_tokens():
     outs = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     model = llm.engine.runner.model
     for prompt, out in zip(prompts, outs, strict=True):
-        assert out.token_ids == reference_greedy(model, llm.tokenizer.encode(prompt), 4)
+        assert out.outputs[0].token_ids == reference_greedy(model, llm.tokenizer.encode(prompt), 4)
     assert llm.engine.stats().kv_usage == 0.0
 
 

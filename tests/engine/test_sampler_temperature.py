@@ -75,12 +75,13 @@ def test_the_engine_honours_temperature_end_to_end():
     temperature always yields the greedy token; a high one spreads over many tokens."""
     llm = LLM("tiny-random", num_blocks=64, block_size=4, max_num_seqs=48)
     prompt = [10, 20, 30]
-    greedy = llm.generate(prompt, SamplingParams(max_tokens=1, temperature=0))[0].token_ids
+    greedy = llm.generate(prompt, SamplingParams(max_tokens=1, temperature=0))[0]
+    greedy = greedy.outputs[0].token_ids
 
     def first_tokens(temperature):
         params = [SamplingParams(max_tokens=1, temperature=temperature, seed=s, ignore_eos=True)
                   for s in range(48)]
-        return [o.token_ids[0] for o in llm.generate([prompt] * 48, params)]
+        return [o.outputs[0].token_ids[0] for o in llm.generate([prompt] * 48, params)]
 
     assert set(first_tokens(0.01)) == set(greedy)
     assert len(set(first_tokens(5.0))) >= 10

@@ -35,7 +35,7 @@ def _kvfleet(folder, dtype: str, prompts) -> list[list[int]]:
 
     llm = LLM(str(folder), dtype=dtype, block_size=32, max_model_len=1024)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    return [list(o.token_ids) for o in llm.generate(prompts, params)]
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
 
 
 def _first_divergence(a: list[int], b: list[int]) -> int:
