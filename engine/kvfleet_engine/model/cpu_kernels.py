@@ -2,8 +2,8 @@
 
 The library is compiled once per source and CPU (a few seconds with g++) into a cache folder,
 then loaded next to torch so that both share torch's OpenMP thread pool. Without a
-compiler, or with KVFLEET_CPU_KERNELS=0, `load()` returns None and the model runs the
-same layer with plain torch ops instead (slower, same results up to rounding).
+compiler, or with KVFLEET_CPU_KERNELS=0, `load()` logs one warning, returns None and the
+model runs the same layer with plain torch ops instead (slower, same results up to rounding).
 
 Cache folder: $KVFLEET_KERNEL_DIR, else ~/.cache/kvfleet/kernels, else the temp folder
 (for read-only home directories, as in the engine's container).
@@ -110,6 +110,8 @@ def _run(cmd: list[str]) -> None:
 def load() -> ctypes.CDLL | None:
     """The kernel library, or None (plain torch ops) when disabled or not buildable."""
     if os.environ.get("KVFLEET_CPU_KERNELS", "1") == "0":
+        log.warning("KVFLEET_CPU_KERNELS=0: the fused CPU kernels are off, the engine runs "
+                    "plain torch ops (slower)")
         return None
     compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
     if compiler is None:
