@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: venv
-	$(PY) -m kvfleet_operator.demo examples/local-cpu.yaml
+	$(PY) -m kvfleet_operator.cli.demo examples/local-cpu.yaml
 
 # checkov (tests/chart's IaC scan) in a venv of its own: its pins clash with the project's.
 # Where it cannot be installed, those tests are skipped with one line.
@@ -48,6 +48,7 @@ test-vllm: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy engine/kvfleet_engine router/kvfleet_router operator/kvfleet_operator sim/kvfleet_sim
 
 clean:

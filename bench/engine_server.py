@@ -136,7 +136,7 @@ def free_port() -> int:
 
 def start_server(engine_flags: list[str], log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    argv = [sys.executable, "-m", "kvfleet_operator.cli", "engine", "--host", "127.0.0.1",
+    argv = [sys.executable, "-m", "kvfleet_operator.cli.main", "engine", "--host", "127.0.0.1",
             "--port", str(port), *engine_flags]
     log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -46,7 +46,7 @@ from kvfleet_router.epp.envoy_config import EnvoyOptions, envoy_bootstrap  # noq
 RESULTS_DIR = procs.BENCH_DIR / "results"
 ENVOY_BIN = Path(sys.executable).with_name("envoy")
 KVFLEET = [str(routers.KVFLEET_BIN)] if routers.KVFLEET_BIN.exists() else [
-    sys.executable, "-m", "kvfleet_operator.cli"]
+    sys.executable, "-m", "kvfleet_operator.cli.main"]
 TARGETS = ("direct", "router", "gateway", "floor")
 # 1 connection; ~320 req/s offered over 64 and over 512 connections (below what Envoy and
 # the picker sharing one core carry, so these stay unsaturated); 64 and 512 closed loops

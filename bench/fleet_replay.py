@@ -65,7 +65,7 @@ class Fleet:
         env = {**os.environ, "XDG_STATE_HOME": str(self.dir / "xdg")}
         self.log = open(self.dir / "up.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kvfleet_operator.cli", "up", str(pool),
+            [sys.executable, "-m", "kvfleet_operator.cli.main", "up", str(pool),
              "--state-dir", str(self.dir / "state"), "--quiet"],
             stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
         )  # fmt: skip

@@ -215,7 +215,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             (Path(tmp) / "kubeconfig").write_text(yaml.safe_dump(config))
             env = {**os.environ, "KUBECONFIG": str(Path(tmp) / "kubeconfig"), "HOME": tmp}
             profile = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []
-            cmd = [sys.executable, *profile, "-m", "kvfleet_operator.cli", "operator", "run",
+            cmd = [sys.executable, *profile, "-m", "kvfleet_operator.cli.main", "operator", "run",
                    "--all-namespaces", "--liveness", f"http://127.0.0.1:{free_port()}/healthz",
                    *(["--max-tick", str(args.max_tick)] if args.max_tick else [])]
             log = open(Path(tmp) / "operator.log", "wb")  # noqa: SIM115

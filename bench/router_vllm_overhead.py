@@ -99,7 +99,7 @@ def start_vllm(workdir: Path) -> tuple[Any, str, str, list[str]]:
 
 def start_kvfleet_engine(workdir: Path, model: str, dtype: str) -> tuple[Any, str, list[str]]:
     port = procs.free_port()
-    cmd = [sys.executable, "-m", "kvfleet_operator.cli", "engine", "--host", "127.0.0.1",
+    cmd = [sys.executable, "-m", "kvfleet_operator.cli.main", "engine", "--host", "127.0.0.1",
            "--port", str(port), "--model", str(vllm_helpers.smollm2_folder()),
            "--served-model-name", model, "--dtype", dtype, "--block-size", "32",
            "--max-model-len", "2048"]

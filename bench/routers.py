@@ -135,7 +135,7 @@ def launch_kvfleet(
         token_path.chmod(0o600)
     # the console script when installed next to this Python, else the same entry point
     entry = [str(KVFLEET_BIN)] if KVFLEET_BIN.exists() else [sys.executable, "-m",
-                                                              "kvfleet_operator.cli"]
+                                                              "kvfleet_operator.cli.main"]
     cmd = [
         *entry, "router", "--config", str(config_path), "--host", "127.0.0.1",
         "--port", str(port), "--admin-token-file", str(token_path),

@@ -31,7 +31,7 @@ cd "$(dirname "$0")/.."
 
 IMAGE=${KVFLEET_IMAGE:-ghcr.io/kvfleet/kvfleet:0.1.0}
 BASE_IMAGE=${KVFLEET_BASE_IMAGE:-localhost/kvfleet-base:bookworm}
-RUN_UID=1000  # operator/kvfleet_operator/runtimes/kubernetes/security.py RUN_AS_UID
+RUN_UID=1000  # operator/kvfleet_operator/runtimes/kubernetes/build/security.py RUN_AS_UID
 NAME=kvfleet-e2e-images
 ENGINE_TOKEN=e2e-engine-token
 ADMIN_TOKEN=e2e-admin-token

@@ -43,10 +43,10 @@ from kvfleet_engine.core.prefix_share import PrefixInstall
 from kvfleet_engine.core.sequence import PrefixKV, PreloadedKV
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.api.status import DECISION_REASONS
+from kvfleet_operator.decide.router_config import is_router_kv_sharing
 from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
 from kvfleet_operator.loop.ports import Saved
 from kvfleet_operator.loop.state import LoopState
-from kvfleet_operator.router_desired import is_router_kv_sharing
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.endpoint import Signals as EndpointSignals
 from kvfleet_router.pd_deciders import PDDecider, build_decider

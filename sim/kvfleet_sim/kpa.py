@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 
 from kvfleet_operator.api.spec import PoolSpec
-from kvfleet_operator.autoscaler import (
+from kvfleet_operator.decide.autoscaler import (
     LIMIT_MAX,
     LIMIT_MIN,
     Decision,
@@ -37,7 +37,7 @@ from kvfleet_operator.autoscaler import (
     RoleLimits,
     decision_reason,
 )
-from kvfleet_operator.signals import RoleSignals, Signals
+from kvfleet_operator.decide.signals import RoleSignals, Signals
 
 # Knative's container-concurrency-target-percentage: replicas run at 70% of their limit.
 TARGET_UTILIZATION = 0.7

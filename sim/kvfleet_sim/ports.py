@@ -25,11 +25,11 @@ from typing import Any, TypeVar
 from kvfleet_engine.core.config import EngineConfig
 from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.api.status import PoolStatus
+from kvfleet_operator.decide.reconcile import RolePlan
+from kvfleet_operator.decide.signals import Scrape
 from kvfleet_operator.loop.events import Event
 from kvfleet_operator.loop.ports import EndpointView, Replica, RouterView, Saved
 from kvfleet_operator.loop.state import LoopState
-from kvfleet_operator.reconcile import RolePlan
-from kvfleet_operator.signals import Scrape
 from kvfleet_router.config import RouterConfig
 from kvfleet_router.config_store import ConfigStore
 from kvfleet_router.endpoint import EndpointState

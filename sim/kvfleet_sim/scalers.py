@@ -20,10 +20,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvfleet_operator.api.spec import PoolSpec
-from kvfleet_operator.autoscaler import AutoscalerConfig, Decision, History, RoleTargets, decide
-from kvfleet_operator.autoscaler_spec import config_from_pool
+from kvfleet_operator.decide.autoscaler import (
+    AutoscalerConfig,
+    Decision,
+    History,
+    RoleTargets,
+    decide,
+)
+from kvfleet_operator.decide.autoscaler_spec import config_from_pool
+from kvfleet_operator.decide.signals import Signals
 from kvfleet_operator.loop.control_loop import Scaler
-from kvfleet_operator.signals import Signals
 
 from kvfleet_sim.kpa import KPAConfig, kpa_decide
 

@@ -111,7 +111,7 @@ def scanned(tmp_path_factory) -> dict[str, Path]:
     pools = root / "pools"
     pools.mkdir()
     for path in EXAMPLE_POOLS:
-        cmd = [sys.executable, "-m", "kvfleet_operator.cli", "operator", "render", str(path)]
+        cmd = [sys.executable, "-m", "kvfleet_operator.cli.main", "operator", "render", str(path)]
         if not yaml.safe_load(path.read_text())["metadata"].get("namespace"):
             # A pool without a namespace lands where it is applied; render it into one
             # rather than `default` (CKV_K8S_21 stays on for the pools that name theirs).

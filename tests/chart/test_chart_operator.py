@@ -12,8 +12,8 @@ import tomllib
 import pytest
 import yaml
 from chart_render import CHART, NAMESPACE, ROOT, VALUE_SETS, manifests, one, render_raw
-from kvfleet_operator.runtimes.kubernetes.operator_manifests import build_operator_manifests
-from kvfleet_operator.runtimes.kubernetes.options import (
+from kvfleet_operator.runtimes.kubernetes.build.operator_manifests import build_operator_manifests
+from kvfleet_operator.runtimes.kubernetes.build.options import (
     KVFLEET_IMAGE,
     OPERATOR_NAMESPACE,
     OPERATOR_POD_LABELS,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 from chart_render import NAMESPACE, VALUE_SETS, manifests, of_kind
-from kvfleet_operator.runtimes.kubernetes.operator_manifests import RBAC_RULES
+from kvfleet_operator.runtimes.kubernetes.build.operator_manifests import RBAC_RULES
 
 READ_VERBS = {"get", "list", "watch"}
 WATCHED = ["inference", "staging"]

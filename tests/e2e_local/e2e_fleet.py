@@ -57,7 +57,7 @@ class Fleet:
         tmp_path.mkdir(parents=True, exist_ok=True)
         with open(self.out_path, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kvfleet_operator.cli", "up", str(POOLS / pool),
+                [sys.executable, "-m", "kvfleet_operator.cli.main", "up", str(POOLS / pool),
                  "--state-dir", str(self.state_dir), *extra_args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             )

@@ -86,13 +86,13 @@ def test_sigkilled_up_leaves_no_child_and_a_restart_resumes(start_fleet):
     assert len(pids) == 3 and all(pids)  # the router and two engines
     # `kvfleet status` from another terminal sees the same fleet.
     status = subprocess.run(
-        [sys.executable, "-m", "kvfleet_operator.cli", "status", "--state-dir",
+        [sys.executable, "-m", "kvfleet_operator.cli.main", "status", "--state-dir",
          str(fleet.state_dir)], capture_output=True, text=True, timeout=30)
     assert status.returncode == 0 and "running, pid" in status.stdout
     assert "unified 2/2" in status.stdout and "unified-1" in status.stdout
     # A second `up` on the same state dir is refused with one line.
     second = subprocess.run(
-        [sys.executable, "-m", "kvfleet_operator.cli", "up", str(POOLS / "sim-crash.yaml"),
+        [sys.executable, "-m", "kvfleet_operator.cli.main", "up", str(POOLS / "sim-crash.yaml"),
          "--state-dir", str(fleet.state_dir)], capture_output=True, text=True, timeout=30)
     assert second.returncode == 2 and "already running" in second.stderr
     assert len(second.stderr.strip().splitlines()) == 1

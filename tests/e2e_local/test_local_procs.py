@@ -6,12 +6,12 @@ import subprocess
 import sys
 import time
 
-from kvfleet_operator.runtimes import procs
-from kvfleet_operator.runtimes.backoff import Backoff
+from kvfleet_operator.runtimes.local import procs
+from kvfleet_operator.runtimes.local.backoff import Backoff
 
 PARENT = """
 import sys, pathlib
-from kvfleet_operator.runtimes import procs
+from kvfleet_operator.runtimes.local import procs
 child = procs.spawn(["sleep", "60"], pathlib.Path(sys.argv[1]))
 print(child.pid, flush=True)
 sys.stdin.read()

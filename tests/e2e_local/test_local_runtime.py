@@ -5,9 +5,9 @@ import asyncio
 import sys
 
 from kvfleet_operator.loop.events import EventReason
-from kvfleet_operator.runtimes.backoff import Backoff
-from kvfleet_operator.runtimes.local import LocalRuntime
-from kvfleet_operator.runtimes.state_dir import StateDir
+from kvfleet_operator.runtimes.local.backoff import Backoff
+from kvfleet_operator.runtimes.local.replicas import LocalRuntime
+from kvfleet_operator.runtimes.local.state_dir import StateDir
 
 HEALTH_SERVER = """
 import http.server, sys

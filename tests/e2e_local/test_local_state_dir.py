@@ -3,8 +3,8 @@
 import os
 import stat
 
-from kvfleet_operator import status_cmd
-from kvfleet_operator.runtimes.state_dir import StateDir, default_state_dir
+from kvfleet_operator.cli import status as status_cmd
+from kvfleet_operator.runtimes.local.state_dir import StateDir, default_state_dir
 
 
 def test_admin_token_is_0600_and_new_per_fleet(tmp_path):
@@ -91,8 +91,7 @@ def test_status_without_fleet_is_one_line_error(tmp_path, capsys, monkeypatch):
 
 
 def test_status_finds_a_running_fleet_from_any_directory(tmp_path, capsys, monkeypatch):
-    from kvfleet_operator.runtimes import registry
-
+    from kvfleet_operator.runtimes.local import registry
     sd = StateDir(tmp_path / "somewhere" / "demo")
     sd.create()
     sd.write_state({**_state(os.getpid()), "state_dir": str(sd.path)})

@@ -22,7 +22,8 @@ def test_demo_prints_a_real_answer_and_stops_the_fleet():
     env = {**os.environ, MARKER_ENV: marker}
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "kvfleet_operator.demo", str(ROOT / "examples/local-cpu.yaml")],
+            [sys.executable, "-m", "kvfleet_operator.cli.demo",
+             str(ROOT / "examples/local-cpu.yaml")],
             capture_output=True, text=True, timeout=600, env=env,
         )
     finally:
@@ -39,7 +40,7 @@ def test_demo_prints_a_real_answer_and_stops_the_fleet():
 def test_demo_with_a_bad_pool_is_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("apiVersion: kvfleet.io/v1alpha1\nkind: InferencePool\nmetadata: {name: x}\n")
-    proc = subprocess.run([sys.executable, "-m", "kvfleet_operator.demo", str(bad)],
+    proc = subprocess.run([sys.executable, "-m", "kvfleet_operator.cli.demo", str(bad)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and "spec" in proc.stderr
@@ -54,7 +55,7 @@ def test_demo_stops_early_when_an_engine_keeps_crashing(tmp_path):
         "  engine: {kind: builtin, runner: torch}\n"
         "  topology: {unified: {replicas: {min: 1, max: 1}}}\n")
     marker = uuid.uuid4().hex
-    proc = subprocess.run([sys.executable, "-m", "kvfleet_operator.demo", str(pool)],
+    proc = subprocess.run([sys.executable, "-m", "kvfleet_operator.cli.demo", str(pool)],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, MARKER_ENV: marker})
     assert proc.returncode == 1

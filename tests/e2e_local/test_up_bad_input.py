@@ -11,7 +11,7 @@ EXAMPLES = str(Path(__file__).resolve().parents[2] / "examples")
 
 
 def _up(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "kvfleet_operator.cli", "up", *args],
+    return subprocess.run([sys.executable, "-m", "kvfleet_operator.cli.main", "up", *args],
                           capture_output=True, text=True, timeout=60, cwd=cwd)
 
 

@@ -46,7 +46,7 @@ def test_an_engine_that_cannot_start_surfaces_as_degraded_with_its_reason(
     assert any(why in e["message"] and e.get("type") == "Warning" for e in state["events"])
     assert "OpenAI endpoint" not in fleet.output()  # never announced: nothing serves
     status = subprocess.run(
-        [sys.executable, "-m", "kvfleet_operator.cli", "status", "--state-dir",
+        [sys.executable, "-m", "kvfleet_operator.cli.main", "status", "--state-dir",
          str(fleet.state_dir)], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert status.returncode == 0 and f"why: exited with 2: kvfleet engine: {why}" in status.stdout
     # The backoff keeps trying (the fix may be a file the engine reads): restarts go on.
@@ -61,7 +61,7 @@ def test_an_engine_that_cannot_start_surfaces_as_degraded_with_its_reason(
 ])  # fmt: skip
 def test_bad_pools_are_refused_up_front(tmp_path, engine, expected):
     path = _pool(tmp_path, **engine)
-    proc = subprocess.run([sys.executable, "-m", "kvfleet_operator.cli", "up", str(path),
+    proc = subprocess.run([sys.executable, "-m", "kvfleet_operator.cli.main", "up", str(path),
                            "--state-dir", str(tmp_path / "s")],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 2

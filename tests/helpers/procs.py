@@ -34,7 +34,7 @@ def free_port(host: str = HOST) -> int:
 
 def kvfleet_argv(*args: str) -> list[str]:
     """The `kvfleet` console script, run through this interpreter."""
-    return [sys.executable, "-m", "kvfleet_operator.cli", *args]
+    return [sys.executable, "-m", "kvfleet_operator.cli.main", *args]
 
 
 def http_status(url: str, timeout_s: float = 2.0) -> int | None:

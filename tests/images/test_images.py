@@ -14,9 +14,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from kvfleet_operator.runtimes.kubernetes import security
-from kvfleet_operator.runtimes.kubernetes.operator_manifests import build_operator_manifests
-from kvfleet_operator.runtimes.kubernetes.options import KVFLEET_IMAGE
+from kvfleet_operator.runtimes.kubernetes.build import security
+from kvfleet_operator.runtimes.kubernetes.build.operator_manifests import build_operator_manifests
+from kvfleet_operator.runtimes.kubernetes.build.options import KVFLEET_IMAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "e2e" / "images.sh"

@@ -97,8 +97,10 @@ def test_pool_is_valid_and_renders():
     from kvfleet_operator.api import parse_pool
     from kvfleet_operator.runtimes.kubernetes import Tokens, build_children
 
-    out = subprocess.run([sys.executable, "-m", "kvfleet_operator.crd_validate", str(POOL_FILE)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "kvfleet_operator.tools.crd_validate", str(POOL_FILE)],
+        capture_output=True, text=True,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     data = yaml.safe_load(POOL_FILE.read_text())
     assert data["metadata"]["name"] == script_var("POOL")

@@ -2,7 +2,7 @@ import kmock
 import pytest
 from kmock_shim import KubeShim
 from kubernetes.aio import client as kclient
-from kvfleet_operator.runtimes.kubernetes.kube_client import KubeClient
+from kvfleet_operator.runtimes.kubernetes.ports.kube_client import KubeClient
 
 
 @pytest.fixture

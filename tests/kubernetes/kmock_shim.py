@@ -35,10 +35,10 @@ import kmock
 import kopf
 from kmock._internal import references
 from kubernetes.aio import client as kclient
-from kvfleet_operator import handlers
 from kvfleet_operator.api.pool import GROUP, VERSION
-from kvfleet_operator.runtimes.kubernetes.kube_client import KubeClient
+from kvfleet_operator.runtimes.kubernetes import handlers
 from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
+from kvfleet_operator.runtimes.kubernetes.ports.kube_client import KubeClient
 
 RESOURCES: dict[str, tuple[str, set[str]]] = {
     f"{GROUP}/{VERSION}/inferencepools": ("InferencePool", {"status"}),

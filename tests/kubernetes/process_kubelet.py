@@ -171,7 +171,7 @@ class ProcessKubelet:
                 args[i + 1] = str(self._write_admin_token(pod_dir))
         command = list(container["command"])
         assert command[0] == "kvfleet"
-        return [sys.executable, "-m", "kvfleet_operator.cli", *command[1:], *args]
+        return [sys.executable, "-m", "kvfleet_operator.cli.main", *command[1:], *args]
 
     def _write_config(self, pod_dir: Path) -> Path:
         maps = self.cluster.objs("v1/configmaps", self.namespace)

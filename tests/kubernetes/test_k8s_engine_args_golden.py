@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from k8s_pools import TOKENS, all_pools, children, deployment, engine_container
 from kvfleet_engine.cli import build_parser
-from kvfleet_operator.engine_args import engine_args, engine_env
+from kvfleet_operator.decide.engine_args import engine_args, engine_env
 from kvfleet_operator.runtimes.kubernetes import KVFLEET_IMAGE, VLLM_IMAGE, build_children
-from kvfleet_operator.runtimes.kubernetes.lmcache_server import lmcache_remote_url
-from kvfleet_operator.runtimes.kubernetes.placement import engine_port
+from kvfleet_operator.runtimes.kubernetes.build.lmcache_server import lmcache_remote_url
+from kvfleet_operator.runtimes.kubernetes.build.placement import engine_port
 
 POOLS = all_pools()
 KV_BOTH = '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'

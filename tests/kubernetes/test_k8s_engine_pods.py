@@ -21,11 +21,11 @@ from k8s_pools import (
     pool_from,
 )
 from kvfleet_operator.api import SpecError
-from kvfleet_operator.engine_args import model_ref
-from kvfleet_operator.reconcile import initial_replicas
+from kvfleet_operator.decide.engine_args import model_ref
+from kvfleet_operator.decide.reconcile import initial_replicas
 from kvfleet_operator.runtimes.kubernetes import BuildOptions, UnservableSpec, build_children
-from kvfleet_operator.runtimes.kubernetes.engine_pod import vllm_prestop_script
-from kvfleet_operator.runtimes.kubernetes.placement import engine_port, engine_port_name
+from kvfleet_operator.runtimes.kubernetes.build.engine_pod import vllm_prestop_script
+from kvfleet_operator.runtimes.kubernetes.build.placement import engine_port, engine_port_name
 
 POOLS = all_pools()
 

@@ -21,11 +21,11 @@ import kubernetes_validate
 import pytest
 import yaml
 from k8s_pools import children, example, pool_from, variants
-from kvfleet_operator.crd_validate import validate_manifest
-from kvfleet_operator.runtimes.kubernetes import meta
-from kvfleet_operator.runtimes.kubernetes.epp_pod import EPP_PORT, EPP_PORT_NAME
-from kvfleet_operator.runtimes.kubernetes.errors import UnservableSpec
-from kvfleet_operator.runtimes.kubernetes.gie_pool import GIE_API_VERSION
+from kvfleet_operator.runtimes.kubernetes.build import meta
+from kvfleet_operator.runtimes.kubernetes.build.epp_pod import EPP_PORT, EPP_PORT_NAME
+from kvfleet_operator.runtimes.kubernetes.build.errors import UnservableSpec
+from kvfleet_operator.runtimes.kubernetes.build.gie_pool import GIE_API_VERSION
+from kvfleet_operator.tools.crd_validate import validate_manifest
 
 GIE_CRD_PATH = Path(__file__).parents[1] / "fixtures" / "gie" / \
     "inference.networking.k8s.io_inferencepools.yaml"

@@ -67,7 +67,7 @@ async def test_kubectl_and_kvfleet_operator_run_as_a_user_would(cluster, user_en
                                                               "vllm-unified.yaml"))
     port, metrics_port = free_port(), free_port()
     operator = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvfleet_operator.cli", "operator", "run", "--all-namespaces",
+        sys.executable, "-m", "kvfleet_operator.cli.main", "operator", "run", "--all-namespaces",
         "--liveness", f"http://127.0.0.1:{port}/healthz", "--max-tick", "0.5",
         "--metrics-port", str(metrics_port), env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from kmock_shim import api
 from kvfleet_operator.api import parse_pool
-from kvfleet_operator.runtimes.kubernetes.event_sink import KubeEventSink
-from kvfleet_operator.runtimes.kubernetes.options import BuildOptions
-from kvfleet_operator.runtimes.kubernetes.pool_children import apply_pool
-from kvfleet_operator.runtimes.kubernetes.replica_runtime import KubeReplicaRuntime
+from kvfleet_operator.runtimes.kubernetes.build.options import BuildOptions
+from kvfleet_operator.runtimes.kubernetes.ports.event_sink import KubeEventSink
+from kvfleet_operator.runtimes.kubernetes.ports.pool_children import apply_pool
+from kvfleet_operator.runtimes.kubernetes.ports.replica_runtime import KubeReplicaRuntime
 from test_k8s_loop_ports import DEPLOYMENT, Kubelet
 from test_k8s_operator_kmock import NAME, NS, POOL_PATH, POOLS, pool_manifest
 
@@ -42,7 +42,7 @@ async def test_loops_share_lists_and_see_their_own_writes(cluster, client):
 
 
 def test_a_shared_list_answers_each_pool_with_its_own_objects_only():
-    from kvfleet_operator.runtimes.kubernetes.kube_client import _Cached
+    from kvfleet_operator.runtimes.kubernetes.ports.kube_client import _Cached
 
     def item(pool: str | None, role: str) -> dict:
         labels = {"kvfleet.io/role": role, **({"kvfleet.io/pool": pool} if pool else {})}
@@ -58,7 +58,7 @@ def test_a_shared_list_answers_each_pool_with_its_own_objects_only():
 
 
 def test_the_api_session_reads_proxy_settings_only_where_the_environment_has_them():
-    from kvfleet_operator.runtimes.kubernetes.kube_client import session_kwargs
+    from kvfleet_operator.runtimes.kubernetes.ports.kube_client import session_kwargs
 
     assert session_kwargs({}) == {"trust_env": False}  # no netrc/proxy lookups per request
     assert session_kwargs({"HTTPS_PROXY": "http://proxy:3128"}) == {}  # aiohttp honours it
@@ -67,7 +67,7 @@ def test_the_api_session_reads_proxy_settings_only_where_the_environment_has_the
 
 def test_the_client_applies_that_choice_to_its_session(monkeypatch):
     from kubernetes.aio import client as kclient
-    from kvfleet_operator.runtimes.kubernetes.kube_client import PROXY_ENV, KubeClient
+    from kvfleet_operator.runtimes.kubernetes.ports.kube_client import PROXY_ENV, KubeClient
 
     for name in PROXY_ENV:
         monkeypatch.delenv(name, raising=False)

@@ -10,7 +10,7 @@ import json
 import kubernetes_validate
 import pytest
 from k8s_pools import UID, all_pools, by_kind, children, deployment, engine_container
-from kvfleet_operator.runtimes.kubernetes.meta import COMPONENT_LABEL, POOL_LABEL
+from kvfleet_operator.runtimes.kubernetes.build.meta import COMPONENT_LABEL, POOL_LABEL
 
 POOLS = all_pools()
 POOL = POOLS["vllm-lmcache"]

@@ -20,13 +20,13 @@ from kmock_shim import api
 from kubernetes.aio import client as kclient
 from kvfleet_operator.api import parse_pool
 from kvfleet_operator.loop.control_loop import ControlLoop
-from kvfleet_operator.runtimes.kubernetes.event_sink import KubeEventSink
-from kvfleet_operator.runtimes.kubernetes.kube_client import KubeClient
-from kvfleet_operator.runtimes.kubernetes.options import BuildOptions
-from kvfleet_operator.runtimes.kubernetes.pods import DELETION_COST
-from kvfleet_operator.runtimes.kubernetes.pool_children import apply_pool
-from kvfleet_operator.runtimes.kubernetes.replica_runtime import KubeReplicaRuntime
-from kvfleet_operator.runtimes.kubernetes.status_store import (
+from kvfleet_operator.runtimes.kubernetes.build.options import BuildOptions
+from kvfleet_operator.runtimes.kubernetes.ports.event_sink import KubeEventSink
+from kvfleet_operator.runtimes.kubernetes.ports.kube_client import KubeClient
+from kvfleet_operator.runtimes.kubernetes.ports.pods import DELETION_COST
+from kvfleet_operator.runtimes.kubernetes.ports.pool_children import apply_pool
+from kvfleet_operator.runtimes.kubernetes.ports.replica_runtime import KubeReplicaRuntime
+from kvfleet_operator.runtimes.kubernetes.ports.status_store import (
     LOOP_STATE_ANNOTATION,
     PoolStatusStore,
 )
@@ -218,7 +218,7 @@ async def test_a_topology_change_drains_the_old_role_away(cluster, client):
 
 
 async def test_an_api_server_that_does_not_answer_is_an_api_error():
-    from kvfleet_operator.runtimes.kubernetes.kube_client import ApiError
+    from kvfleet_operator.runtimes.kubernetes.ports.kube_client import ApiError
 
     dead = KubeClient(kclient.Configuration(host="http://127.0.0.1:9"))  # discard port
     try:

@@ -103,7 +103,7 @@ def test_unservable_spec_becomes_degraded_invalid_spec_naming_the_field():
     from datetime import UTC, datetime
 
     from kvfleet_operator.api import PoolStatus, Reason
-    from kvfleet_operator.reconcile import invalid_spec_status
+    from kvfleet_operator.decide.reconcile import invalid_spec_status
     from kvfleet_operator.runtimes.kubernetes import UnservableSpec
 
     pool = all_pools()["local-cpu"]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 from k8s_pools import TOKENS, all_pools, by_kind, children
 from kvfleet_operator.runtimes.kubernetes import BuildOptions, build_children
-from kvfleet_operator.runtimes.kubernetes.options import OPERATOR_NAMESPACE
+from kvfleet_operator.runtimes.kubernetes.build.options import OPERATOR_NAMESPACE
 
 NS = "inference"
 
@@ -124,7 +124,7 @@ def test_render_admits_the_operator_from_the_namespace_it_is_told(tmp_path):
     import yaml
     from k8s_pools import ROOT
 
-    done = subprocess.run([sys.executable, "-m", "kvfleet_operator.cli", "operator", "render",
+    done = subprocess.run([sys.executable, "-m", "kvfleet_operator.cli.main", "operator", "render",
                            str(ROOT / "examples" / "vllm-unified.yaml"), "--without-secrets",
                            "--operator-namespace", "platform-ops"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip

@@ -15,8 +15,8 @@ from k8s_pools import example
 from kmock_shim import Operator, api, eventually, operator_running
 from kvfleet_operator.api import parse_pool
 from kvfleet_operator.runtimes.kubernetes import Tokens, build_children
-from kvfleet_operator.runtimes.kubernetes.operator_manifests import RBAC_RULES
-from kvfleet_operator.runtimes.kubernetes.status_store import LOOP_STATE_ANNOTATION
+from kvfleet_operator.runtimes.kubernetes.build.operator_manifests import RBAC_RULES
+from kvfleet_operator.runtimes.kubernetes.ports.status_store import LOOP_STATE_ANNOTATION
 
 POOLS = "kvfleet.io/v1alpha1/inferencepools"
 NS = "inference"

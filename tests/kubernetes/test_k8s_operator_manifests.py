@@ -9,7 +9,7 @@ import re
 import kubernetes_validate
 import pytest
 from k8s_pools import ROOT
-from kvfleet_operator.runtimes.kubernetes.operator_manifests import (
+from kvfleet_operator.runtimes.kubernetes.build.operator_manifests import (
     RBAC_RULES,
     build_operator_manifests,
 )
@@ -52,7 +52,7 @@ def test_the_docs_table_is_the_rules():
 
 def test_the_manifests_command_prints_them(capsys):
     import yaml
-    from kvfleet_operator.runtimes.kubernetes.cli import main
+    from kvfleet_operator.cli.operator_cmd import main
 
     assert main(["manifests", "-n", "ops"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))

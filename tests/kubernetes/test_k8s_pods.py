@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from kvfleet_operator.runtimes.kubernetes.pods import pod_replica, role_replicas, router_urls
-from kvfleet_operator.runtimes.kubernetes.status_store import merge_diff
+from kvfleet_operator.runtimes.kubernetes.ports.pods import pod_replica, role_replicas, router_urls
+from kvfleet_operator.runtimes.kubernetes.ports.status_store import merge_diff
 
 
 def pod(name="p", ip="10.0.0.1", ready=True, phase="Running", annotations=None, waiting=None,

@@ -10,19 +10,19 @@ import sys
 import pytest
 import yaml
 from k8s_pools import EXAMPLES, ROOT
-from kvfleet_operator import cli as kvfleet_cli
 from kvfleet_operator.api import load_pool
-from kvfleet_operator.runtimes.kubernetes import build_children
-from kvfleet_operator.runtimes.kubernetes.cli import (
+from kvfleet_operator.cli import main as kvfleet_cli
+from kvfleet_operator.cli.operator_cmd import (
     PLACEHOLDER_TOKEN,
     PLACEHOLDER_TOKENS,
     PLACEHOLDER_UID,
     main,
 )
+from kvfleet_operator.runtimes.kubernetes import build_children
 
 
 def _kvfleet(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvfleet_operator.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "kvfleet_operator.cli.main", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
 
 

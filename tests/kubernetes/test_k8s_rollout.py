@@ -14,14 +14,14 @@ import json
 
 from kmock_shim import api
 from kvfleet_operator.api import parse_pool
-from kvfleet_operator.runtimes.kubernetes.options import BuildOptions
-from kvfleet_operator.runtimes.kubernetes.pods import (
+from kvfleet_operator.runtimes.kubernetes.build.options import BuildOptions
+from kvfleet_operator.runtimes.kubernetes.ports.pods import (
     DELETION_COST,
     REPLACED_ANNOTATION,
     ROUTED_GATE,
     TEMPLATE_HASH,
 )
-from kvfleet_operator.runtimes.kubernetes.pool_children import apply_pool
+from kvfleet_operator.runtimes.kubernetes.ports.pool_children import apply_pool
 from test_k8s_loop_ports import (
     DEPLOYMENT,
     PODS,

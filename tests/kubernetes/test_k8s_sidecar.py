@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from k8s_pools import all_pools, by_kind, children, deployment
-from kvfleet_operator.runtimes.kubernetes.router_pod import router_args
+from kvfleet_operator.runtimes.kubernetes.build.router_pod import router_args
 
 POOLS = all_pools()
 SIDECAR = ["vllm-sidecar", "builtin-pd-sidecar"]

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvfleet_operator.autoscaler import Decision, History
+from kvfleet_operator.decide.autoscaler import Decision, History
+from kvfleet_operator.decide.signals import ReplicaSample, Scrape
 from kvfleet_operator.loop.events import Event
 from kvfleet_operator.loop.ports import (
     EndpointView,
@@ -14,7 +15,6 @@ from kvfleet_operator.loop.ports import (
     RouterView,
     Saved,
 )
-from kvfleet_operator.signals import ReplicaSample, Scrape
 
 
 @dataclass

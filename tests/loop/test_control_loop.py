@@ -198,14 +198,14 @@ async def test_a_failing_tick_is_reported_once_and_the_loop_goes_on():
     (2, 2, False, ""),
 ])  # fmt: skip
 def test_decision_reasons_are_the_named_constants(before, after, is_panic, reason):
-    from kvfleet_operator.autoscaler import decision_reason
+    from kvfleet_operator.decide.autoscaler import decision_reason
 
     assert decision_reason(before, after, is_panic) == reason
 
 
 def test_the_crd_documents_every_decision_reason():
     from kvfleet_operator.api.status import DECISION_REASONS
-    from kvfleet_operator.crd_validate import CRD_PATH
+    from kvfleet_operator.tools.crd_validate import CRD_PATH
 
     text = CRD_PATH.read_text()
     line = next(x for x in text.splitlines() if "Why the count moved" in x)

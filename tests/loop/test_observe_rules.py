@@ -6,6 +6,9 @@ from pathlib import Path
 
 from fake_ports import FakeReplica
 from kvfleet_operator.api import load_pool
+from kvfleet_operator.decide.reconcile import reconcile
+from kvfleet_operator.decide.router_config import COLD_START_HOLD_S, build_router_config
+from kvfleet_operator.decide.signals import ReplicaSample, Scrape, ScrapeLog
 from kvfleet_operator.loop.observe import (
     UNKNOWN_IN_FLIGHT,
     current_replicas,
@@ -16,9 +19,6 @@ from kvfleet_operator.loop.observe import (
     stale_after_s,
 )
 from kvfleet_operator.loop.ports import EndpointView, RouterView
-from kvfleet_operator.reconcile import reconcile
-from kvfleet_operator.router_desired import COLD_START_HOLD_S, build_router_config
-from kvfleet_operator.signals import ReplicaSample, Scrape, ScrapeLog
 
 POOLS = Path(__file__).resolve().parents[1] / "e2e_local" / "pools"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kvfleet_operator.crd_validate import compile_rules, load_crd, pool_schema
+from kvfleet_operator.tools.crd_validate import compile_rules, load_crd, pool_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

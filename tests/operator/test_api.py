@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kvfleet_operator import api
-from kvfleet_operator.crd_validate import validate_manifest
+from kvfleet_operator.tools.crd_validate import validate_manifest
 from pool_corpus import CRD, EXAMPLES, load_yaml
 
 T0 = datetime.datetime(2026, 1, 1, 12, 0, 0, tzinfo=datetime.UTC)

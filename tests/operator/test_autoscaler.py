@@ -4,7 +4,7 @@ import json
 
 import pytest
 from kvfleet_operator.api.status import Reason
-from kvfleet_operator.autoscaler import (
+from kvfleet_operator.decide.autoscaler import (
     AutoscalerConfig,
     History,
     RoleLimits,
@@ -13,7 +13,7 @@ from kvfleet_operator.autoscaler import (
     demand,
     learn_prefill_capacity,
 )
-from kvfleet_operator.signals import RoleSignals, Signals
+from kvfleet_operator.decide.signals import RoleSignals, Signals
 
 
 def sig(t=0.0, window=60.0, **roles):

@@ -9,8 +9,14 @@ from dataclasses import dataclass
 
 import pytest
 from kvfleet_operator.api.status import Reason
-from kvfleet_operator.autoscaler import AutoscalerConfig, History, RoleLimits, RoleTargets, decide
-from kvfleet_operator.signals import ReplicaSample, Scrape, ScrapeLog, aggregate
+from kvfleet_operator.decide.autoscaler import (
+    AutoscalerConfig,
+    History,
+    RoleLimits,
+    RoleTargets,
+    decide,
+)
+from kvfleet_operator.decide.signals import ReplicaSample, Scrape, ScrapeLog, aggregate
 
 MU = 2.0  # requests/s one replica completes
 STARTUP_S = 4.0

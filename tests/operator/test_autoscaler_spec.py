@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 from kvfleet_operator.api import load_pool
-from kvfleet_operator.autoscaler_spec import PREFILL_TOKENS_PER_S_DEFAULT, config_from_pool
+from kvfleet_operator.decide.autoscaler_spec import PREFILL_TOKENS_PER_S_DEFAULT, config_from_pool
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from kvfleet_operator import cli
+from kvfleet_operator.cli import main as cli
 
 
 def test_help_lists_every_subcommand_and_each_one_answers_help(capsys):
@@ -10,7 +10,7 @@ def test_help_lists_every_subcommand_and_each_one_answers_help(capsys):
     for name in ("up", "status", "engine", "router", "sim"):
         assert f"  {name} " in out
     for name in cli.SUBCOMMANDS:  # nothing listed that only says "not available"
-        proc = subprocess.run([sys.executable, "-m", "kvfleet_operator.cli", name, "--help"],
+        proc = subprocess.run([sys.executable, "-m", "kvfleet_operator.cli.main", name, "--help"],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, (name, proc.stderr[-500:])
         assert "usage" in proc.stdout.lower(), name

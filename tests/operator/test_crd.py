@@ -114,7 +114,7 @@ def test_status_schema_matches_the_status_types():
     for type_ in api.CONDITION_TYPES:
         status.set_condition(type_, api.TRUE, api.REASONS_BY_TYPE[type_][0], "m",
                              datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
-    from kvfleet_operator.crd_validate import strict_schema
+    from kvfleet_operator.tools.crd_validate import strict_schema
 
     jsonschema.Draft4Validator(
         strict_schema(SCHEMA["properties"]["status"]),

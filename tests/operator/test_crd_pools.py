@@ -10,7 +10,7 @@ import pytest
 from kvfleet_operator import api
 from kvfleet_operator.api.errors import UnservableSpecError
 from kvfleet_operator.api.fields import QUANTITY_PATTERN, camel, field_rule
-from kvfleet_operator.crd_validate import apply_defaults, cel_violations, validate_manifest
+from kvfleet_operator.tools.crd_validate import apply_defaults, cel_violations, validate_manifest
 from pool_corpus import (
     CRD,
     EXAMPLES,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from kvfleet_operator import crd_validate
+from kvfleet_operator.tools import crd_validate
 from pool_corpus import EXAMPLES, ROOT
 
 
@@ -15,7 +15,7 @@ def run(*args):
 
 
 def test_validator_accepts_the_examples():
-    proc = run("kvfleet_operator.crd_validate", *map(str, EXAMPLES))
+    proc = run("kvfleet_operator.tools.crd_validate", *map(str, EXAMPLES))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count(": valid") == len(EXAMPLES)
 
@@ -39,5 +39,5 @@ def test_validator_usage():
 
 
 def test_doc_generator_runs_as_a_module():
-    proc = run("kvfleet_operator.crd_docs")
+    proc = run("kvfleet_operator.tools.crd_docs")
     assert proc.returncode == 0 and proc.stdout.startswith("# InferencePool reference")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from kvfleet_operator import crd_docs
+from kvfleet_operator.tools import crd_docs
 from pool_corpus import EXAMPLES, ROOT, SCHEMA, walk
 
 DOC = ROOT / "docs" / "inferencepool.md"
@@ -23,7 +23,7 @@ def doc_path(path: str) -> str:
 def test_committed_doc_is_the_generated_one():
     assert DOC.read_text(encoding="utf-8") == crd_docs.render(), (
         "docs/inferencepool.md is stale: run "
-        "`python -m kvfleet_operator.crd_docs > docs/inferencepool.md`"
+        "`python -m kvfleet_operator.tools.crd_docs > docs/inferencepool.md`"
     )
 
 
@@ -60,5 +60,5 @@ def test_every_example_is_explained_field_by_field():
 def test_doc_says_how_to_validate_offline():
     text = DOC.read_text(encoding="utf-8")
     assert "--dry-run=client" in text and "kubernetes-validate" in text
-    assert "cel-python" in text and "kvfleet_operator.crd_validate" in text
+    assert "cel-python" in text and "kvfleet_operator.tools.crd_validate" in text
     assert "kvpool" in text and "not `infpool`" in text

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 from kvfleet_operator.api import parse_pool
 from kvfleet_operator.api.spec import EngineSpec
-from kvfleet_operator.engine_args import engine_args
+from kvfleet_operator.decide.engine_args import engine_args
 
 BASE = {
     "builtin": {"kind": "builtin", "runner": "simulated", "profile": "h100-llama3-8b"},

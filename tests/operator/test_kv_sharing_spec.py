@@ -13,10 +13,10 @@ import pytest
 import yaml
 from kvfleet_operator.api import SpecError, parse_pool
 from kvfleet_operator.api.status import ConditionType, PoolStatus, Reason
-from kvfleet_operator.engine_args import engine_args, engine_env
-from kvfleet_operator.reconcile import invalid_spec_status
-from kvfleet_operator.router_desired import RouterEndpoint, build_router_config
-from kvfleet_operator.runtimes.local_spec import unhonoured_fields
+from kvfleet_operator.decide.engine_args import engine_args, engine_env
+from kvfleet_operator.decide.reconcile import invalid_spec_status
+from kvfleet_operator.decide.router_config import RouterEndpoint, build_router_config
+from kvfleet_operator.runtimes.local.spec import unhonoured_fields
 from kvfleet_router.config import RouterConfig
 
 WALL = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from kvfleet_operator.api import SpecError, load_pool, parse_pool
 from kvfleet_operator.api.status import ConditionType, Reason, ScaleDecision
-from kvfleet_operator.engine_args import engine_args, engine_command, engine_env, model_ref
-from kvfleet_operator.reconcile import (
+from kvfleet_operator.decide.engine_args import engine_args, engine_command, engine_env, model_ref
+from kvfleet_operator.decide.reconcile import (
     Observed,
     ObservedReplica,
     initial_replicas,
@@ -166,7 +166,7 @@ def test_builtin_flags(path, role, expected):
     for name, value in expected.items():
         assert flag(args, name) == value, name
     assert flag(args, "--host") == "127.0.0.1" and flag(args, "--port") == "8123"
-    assert engine_command(p.spec)[-2:] == ["kvfleet_operator.cli", "engine"]
+    assert engine_command(p.spec)[-2:] == ["kvfleet_operator.cli.main", "engine"]
 
 
 def test_builtin_pd_roles_and_unknown_role():
@@ -464,7 +464,7 @@ def test_builtin_flags_parse_with_the_engine_cli(path):
 
 
 def test_engine_queue_outlasts_the_router_capacity():
-    from kvfleet_operator.router_desired import capacity
+    from kvfleet_operator.decide.router_config import capacity
 
     p = load_pool(EXAMPLES / "local-cpu.yaml")
     args = engine_args(p.spec, "unified")

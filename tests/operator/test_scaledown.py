@@ -1,8 +1,8 @@
 """scaledown: victim order and drain completion."""
 
 import pytest
-from kvfleet_operator.scaledown import VictimCandidate as V
-from kvfleet_operator.scaledown import choose_victims, is_drain_done
+from kvfleet_operator.decide.scaledown import VictimCandidate as V
+from kvfleet_operator.decide.scaledown import choose_victims, is_drain_done
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from kvfleet_operator.signals import (
+from kvfleet_operator.decide.signals import (
     MetricsParseError,
     Scrape,
     ScrapeLog,
@@ -211,7 +211,7 @@ def test_prune_keeps_one_baseline():
 
 async def test_scrape_real_http_server():
     from aiohttp import ClientSession, web
-    from kvfleet_operator.signals import scrape
+    from kvfleet_operator.runtimes.metrics_sources import scrape
 
     async def ok(_):
         return web.Response(text=CURRENT, content_type="text/plain")
@@ -281,7 +281,7 @@ PROM_RESULT = [
 
 
 def test_samples_from_prometheus_vector():
-    from kvfleet_operator.signals import samples_from_prometheus
+    from kvfleet_operator.runtimes.metrics_sources import samples_from_prometheus
 
     got = samples_from_prometheus(PROM_RESULT)
     assert set(got) == {"pool-a", "pool-b"}
@@ -301,7 +301,7 @@ def test_samples_from_prometheus_vector():
     ],
 )
 def test_samples_from_prometheus_rejects_junk(junk):
-    from kvfleet_operator.signals import samples_from_prometheus
+    from kvfleet_operator.runtimes.metrics_sources import samples_from_prometheus
 
     with pytest.raises(MetricsParseError):
         samples_from_prometheus(junk)
@@ -309,7 +309,7 @@ def test_samples_from_prometheus_rejects_junk(junk):
 
 async def test_query_prometheus_against_a_real_http_server():
     from aiohttp import ClientSession, web
-    from kvfleet_operator.signals import query_prometheus
+    from kvfleet_operator.runtimes.metrics_sources import query_prometheus
 
     seen = []
 
@@ -342,7 +342,7 @@ async def test_query_prometheus_against_a_real_http_server():
 
 
 def test_samples_from_prometheus_leaves_out_replicas_without_a_core_gauge():
-    from kvfleet_operator.signals import samples_from_prometheus
+    from kvfleet_operator.runtimes.metrics_sources import samples_from_prometheus
 
     result = [prom_series("kvfleet:role", 1, pod="pool-c", role="decode"), *PROM_RESULT]
     got = samples_from_prometheus(result)

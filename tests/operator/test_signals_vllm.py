@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
-from kvfleet_operator.autoscaler import AutoscalerConfig, History, RoleLimits, RoleTargets
-from kvfleet_operator.autoscaler import decide as decide_
-from kvfleet_operator.signals import (
+from kvfleet_operator.decide.autoscaler import AutoscalerConfig, History, RoleLimits, RoleTargets
+from kvfleet_operator.decide.autoscaler import decide as decide_
+from kvfleet_operator.decide.signals import (
     BACKLOG_DERIVED,
     BACKLOG_EXPORTED,
     BACKLOG_UNKNOWN,

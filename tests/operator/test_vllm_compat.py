@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import pytest
-from kvfleet_operator import engine_args as ea
-from kvfleet_operator import vllm_compat as vc
+from kvfleet_operator.api import vllm_compat as vc
 from kvfleet_operator.api.errors import UnservableSpecError
 from kvfleet_operator.api.pool import load_pool, parse_pool
-from kvfleet_operator.reconcile import invalid_spec_status
+from kvfleet_operator.decide import engine_args as ea
+from kvfleet_operator.decide.reconcile import invalid_spec_status
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("vllm-*.yaml"))
@@ -30,7 +30,7 @@ def _pool(engine: dict, topology: dict | None = None) -> dict:
 
 
 def test_flag_list_is_the_pinned_version():
-    data = json.loads((ROOT / "operator/kvfleet_operator/vllm_flags.json").read_text())
+    data = json.loads((ROOT / "operator/kvfleet_operator/api/vllm_flags.json").read_text())
     assert data["version"] == vc.VLLM_VERSION
     assert vc.VLLM_IMAGE == f"vllm/vllm-openai:v{vc.VLLM_VERSION}"
     assert FLAGS is not None and "--disable-log-requests" not in FLAGS
@@ -98,8 +98,8 @@ def test_cpu_image_needs_block_size_multiple_of_32():
 def test_runtime_that_knows_the_device_checks_block_size():
     spec = parse_pool(_pool({"blockSize": 16})).spec
     with pytest.raises(UnservableSpecError):
-        vc.check_vllm_engine(spec, device="cpu")
-    vc.check_vllm_engine(spec, device="cuda")
+        vc.check_vllm_engine(spec.engine, device="cpu")
+    vc.check_vllm_engine(spec.engine, device="cuda")
 
 
 def test_local_command_is_the_module_entry_point(monkeypatch):
@@ -124,9 +124,9 @@ def test_precise_routing_renders_kv_events_config():
 
 
 def test_the_router_config_and_the_network_policy_follow_the_prefix_mode():
-    from kvfleet_operator.router_desired import RouterEndpoint, build_router_config
-    from kvfleet_operator.runtimes.kubernetes.network_policy import build_network_policy
-    from kvfleet_operator.runtimes.kubernetes.options import BuildOptions
+    from kvfleet_operator.decide.router_config import RouterEndpoint, build_router_config
+    from kvfleet_operator.runtimes.kubernetes.build.network_policy import build_network_policy
+    from kvfleet_operator.runtimes.kubernetes.build.options import BuildOptions
 
     for mode, router_ports in (("approximate", [8000]), ("precise", [8000, 8001, 8002])):
         body = _pool({})

@@ -106,7 +106,7 @@ def test_env_token_works(procs, tmp_path):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvfleet_operator.cli", "router", *args],
+    return subprocess.run([sys.executable, "-m", "kvfleet_operator.cli.main", "router", *args],
                           capture_output=True, text=True, timeout=60)
 
 

@@ -107,7 +107,7 @@ def test_malformed_payload_raises(payload):
 
 
 def test_zmq_endpoints_follow_engine_args():
-    from kvfleet_operator.engine_args import kv_events_endpoints
+    from kvfleet_operator.decide.engine_args import kv_events_endpoints
 
     assert zmq_endpoints("http://10.0.0.7:8000") == ("tcp://10.0.0.7:8001", "tcp://10.0.0.7:8002")
     assert kv_events_endpoints(8000) == (8001, 8002)

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from kvfleet_operator import cli
+from kvfleet_operator.cli import main as cli
 
 POOL = str(Path(__file__).resolve().parents[2] / "examples" / "local-sim.yaml")
 

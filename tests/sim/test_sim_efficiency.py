@@ -5,7 +5,7 @@ import math
 from pathlib import Path
 
 import pytest
-from kvfleet_operator import cli
+from kvfleet_operator.cli import main as cli
 from kvfleet_sim.efficiency import MIN_RATE, NoRateError, check_replicas, max_rate, measure
 from kvfleet_sim.fleet import SimSettings
 from kvfleet_sim.trace import MAX_RATE

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from kvfleet_operator import cli
+from kvfleet_operator.cli import main as cli
 from kvfleet_sim.efficiency import Point
 from kvfleet_sim.fleet import SimSettings
 from kvfleet_sim.plots import arrivals_per_second, plot_efficiency

@@ -2,7 +2,7 @@
 vLLM venv's python; no vLLM import happens in kvfleet itself).
 
     bench/.venv-vllm/bin/python tests/vllm/extract_vllm_flags.py \
-        > operator/kvfleet_operator/vllm_flags.json
+        > operator/kvfleet_operator/api/vllm_flags.json
 
 `make test-vllm` checks that the committed file matches the installed vLLM.
 With `--parse JSON` (a list of argument lists) it instead parses each with vLLM's own

@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from kvfleet_operator import engine_args as ea
-from kvfleet_operator import vllm_compat as vc
+from kvfleet_operator.api import vllm_compat as vc
 from kvfleet_operator.api.errors import UnservableSpecError
 from kvfleet_operator.api.pool import load_pool
+from kvfleet_operator.decide import engine_args as ea
 from vllm_helpers import ROOT, post_json, run_vllm_script
 
 EXAMPLES = sorted((ROOT / "examples").glob("vllm-*.yaml"))
@@ -19,11 +19,11 @@ EXAMPLES = sorted((ROOT / "examples").glob("vllm-*.yaml"))
 
 def test_committed_flag_list_is_the_installed_vllms():
     installed = json.loads(run_vllm_script())
-    committed = json.loads((ROOT / "operator/kvfleet_operator/vllm_flags.json").read_text())
+    committed = json.loads((ROOT / "operator/kvfleet_operator/api/vllm_flags.json").read_text())
     assert installed["version"] == committed["version"] == vc.VLLM_VERSION
     assert installed["flags"] == committed["flags"], (
         "regenerate: bench/.venv-vllm/bin/python tests/vllm/extract_vllm_flags.py "
-        "> operator/kvfleet_operator/vllm_flags.json")
+        "> operator/kvfleet_operator/api/vllm_flags.json")
 
 
 def test_every_example_and_role_parses_with_vllms_parser(figures, monkeypatch):
@@ -48,7 +48,7 @@ def test_every_example_and_role_parses_with_vllms_parser(figures, monkeypatch):
 def test_cpu_target_rejects_the_examples_block_size():
     pool = load_pool(ROOT / "examples" / "vllm-unified.yaml")
     with pytest.raises(UnservableSpecError, match="multiple of 32"):
-        vc.check_vllm_engine(pool.spec, device="cpu")
+        vc.check_vllm_engine(pool.spec.engine, device="cpu")
 
 
 def test_rendered_args_start_vllm_and_serve_a_completion(vllm_server, figures):
@@ -71,7 +71,7 @@ def test_rendered_args_start_vllm_and_serve_a_completion(vllm_server, figures):
 def test_live_vllm_metrics_read_honestly(vllm_server):
     """vLLM's real /metrics through kvfleet's reader: its series are read, the kvfleet-only
     backlog gauge is unknown (None), and the backlog is derived from vLLM's series."""
-    from kvfleet_operator.signals import (
+    from kvfleet_operator.decide.signals import (
         BACKLOG_DERIVED,
         Scrape,
         ScrapeLog,

@@ -95,8 +95,8 @@ def replace_flag(args: list[str], flag: str, value: str) -> list[str]:
 
 def served_args(port: int, folder: Path) -> tuple[list[str], list[str]]:
     """(command, args) for the session's server: kvfleet's rendering, CPU adjustments."""
-    from kvfleet_operator import engine_args as ea
     from kvfleet_operator.api.pool import load_pool
+    from kvfleet_operator.decide import engine_args as ea
 
     pool = load_pool(ROOT / "examples" / "vllm-unified.yaml")
     with mock.patch.object(ea, "is_precise_routing", lambda spec: True), \

@@ -34,7 +34,7 @@ Names, labels, the image, and the guards every template shares.
 
 {{/*
 The operator pod's selector. The engines' NetworkPolicy admits the operator by exactly this
-label (operator/kvfleet_operator/runtimes/kubernetes/options.py, OPERATOR_POD_LABELS), so it
+label (operator/kvfleet_operator/runtimes/kubernetes/build/options.py, OPERATOR_POD_LABELS), so it
 is fixed, not derived from the release name.
 */}}
 {{- define "kvfleet.selectorLabels" -}}

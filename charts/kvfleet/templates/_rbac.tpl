@@ -1,6 +1,6 @@
 {{/*
 The operator's RBAC rules, split by where they are granted. Together they are exactly
-operator/kvfleet_operator/runtimes/kubernetes/operator_manifests.py's RBAC_RULES (one
+operator/kvfleet_operator/runtimes/kubernetes/build/operator_manifests.py's RBAC_RULES (one
 apiGroup and one resource per rule, the same verbs in the same order); tests/chart checks
 it, so the two cannot drift. No `*` anywhere.
 */}}

@@ -14,6 +14,7 @@ from kvfleet_router.config import PREFIX_MODES, PolicyConfig
 
 from .errors import SpecError, UnservableSpecError
 from .fields import Rule, spec_field
+from .vllm_compat import check_vllm_engine
 
 ENGINE_KINDS = ("vllm", "builtin")
 RUNNERS = ("torch", "simulated")
@@ -365,9 +366,7 @@ class PoolSpec:
                             "does not run prefill/decode legs")
         _check_kv_sharing(self)
         # vLLM pools: flags that vLLM version rejects, block sizes a CPU build cannot use.
-        from kvfleet_operator.vllm_compat import check_vllm_engine
-
-        check_vllm_engine(self)
+        check_vllm_engine(self.engine)
 
 
 def _check_kv_sharing(spec: PoolSpec) -> None:

@@ -28,8 +28,10 @@ from typing import Any, Protocol
 
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.api.status import ScaleDecision
-from kvfleet_operator.autoscaler import Decision, History, decide
-from kvfleet_operator.autoscaler_spec import config_from_pool
+from kvfleet_operator.decide.autoscaler import Decision, History, decide
+from kvfleet_operator.decide.autoscaler_spec import config_from_pool
+from kvfleet_operator.decide.reconcile import Desired, reconcile
+from kvfleet_operator.decide.signals import ScrapeLog, Signals, aggregate
 from kvfleet_operator.loop import events as ev
 from kvfleet_operator.loop.observe import (
     UNKNOWN_IN_FLIGHT,
@@ -51,8 +53,6 @@ from kvfleet_operator.loop.ports import (
     StateStore,
 )
 from kvfleet_operator.loop.state import LoopState
-from kvfleet_operator.reconcile import Desired, reconcile
-from kvfleet_operator.signals import ScrapeLog, Signals, aggregate
 
 log = logging.getLogger(__name__)
 

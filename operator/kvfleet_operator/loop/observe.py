@@ -19,10 +19,10 @@ from datetime import datetime
 
 from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.api.status import ScaleDecision, rfc3339
-from kvfleet_operator.autoscaler import Decision, decision_reason
+from kvfleet_operator.decide.autoscaler import Decision, decision_reason
+from kvfleet_operator.decide.reconcile import Observed, ObservedReplica
+from kvfleet_operator.decide.signals import ScrapeLog, Signals
 from kvfleet_operator.loop.ports import Replica, RouterView
-from kvfleet_operator.reconcile import Observed, ObservedReplica
-from kvfleet_operator.signals import ScrapeLog, Signals
 
 UNKNOWN_IN_FLIGHT = 1 << 30
 IN_SERVICE = ("starting", "ready", "failed")  # count toward the desired replicas

@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.api.status import PoolStatus
+from kvfleet_operator.decide.reconcile import RolePlan
+from kvfleet_operator.decide.signals import Scrape
 from kvfleet_operator.loop.events import EventSink as EventSink  # a port, defined with Event
 from kvfleet_operator.loop.state import LoopState
-from kvfleet_operator.reconcile import RolePlan
-from kvfleet_operator.signals import Scrape
 
 Clock = Callable[[], float]  # seconds; the same clock stamps drains, scrapes and decisions
 

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvfleet_operator.autoscaler import History
+from kvfleet_operator.decide.autoscaler import History
 
 
 @dataclass(slots=True)

@@ -34,9 +34,14 @@ The running half, over the API:
 | `operator_manifests.py` | the operator's own RBAC and one-replica Deployment |
 """
 
-from .children import build_children
-from .errors import UnservableSpec
-from .options import KVFLEET_IMAGE, VLLM_IMAGE, BuildOptions, Tokens
+from kvfleet_operator.runtimes.kubernetes.build.children import build_children
+from kvfleet_operator.runtimes.kubernetes.build.errors import UnservableSpec
+from kvfleet_operator.runtimes.kubernetes.build.options import (
+    KVFLEET_IMAGE,
+    VLLM_IMAGE,
+    BuildOptions,
+    Tokens,
+)
 
 __all__ = [
     "KVFLEET_IMAGE", "VLLM_IMAGE", "BuildOptions", "Tokens", "UnservableSpec", "build_children",

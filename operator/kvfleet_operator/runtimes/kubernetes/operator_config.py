@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .options import KVFLEET_IMAGE, BuildOptions
+from kvfleet_operator.runtimes.kubernetes.build.options import KVFLEET_IMAGE, BuildOptions
 
 
 @dataclass(frozen=True, slots=True)

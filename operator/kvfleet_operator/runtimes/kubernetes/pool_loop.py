@@ -19,19 +19,22 @@ from kvfleet_operator.api.pool import InferencePool, parse_pool
 from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
 from kvfleet_operator.loop.events import Fanout
 from kvfleet_operator.loop.ports import MetricsSource
+from kvfleet_operator.runtimes.kubernetes.build import meta
+from kvfleet_operator.runtimes.kubernetes.build.children import build_children
+from kvfleet_operator.runtimes.kubernetes.build.options import Tokens
+from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
+from kvfleet_operator.runtimes.kubernetes.operator_metrics import OperatorMetrics
+from kvfleet_operator.runtimes.kubernetes.ports.event_sink import KubeEventSink
+from kvfleet_operator.runtimes.kubernetes.ports.kube_client import ApiError, KubeClient
+from kvfleet_operator.runtimes.kubernetes.ports.replica_runtime import KubeReplicaRuntime
+from kvfleet_operator.runtimes.kubernetes.ports.router_ports import PodRouterControl
+from kvfleet_operator.runtimes.kubernetes.ports.status_store import (
+    PoolStatusStore,
+    is_invalid_spec_reported,
+    write_invalid_spec,
+)
+from kvfleet_operator.runtimes.kubernetes.ports.tokens import read_token
 from kvfleet_operator.runtimes.metrics_sources import PrometheusMetrics, ScrapeMetrics
-
-from . import meta
-from .children import build_children
-from .event_sink import KubeEventSink
-from .kube_client import ApiError, KubeClient
-from .operator_config import OperatorConfig
-from .operator_metrics import OperatorMetrics
-from .options import Tokens
-from .replica_runtime import KubeReplicaRuntime
-from .router_ports import PodRouterControl
-from .status_store import PoolStatusStore, is_invalid_spec_reported, write_invalid_spec
-from .tokens import read_token
 
 POLL_S = 1.0  # how soon a loop sees its spec change (the reconcile handler applies it at once)
 CHECK_TOKENS = Tokens(admin="only-to-check-the-spec", engine="only-to-check-the-spec")

@@ -14,8 +14,12 @@ import logging
 import os
 from typing import Any
 
-from .operator_config import OperatorConfig
-from .options import KVFLEET_IMAGE, OPERATOR_NAMESPACE, BuildOptions
+from kvfleet_operator.runtimes.kubernetes.build.options import (
+    KVFLEET_IMAGE,
+    OPERATOR_NAMESPACE,
+    BuildOptions,
+)
+from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
 
 
 def add_build_options(parser: argparse.ArgumentParser) -> None:
@@ -83,8 +87,7 @@ def config_from(args: argparse.Namespace) -> OperatorConfig:
 async def operate(args: argparse.Namespace, stop_flag: asyncio.Event | None = None) -> None:
     import kopf
 
-    from kvfleet_operator import handlers
-
+    from kvfleet_operator.runtimes.kubernetes import handlers
     registry = handlers.register(kopf.OperatorRegistry())
     await kopf.operator(
         registry=registry, standalone=True, clusterwide=bool(args.all_namespaces),

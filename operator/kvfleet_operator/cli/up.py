@@ -1,0 +1,284 @@
+"""`kvfleet up pool.yaml [--state-dir DIR] [--port N]`: run a whole InferencePool locally.
+
+The router and every engine replica run as child processes on 127.0.0.1; the control loop
+scales them. It prints the OpenAI endpoint, then live progress (replicas per role, signals,
+scale events). Ctrl-C or SIGTERM stops every child; a SIGKILLed `up` takes them with it.
+`kvfleet status` shows the same from another terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import aiohttp
+from kvfleet_engine.contract import ENGINE_TOKEN_ENV
+
+from kvfleet_operator.api.advice import odd_settings
+from kvfleet_operator.api.errors import SpecError
+from kvfleet_operator.api.pool import InferencePool, load_pool
+from kvfleet_operator.api.status import FALSE, ConditionType, Reason
+from kvfleet_operator.api.vllm_compat import check_vllm_engine
+from kvfleet_operator.decide.engine_args import VLLM_PYTHON_ENV, engine_command
+from kvfleet_operator.loop import events as ev
+from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
+from kvfleet_operator.loop.events import Fanout
+from kvfleet_operator.loop.metrics import LoopMetrics
+from kvfleet_operator.runtimes import metrics_server
+from kvfleet_operator.runtimes.local import procs, registry
+from kvfleet_operator.runtimes.local.backoff import Backoff
+from kvfleet_operator.runtimes.local.progress import summary_line
+from kvfleet_operator.runtimes.local.replicas import (
+    HOST,
+    LocalRuntime,
+    kvfleet_argv,
+)
+from kvfleet_operator.runtimes.local.spec import unhonoured_fields
+from kvfleet_operator.runtimes.local.state_dir import StateDir, default_state_dir, running_pid
+from kvfleet_operator.runtimes.local.store import StateFileStore
+from kvfleet_operator.runtimes.metrics_sources import ScrapeMetrics
+from kvfleet_operator.runtimes.router_control import HttpRouterControl
+
+ROUTER_START_TIMEOUT_S = 60.0
+NUM_EVENTS_KEPT = 50
+MAX_RESTART_BACKOFF_S = 300.0
+SUMMARY_EVERY_S = 5.0  # signals move every tick; repeat the summary line at most this often
+
+
+class UpError(Exception):
+    """A one-line reason why the fleet cannot start."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UpError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="kvfleet up", description=__doc__.splitlines()[0])
+    p.add_argument("pool", type=Path, help="an InferencePool YAML file")
+    p.add_argument("--state-dir", type=Path, help="default: ./.kvfleet/<pool name>/")
+    p.add_argument("--port", type=int, default=0, help="router port (default: a free one)")
+    p.add_argument("--restart-backoff", type=float, default=0.5, metavar="SECONDS",
+                   help="first delay before restarting a crashed process; doubles per crash")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="port of the control plane's /metrics on 127.0.0.1 (default: a free one)")
+    p.add_argument("--quiet", action="store_true", help="print only the endpoint and errors")
+    return p
+
+
+class Progress:
+    """Prints events as they happen and the fleet summary when it changes."""
+
+    def __init__(self, out: TextIO, is_quiet: bool = False) -> None:
+        self.out = out
+        self.is_quiet = is_quiet
+        self.events: list[dict[str, str]] = []
+        self._last_summary = ""
+        self._last_counts = ""
+        self._last_print = 0.0
+
+    def say(self, message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=self.out, flush=True)
+
+    def emit(self, event: ev.Event) -> None:
+        """The loop's and the runtime's events: printed, and the last ones kept for status."""
+        self.events.append({"time": time.strftime("%H:%M:%S"), "type": event.type,
+                            "reason": event.reason, "message": event.message})
+        del self.events[:-NUM_EVENTS_KEPT]
+        if not self.is_quiet:
+            self.say(event.message if event.type == ev.NORMAL else f"warning: {event.message}")
+
+    def summary(self, state: dict[str, Any]) -> None:
+        line = summary_line(state)
+        counts = line.split("[")[0] if "[" in line else line
+        now = time.monotonic()
+        is_due = line != self._last_summary and now - self._last_print >= SUMMARY_EVERY_S
+        if not self.is_quiet and (counts != self._last_counts or is_due):
+            self.say(line)
+            self._last_print = now
+            self._last_summary = line
+        self._last_counts = counts
+
+
+def local_device() -> str:
+    """What a local vLLM replica runs on: a GPU when this machine has NVIDIA's driver."""
+    return "cuda" if Path("/dev/nvidiactl").exists() else "cpu"
+
+
+def _can_import(python: str, module: str) -> bool:
+    """Whether `python` can import `module` (without importing it: vLLM takes seconds)."""
+    check = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    try:
+        return subprocess.run([python, "-c", check], capture_output=True,
+                              timeout=30).returncode == 0  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir]:
+    try:
+        pool = load_pool(args.pool)
+    except SpecError as exc:
+        text = str(exc)
+        raise UpError(text if str(args.pool) in text else f"{args.pool}: {text}") from None
+    try:  # a local vLLM runs on this machine's device: its limits are known here
+        check_vllm_engine(pool.spec.engine, device=local_device())
+    except SpecError as exc:
+        raise UpError(f"{args.pool}: spec.{exc}") from None
+    command = engine_command(pool.spec)
+    if shutil.which(command[0]) is None:
+        raise UpError(f"engine.kind {pool.spec.engine.kind} needs `{command[0]}` on PATH "
+                      "(local fleets without it use engine.kind: builtin)")
+    if command[1:2] == ["-m"] and not _can_import(command[0], command[2].split(".")[0]):
+        raise UpError(f"engine.kind {pool.spec.engine.kind} needs a Python with "
+                      f"`{command[2].split('.')[0]}` installed; {command[0]} has none (set "
+                      f"{VLLM_PYTHON_ENV} to one, or use engine.kind: builtin)")
+    if not 0 < args.restart_backoff <= MAX_RESTART_BACKOFF_S:
+        raise UpError(f"--restart-backoff must be in (0, {MAX_RESTART_BACKOFF_S:g}] seconds")
+    if not 0 <= args.port < 65536:
+        raise UpError(f"--port {args.port} is out of range")
+    if args.port and not procs.can_bind(args.port, HOST):
+        raise UpError(f"port {args.port} on {HOST} is in use")
+    if not 0 <= args.metrics_port < 65536:
+        raise UpError(f"--metrics-port {args.metrics_port} is out of range")
+    if args.metrics_port and not procs.can_bind(args.metrics_port, HOST):
+        raise UpError(f"port {args.metrics_port} on {HOST} is in use")
+    state_dir = StateDir(args.state_dir or default_state_dir(pool.name))
+    pid = running_pid(state_dir.read_state())
+    if pid is not None and pid != os.getpid():
+        raise UpError(f"a fleet is already running from {state_dir.path} (pid {pid})")
+    try:
+        state_dir.create()
+    except OSError as exc:
+        raise UpError(f"cannot create state dir {state_dir.path}: {exc.strerror}") from None
+    registry.register(pool.name, state_dir.path)  # so `kvfleet status` finds it from anywhere
+    return pool, state_dir
+
+
+def is_serving(desired: dict[str, int], pushed: dict[str, Any] | None) -> bool:
+    """The router can answer a request now: every role that should run has an active
+    endpoint in the config the router accepted (a role at zero has the router hold its
+    requests while a replica starts)."""
+    if pushed is None:
+        return False
+    active = {e["role"] for e in pushed.get("endpoints", []) if e.get("state") == "active"}
+    return all(role in active for role, num in desired.items() if num > 0)
+
+
+async def run_fleet(
+    pool: InferencePool,
+    state_dir: StateDir,
+    port: int,
+    progress: Progress,
+    stop: asyncio.Event,
+    backoff: Backoff | None = None,
+    metrics_port: int = 0,
+) -> int:
+    # Details (tracebacks of a failed control-loop tick) go to a file, not the terminal.
+    logging.basicConfig(filename=state_dir.log_file("up"), level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    token = state_dir.new_admin_token()  # the router reads it from the file; never printed
+    base: dict[str, Any] = {"pool": pool.name, "pid": os.getpid(), "state_dir": str(state_dir.path),
+                            "model": pool.spec.model.api_name, "is_stopped": False,
+                            "is_serving": False}
+    grace_s = float(pool.spec.autoscaling.drain_timeout_seconds) + 5.0
+    # Engines share a per-fleet token for their KV-transfer and KV-event endpoints, so nothing
+    # else on the machine can read cached prompts off a replica; the router gets it too.
+    engine_token = {ENGINE_TOKEN_ENV: secrets.token_urlsafe(32)}
+    timing = LoopTiming()
+    loop_metrics = LoopMetrics(pool.name, pool.spec)
+    events = Fanout(progress, loop_metrics)
+    async with LocalRuntime(state_dir, backoff=backoff, events=events,
+                            engine_env=engine_token) as runtime:  # fmt: skip
+        router = runtime.start_router(
+            lambda p: kvfleet_argv("router", "--host", HOST, "--port", str(p),
+                                   "--admin-token-file", str(state_dir.token_file)),
+            port=port or None,
+            env=engine_token,
+        )
+        endpoint = f"{router.address}/v1"
+        base["endpoint"] = endpoint
+        if not await runtime.wait_ready(router.name, ROUTER_START_TIMEOUT_S, stop):
+            await runtime.shutdown(grace_s=2.0)
+            if stop.is_set():
+                progress.say("stopped before the router was ready")
+                return 0
+            progress.say(f"router did not start; see {state_dir.log_file(router.name)}")
+            return 1
+        for line in unhonoured_fields(pool.spec):
+            progress.emit(ev.warning(ev.EventReason.SPEC_NOT_HONOURED, line))
+        for line in odd_settings(pool.spec):
+            progress.emit(ev.warning(ev.EventReason.ODD_SETTING, line))
+        progress.say(f"pool {pool.name}: starting replicas; the endpoint is announced once "
+                     "the router can serve")
+        http_timeout = aiohttp.ClientTimeout(total=timing.scrape_timeout_s)
+        metrics_runner, bound = await metrics_server.start(loop_metrics, HOST, metrics_port)
+        base["metrics_endpoint"] = f"http://{HOST}:{bound}/metrics"
+        async with aiohttp.ClientSession(timeout=http_timeout) as http:
+            store = StateFileStore(state_dir, pool.name, base, runtime.status,
+                                   lambda: progress.events, events)  # fmt: skip
+            loop = ControlLoop(
+                pool,
+                runtime=runtime,
+                router=HttpRouterControl(http, [router.address], token),
+                metrics=ScrapeMetrics(http, timing.scrape_timeout_s),
+                store=store,
+                events=events,
+                timing=timing,
+            )
+
+            def after_tick() -> None:
+                loop_metrics.observe_status(pool.status, loop.num_held)
+                desired = {r: rs.desired_replicas for r, rs in pool.status.roles.items()}
+                if not base["is_serving"] and is_serving(desired, loop.state.router_config):
+                    base["is_serving"] = True
+                    progress.say(f"pool {pool.name}: OpenAI endpoint {endpoint} "
+                                 f"(model {pool.spec.model.api_name})")
+                    progress.say(f"state in {state_dir.path}; `kvfleet status` shows it; "
+                                 "Ctrl-C stops")
+                progress.summary(store.last)
+
+            await loop.run(stop, after_tick=after_tick)
+            progress.say(f"stopping {len(runtime.children)} processes")
+            await runtime.shutdown(grace_s=grace_s)
+            base.update(is_stopped=True, is_serving=False)
+            pool.status.set_condition(ConditionType.READY, FALSE, Reason.STOPPED,
+                                      "`kvfleet up` stopped; nothing serves",
+                                      datetime.now(UTC))  # fmt: skip
+            await store.save(pool.status, loop.state, loop.snapshot())
+        await metrics_runner.cleanup()
+    progress.say("stopped; no process left")
+    return 0
+
+
+def main(argv: list[str], out: TextIO = sys.stdout) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        pool, state_dir = _prepare(args)
+    except UpError as exc:
+        print(f"kvfleet up: {exc}", file=sys.stderr)
+        return 2
+    progress = Progress(out, args.quiet)
+
+    async def _main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.add_signal_handler(sig, stop.set)
+        backoff = Backoff(base_s=args.restart_backoff, max_s=max(30.0, args.restart_backoff))
+        return await run_fleet(pool, state_dir, args.port, progress, stop, backoff,
+                               args.metrics_port)
+
+    return asyncio.run(_main())

@@ -1,0 +1,450 @@
+"""The autoscaler: pure, time injected. Signals in, desired replicas per role out.
+
+Public API:
+
+- `AutoscalerConfig` / `RoleTargets` / `RoleLimits`: what the pool asks for (targets per
+  signal, windows, steps, min/max). `config_from_pool(pool)` builds it from the
+  InferencePool spec (see autoscaler_spec.py).
+- `History`: what must survive a restart (recent recommendations per role, panic and idle
+  timers, the learned prefill capacity, the last decisions). `to_dict`/`from_dict`.
+- `decide(stable, panic, current, config, history, now) -> Decision`: `stable` and `panic`
+  are `signals.Signals` over the long and the short window. Returns desired replicas per
+  role, one reason string per role, the ScalingLimited reason per role (or None), and the
+  *new* History (the input is not mutated).
+
+How a role's count is chosen (each step is one small function below):
+1. Demand per configured target: ceil(total signal / per-replica target); the largest
+   wins and names the reason. Prefill uses uncached prompt tokens/s (plus the queued
+   backlog) over a per-replica capacity learned online (EWMA); decode uses KV occupancy
+   and running sequences. Latency targets only push up (ratio observed/target).
+2. Panic: when the short-window demand is more than `panic_threshold` x the current
+   replicas, scale up on it at once (no scale-up stabilization) and forbid scale-down
+   until the panic has been quiet for the stable window.
+3. Stabilization (as the Kubernetes HPA): going up uses the lowest recommendation of the
+   scale-up window; going down uses the highest of the scale-down window.
+4. Step limits per decision, then min/max clamps, then cooldowns; whichever bites (or a
+   stabilization window holding a change back) is the ScalingLimited reason.
+5. Unknown replicas (failed or stale scrapes) block scale-down; they are never idle.
+6. Scale to zero (min 0) after `scale_to_zero_after_s` of idleness; 0 -> 1 as soon as the
+   router holds a request or any demand appears.
+7. Every decision that moves a role ends with `[on: ...]`: the series it was scaled on
+   (`scaled_on`), vLLM's own names, and where the prefill backlog came from (kvfleet's
+   gauge, derived from vLLM's series, or unknown: then the backlog term is left out and the
+   reason says so, it is never read as 0).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvfleet_operator.api.status import DecisionReason, Reason
+from kvfleet_operator.decide.signals import BACKLOG_EXPORTED, BACKLOG_UNKNOWN, RoleSignals, Signals
+
+# ScalingLimited reasons: the API's condition reasons.
+LIMIT_MAX = Reason.AT_MAX_REPLICAS
+LIMIT_MIN = Reason.AT_MIN_REPLICAS
+LIMIT_STEP_UP = Reason.STEP_LIMITED
+LIMIT_STEP_DOWN = Reason.STEP_LIMITED
+
+
+@dataclass(slots=True)
+class RoleTargets:
+    """Per-replica targets; None switches a signal off. Each is 'what one replica holds'."""
+
+    num_waiting: float | None = None  # queued requests per replica
+    num_running: float | None = None  # running + waiting sequences per replica (concurrency)
+    kv_usage: float | None = None  # mean KV occupancy fraction
+    prefill_utilization: float | None = None  # fraction of learned prefill capacity to use
+    ttft_p90_s: float | None = None
+    itl_p90_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_waiting", "num_running", "ttft_p90_s", "itl_p90_s"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"target {name} must be > 0, got {v}")
+        for name in ("kv_usage", "prefill_utilization"):
+            v = getattr(self, name)
+            if v is not None and not 0 < v <= 1:
+                raise ValueError(f"target {name} must be in (0, 1], got {v}")
+
+    @property
+    def is_empty(self) -> bool:
+        return all(getattr(self, k) is None for k in self.__slots__)  # type: ignore[attr-defined]
+
+
+@dataclass(slots=True)
+class RoleLimits:
+    min_replicas: int
+    max_replicas: int
+
+    def __post_init__(self) -> None:
+        if self.min_replicas < 0 or self.max_replicas < 1 or self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"need 0 <= min <= max and max >= 1, got {self.min_replicas}..{self.max_replicas}"
+            )
+
+
+@dataclass(slots=True)
+class AutoscalerConfig:
+    roles: dict[str, RoleLimits]
+    targets: dict[str, RoleTargets]
+    is_enabled: bool = True
+    stable_window_s: float = 60.0  # signals window for the normal decision
+    panic_window_s: float = 6.0  # signals window for the panic check
+    scale_up_window_s: float = 0.0
+    scale_down_window_s: float = 300.0
+    scale_up_cooldown_s: float = 0.0  # min time between two scale-ups of a role
+    scale_down_cooldown_s: float = 0.0  # min time after any scale event before a scale-down
+    panic_threshold: float = 2.0
+    max_step_up: int = 4
+    max_step_down: int = 1
+    scale_to_zero_after_s: float = 300.0
+    prefill_tokens_per_s_initial: float = 20000.0  # per replica, before anything is learned
+    prefill_capacity_alpha: float = 0.2  # EWMA weight of a new observation
+    backlog_clear_s: float = 10.0  # queued prompt tokens should clear within this
+    num_history_decisions: int = 20
+
+    def __post_init__(self) -> None:
+        if set(self.targets) - set(self.roles):
+            raise ValueError(
+                f"targets for unknown roles: {sorted(set(self.targets) - set(self.roles))}"
+            )
+        for name in (
+            "scale_up_window_s",
+            "scale_down_window_s",
+            "scale_up_cooldown_s",
+            "scale_down_cooldown_s",
+            "scale_to_zero_after_s",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0")
+        if not 0 < self.panic_window_s <= self.stable_window_s:
+            raise ValueError("need 0 < panic_window_s <= stable_window_s")
+        if self.panic_threshold < 1:
+            raise ValueError("panic_threshold must be >= 1")
+        if self.max_step_up < 1 or self.max_step_down < 1:
+            raise ValueError("max steps must be >= 1")
+        if self.prefill_tokens_per_s_initial <= 0 or not 0 < self.prefill_capacity_alpha <= 1:
+            raise ValueError("prefill capacity must be > 0 and alpha in (0, 1]")
+
+
+@dataclass(slots=True)
+class History:
+    """Autoscaler memory; plain JSON via to_dict/from_dict so it survives restarts."""
+
+    recommendations: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    panic_until: dict[str, float] = field(default_factory=dict)
+    idle_since: dict[str, float] = field(default_factory=dict)
+    prefill_tokens_per_s: float | None = None  # learned per-replica prefill capacity
+    last_scale_up: dict[str, float] = field(default_factory=dict)
+    last_scale_down: dict[str, float] = field(default_factory=dict)
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["recommendations"] = {r: [list(p) for p in v] for r, v in self.recommendations.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Any) -> History:
+        """Rebuild from `to_dict` output; raises ValueError naming what is malformed."""
+        if not isinstance(data, dict):
+            raise ValueError("autoscaler history must be an object")
+        try:
+            recs = {
+                str(r): [(float(t), int(n)) for t, n in v]
+                for r, v in (data.get("recommendations") or {}).items()
+            }
+            panic = {str(k): float(v) for k, v in (data.get("panic_until") or {}).items()}
+            idle = {str(k): float(v) for k, v in (data.get("idle_since") or {}).items()}
+            cap = data.get("prefill_tokens_per_s")
+            ups = {str(k): float(v) for k, v in (data.get("last_scale_up") or {}).items()}
+            downs = {str(k): float(v) for k, v in (data.get("last_scale_down") or {}).items()}
+            decisions = list(data.get("decisions") or [])
+            return cls(
+                recs, panic, idle, None if cap is None else float(cap), ups, downs, decisions
+            )
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ValueError(f"malformed autoscaler history: {exc}") from None
+
+
+@dataclass(slots=True)
+class Decision:
+    desired: dict[str, int]
+    reasons: dict[str, str]
+    limited: dict[str, str | None]  # ScalingLimited reason per role, None when within range
+    history: History
+    kinds: dict[str, str] = field(default_factory=dict)  # DecisionReason per role, "" = steady
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(f"{role}: {text}" for role, text in self.reasons.items())
+
+    @property
+    def is_changed(self) -> bool:
+        return any(self.reasons[r].startswith(("scale up", "scale down")) for r in self.reasons)
+
+
+def demand(
+    rs: RoleSignals,
+    targets: RoleTargets,
+    current: int,
+    prefill_capacity: float,
+    backlog_clear_s: float,
+) -> tuple[float, str]:
+    """(replicas wanted, which signal) for one role; the largest demand wins."""
+    n = max(current, 1)
+    # Totals from known replicas, extrapolated to all of them (unknown ones look alike).
+    scale = rs.num_replicas / rs.num_known if rs.num_known else 0.0
+    candidates: list[tuple[float, str]] = [(0.0, "no demand")]
+    # Requests the router holds (no replica, or all saturated) are queued demand too.
+    held = rs.num_held_requests
+    if targets.num_waiting is not None:
+        w = rs.num_waiting * scale + held
+        candidates.append((w / targets.num_waiting, f"waiting {w:.1f} / {targets.num_waiting:g}"))
+    if targets.num_running is not None:
+        r = (rs.num_running + rs.num_waiting) * scale + held
+        candidates.append((r / targets.num_running, f"running {r:.1f} / {targets.num_running:g}"))
+    if targets.kv_usage is not None:
+        kv = rs.kv_usage_mean * rs.num_known * scale
+        candidates.append(
+            (kv / targets.kv_usage, f"kv {rs.kv_usage_mean:.2f} x{n} / {targets.kv_usage:g}")
+        )
+    if targets.prefill_utilization is not None:
+        backlog = rs.num_waiting_prompt_tokens
+        tps = rs.uncached_prompt_tokens_per_s * scale
+        if backlog is not None:
+            tps += backlog * scale / backlog_clear_s
+        per_replica = prefill_capacity * targets.prefill_utilization
+        note = " (backlog unknown)" if backlog is None and rs.num_known else ""
+        candidates.append(
+            (tps / per_replica, f"prefill {tps:.0f} tok/s / {per_replica:.0f}{note}")
+        )
+    for name, observed, target in (
+        ("ttft p90", rs.ttft_p90_s, targets.ttft_p90_s),
+        ("itl p90", rs.itl_p90_s, targets.itl_p90_s),
+    ):
+        if target is not None and observed is not None and observed > target:
+            # Latency is not linear in replicas: push up by the ratio, at most 2x per look.
+            candidates.append(
+                (
+                    current * min(observed / target, 2.0),
+                    f"{name} {observed * 1000:.0f}ms > {target * 1000:.0f}ms",
+                )
+            )
+    return max(candidates, key=lambda c: c[0])
+
+
+def scaled_on(rs: RoleSignals, targets: RoleTargets) -> list[str]:
+    """The series a role's targets read (vLLM v1 names; kvfleet engines export the same),
+    with the prefill backlog's source."""
+    out: list[str] = []
+    if targets.num_waiting is not None:
+        out.append("vllm:num_requests_waiting")
+    if targets.num_running is not None:
+        out.append("vllm:num_requests_running")
+    if targets.kv_usage is not None:
+        out.append("vllm:kv_cache_usage_perc")
+    if targets.prefill_utilization is not None:
+        out.append("vllm:prompt_tokens_total - vllm:prefix_cache_hits_total (rate)")
+        if rs.backlog_from == BACKLOG_EXPORTED:
+            out.append(BACKLOG_EXPORTED)
+        elif rs.backlog_from == BACKLOG_UNKNOWN:
+            out.append("backlog " + BACKLOG_UNKNOWN)
+        elif rs.backlog_from:
+            out.append("backlog " + rs.backlog_from)
+    if targets.ttft_p90_s is not None:
+        out.append("vllm:time_to_first_token_seconds p90")
+    if targets.itl_p90_s is not None:
+        out.append("vllm:inter_token_latency_seconds p90")
+    return out
+
+
+def learn_prefill_capacity(
+    rs: RoleSignals, previous: float | None, config: AutoscalerConfig
+) -> float:
+    """EWMA of observed per-replica uncached prefill tokens/s, learned only while saturated
+    (a queue exists) or when a replica is seen doing more than believed."""
+    cap = previous if previous is not None else config.prefill_tokens_per_s_initial
+    if rs.num_known == 0 or rs.uncached_prompt_tokens_per_s <= 0:
+        return cap
+    observed = rs.uncached_prompt_tokens_per_s / rs.num_known
+    is_saturated = rs.num_waiting / rs.num_known >= 1.0
+    if is_saturated or observed > cap:
+        a = config.prefill_capacity_alpha
+        cap = a * observed + (1 - a) * cap
+    return cap
+
+
+def _stabilize(
+    raw: int,
+    current: int,
+    recs: list[tuple[float, int]],
+    now: float,
+    config: AutoscalerConfig,
+    is_panic: bool,
+) -> int:
+    """HPA-style: up takes the window's minimum, down takes the window's maximum."""
+    if raw > current:
+        if is_panic or config.scale_up_window_s == 0:
+            return raw
+        window = [n for t, n in recs if t >= now - config.scale_up_window_s]
+        return max(current, min(window, default=raw))
+    if raw < current:
+        window = [n for t, n in recs if t >= now - config.scale_down_window_s]
+        return min(current, max(window, default=raw))
+    return current
+
+
+def _decide_role(
+    role: str,
+    stable: RoleSignals,
+    panic: RoleSignals,
+    current: int,
+    config: AutoscalerConfig,
+    hist: History,
+    now: float,
+) -> tuple[int, str, str | None, str]:
+    """(target, message, ScalingLimited reason or None, decision reason or "")."""
+    limits = config.roles[role]
+    targets = config.targets.get(role, RoleTargets())
+    cap = hist.prefill_tokens_per_s or config.prefill_tokens_per_s_initial
+    want, why = demand(stable, targets, current, cap, config.backlog_clear_s)
+    want_panic, why_panic = demand(panic, targets, current, cap, config.backlog_clear_s)
+    raw = math.ceil(want - 1e-9)
+    # Panic: the short window says demand is well above what we run now.
+    if current > 0 and want_panic > config.panic_threshold * current:
+        hist.panic_until[role] = now + config.stable_window_s
+    is_panic = hist.panic_until.get(role, -math.inf) > now
+    is_panic_demand = is_panic and want_panic > want
+    if is_panic_demand:
+        raw, why = math.ceil(want_panic - 1e-9), f"panic: {why_panic}"
+    held = max(stable.num_held_requests, panic.num_held_requests)
+    # Idle timer for scale to zero: any unknown replica or any work resets it.
+    if stable.is_idle and panic.is_idle and current > 0:
+        hist.idle_since.setdefault(role, now)
+    else:
+        hist.idle_since.pop(role, None)
+    recs = [
+        (t, n)
+        for t, n in hist.recommendations.get(role, [])
+        if t >= now - max(config.scale_up_window_s, config.scale_down_window_s)
+    ]
+    floor = 1 if limits.min_replicas == 0 else limits.min_replicas
+    rec = max(raw, floor)  # below `floor` only through the idle timer
+    recs.append((now, rec))
+    hist.recommendations[role] = recs
+    target = _stabilize(rec, current, recs, now, config, is_panic)
+    is_stabilizing = target == current != rec
+    unknown = stable.num_unknown + panic.num_unknown
+    if target < current and (unknown or is_panic):
+        target, why = (
+            current,
+            ("hold: replica signals unknown" if unknown else f"hold: panic ({why_panic})"),
+        )
+    idle_for = now - hist.idle_since.get(role, now)
+    is_idle_long = role in hist.idle_since and idle_for >= config.scale_to_zero_after_s
+    if limits.min_replicas == 0 and current > 0 and is_idle_long:
+        target, why = 0, f"idle {idle_for:.0f}s (to zero)"
+    if current == 0:
+        if not (held or raw > 0 or limits.min_replicas > 0):
+            return 0, "idle at zero", None, ""
+        target = max(1, rec)
+        why = f"activate: {held} held request(s)" if held else why
+    target, limited = _limit(target, current, raw, limits, config)
+    if limited is None and is_stabilizing and current > 0:
+        limited = Reason.STABILIZING  # the window holds back a change the signals ask for
+    # Cooldowns: activation from zero never waits.
+    if (
+        target > current > 0
+        and now - hist.last_scale_up.get(role, -math.inf) < config.scale_up_cooldown_s
+    ):
+        target, why, limited = current, f"hold: scale-up cooldown ({why})", Reason.COOLDOWN
+    last_event = max(
+        hist.last_scale_up.get(role, -math.inf), hist.last_scale_down.get(role, -math.inf)
+    )
+    if target < current and now - last_event < config.scale_down_cooldown_s:
+        target, why, limited = current, f"hold: scale-down cooldown ({why})", Reason.COOLDOWN
+    if target > current:
+        hist.last_scale_up[role] = now
+    elif target < current:
+        hist.last_scale_down[role] = now
+    verb = "scale up" if target > current else "scale down" if target < current else "steady"
+    on = scaled_on(stable, targets)
+    suffix = f" [on: {'; '.join(on)}]" if on else ""
+    return target, f"{verb} {current}->{target}: {why}{suffix}", limited, decision_reason(
+        current, target, is_panic_demand
+    )
+
+
+def decision_reason(current: int, target: int, is_panic: bool) -> str:
+    """The named reason of a scale decision (status and events), "" when nothing moves."""
+    if target == current:
+        return ""
+    if target == 0:
+        return DecisionReason.SCALED_TO_ZERO
+    if current == 0:
+        return DecisionReason.ACTIVATED_FROM_ZERO
+    if target < current:
+        return DecisionReason.SCALING_DOWN
+    return DecisionReason.PANIC_SCALE_UP if is_panic else DecisionReason.SCALING_UP
+
+
+def _limit(
+    target: int, current: int, raw: int, limits: RoleLimits, config: AutoscalerConfig
+) -> tuple[int, str | None]:
+    """Step limits, then min/max clamps; the reason when one of them bites."""
+    limited: str | None = None
+    if target > current + config.max_step_up:
+        target, limited = current + config.max_step_up, LIMIT_STEP_UP
+    elif target < current - config.max_step_down:
+        target, limited = current - config.max_step_down, LIMIT_STEP_DOWN
+    if target > limits.max_replicas:
+        target, limited = limits.max_replicas, LIMIT_MAX
+    elif target < limits.min_replicas:
+        target, limited = limits.min_replicas, LIMIT_MIN
+    if raw > limits.max_replicas and target == limits.max_replicas:
+        limited = LIMIT_MAX
+    elif raw < limits.min_replicas and target == limits.min_replicas:
+        limited = LIMIT_MIN
+    return target, limited
+
+
+def decide(
+    stable: Signals,
+    panic: Signals,
+    current: dict[str, int],
+    config: AutoscalerConfig,
+    history: History,
+    now: float,
+) -> Decision:
+    """One autoscaling decision for every role in `config.roles`. Pure: returns a new History."""
+    hist = copy.deepcopy(history)
+    desired: dict[str, int] = {}
+    reasons: dict[str, str] = {}
+    limited: dict[str, str | None] = {}
+    kinds: dict[str, str] = {}
+    for role in config.roles:
+        s = stable.roles.get(role, RoleSignals())
+        p = panic.roles.get(role, RoleSignals())
+        n = current.get(role, 0)
+        if role == "prefill" or (
+            role == "unified" and config.targets.get(role, RoleTargets()).prefill_utilization
+        ):
+            hist.prefill_tokens_per_s = learn_prefill_capacity(s, hist.prefill_tokens_per_s, config)
+        if not config.is_enabled:
+            lim = config.roles[role]
+            desired[role] = min(max(n, lim.min_replicas), lim.max_replicas)
+            reasons[role], limited[role] = "autoscaling disabled", None
+            kinds[role] = decision_reason(n, desired[role], is_panic=False)
+            continue
+        desired[role], reasons[role], limited[role], kinds[role] = _decide_role(
+            role, s, p, n, config, hist, now
+        )
+    hist.decisions.append({"t": now, "desired": dict(desired), "reasons": dict(reasons)})
+    del hist.decisions[: -config.num_history_decisions]
+    return Decision(desired, reasons, limited, hist, kinds)

@@ -1,0 +1,336 @@
+"""Engine signals: parse `/metrics`, keep a short scrape log, aggregate per role over a window.
+
+Public API (all pure):
+
+- `parse_metrics(text) -> ReplicaSample`: Prometheus text from a vLLM or kvfleet engine
+  into one typed sample, read by the contract's one `/metrics` parser
+  (`kvfleet_engine.contract.read_metrics`; current vLLM v1 names win over the older ones in
+  `contract.LEGACY_NAMES`). Raises `MetricsParseError` when no core gauge is usable.
+- `ScrapeLog`: per-replica history of `Scrape`s (a sample or a failure, stamped with the
+  caller's clock). `add`, `forget`, `prune`. It is plain data; no clock inside.
+- `aggregate(log, roles, now, window_s, stale_after_s, num_held_requests=0,
+  expected_roles=()) -> Signals`:
+  per-role `RoleSignals` over `[now - window_s, now]`: waiting/running (window mean,
+  summed over replicas), KV usage mean and max, waiting prompt tokens, TTFT/ITL p90 from
+  histogram deltas, preemptions/s, request rate, prompt tokens/s (all and uncached).
+  A metric a replica does not export is unknown, never 0: `kvfleet:num_waiting_prompt_tokens`
+  (absent on vLLM) is then derived from vLLM's own series (`backlog_from`): queued
+  requests x their mean prompt length (`vllm:prompt_tokens_total` over requests, in the
+  window, else since start) x the uncached fraction (1 - prefix-cache hits/queries). With
+  nothing to derive it from it stays None and the autoscaler says so.
+  A replica whose newest scrape failed or is older than `stale_after_s` is *unknown*:
+  it is counted in `num_unknown` and contributes nothing, so it never looks idle.
+
+The I/O that fills a `ScrapeLog` (scraping `/metrics`, asking Prometheus) lives in the
+metrics-source port, `kvfleet_operator.runtimes.metrics_sources`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from kvfleet_engine import contract as c
+from kvfleet_engine.contract import Buckets  # (upper bound `le`, cumulative count), by le
+
+
+class MetricsParseError(ValueError):
+    """The scraped body is not Prometheus text exposition."""
+
+
+@dataclass(slots=True)
+class ReplicaSample:
+    """What one scrape of one replica said. Counters are raw totals since process start."""
+
+    num_running: float = 0.0
+    num_waiting: float = 0.0
+    kv_usage: float = 0.0  # 0-1 fraction
+    num_waiting_prompt_tokens: float | None = None  # None: not exported (vLLM)
+    num_preemptions: float = 0.0
+    num_prompt_tokens: float = 0.0
+    num_generation_tokens: float = 0.0
+    num_prefix_queries: float = 0.0
+    num_prefix_hits: float = 0.0
+    ttft: Buckets = ()
+    itl: Buckets = ()
+    role: str | None = None  # from kvfleet:role, when the engine exposes it
+    is_draining: bool = False
+
+    @property
+    def num_requests(self) -> float:
+        """Requests that reached their first token (the TTFT histogram's count)."""
+        return self.ttft[-1][1] if self.ttft else 0.0
+
+
+@dataclass(slots=True)
+class Scrape:
+    """One scrape attempt at time `t` (the caller's clock, seconds)."""
+
+    t: float
+    sample: ReplicaSample | None  # None when the scrape failed
+    error: str = ""
+
+
+_GAUGES = {
+    c.NUM_REQUESTS_RUNNING: "num_running",
+    c.NUM_REQUESTS_WAITING: "num_waiting",
+    c.KV_CACHE_USAGE_PERC: "kv_usage",
+    c.NUM_WAITING_PROMPT_TOKENS: "num_waiting_prompt_tokens",
+}
+_COUNTERS = {
+    c.NUM_PREEMPTIONS: "num_preemptions",
+    c.PROMPT_TOKENS: "num_prompt_tokens",
+    c.GENERATION_TOKENS: "num_generation_tokens",
+    c.PREFIX_CACHE_QUERIES: "num_prefix_queries",
+    c.PREFIX_CACHE_HITS: "num_prefix_hits",
+}
+_HISTOGRAMS = {c.TIME_TO_FIRST_TOKEN: "ttft", c.INTER_TOKEN_LATENCY: "itl"}
+
+
+def parse_metrics(text: str) -> ReplicaSample:
+    """One `/metrics` body through the contract's reader (`kvfleet_engine.contract`, whose
+    docstring has the rules: bad lines skipped and counted, current names over legacy ones,
+    label sets summed, KV usage averaged). A body with no usable core gauge raises
+    MetricsParseError, so its scrape fails and the replica is unknown, never idle."""
+    m = c.read_metrics(text)
+    if not m.is_usable:
+        detail = f"; first bad line: {m.first_bad_line[:80]!r}" if m.num_bad_lines else ""
+        raise MetricsParseError(
+            f"no running/waiting/KV-usage gauge in the scrape ({m.num_bad_lines} bad lines"
+            f"{detail})"
+        )
+    sample = ReplicaSample(role=m.role, is_draining=m.is_draining)
+    for name, attr in _GAUGES.items():
+        if name in m.gauges:
+            setattr(sample, attr, m.gauges[name])
+    for name, attr in _COUNTERS.items():
+        if name in m.counters:
+            setattr(sample, attr, m.counters[name])
+    for name, attr in _HISTOGRAMS.items():
+        if name in m.histograms:
+            setattr(sample, attr, m.histograms[name])
+    return sample
+
+
+@dataclass(slots=True)
+class ScrapeLog:
+    """Recent scrapes per replica. The runtime adds; `aggregate` reads."""
+
+    scrapes: dict[str, deque[Scrape]] = field(default_factory=dict)
+
+    def add(self, replica: str, scrape: Scrape) -> None:
+        self.scrapes.setdefault(replica, deque()).append(scrape)
+
+    def forget(self, replica: str) -> None:
+        self.scrapes.pop(replica, None)
+
+    def prune(self, now: float, keep_s: float) -> None:
+        """Drop scrapes older than keep_s, but keep one baseline before the cutoff."""
+        for log in self.scrapes.values():
+            while len(log) > 1 and log[1].t <= now - keep_s:
+                log.popleft()
+
+
+@dataclass(slots=True)
+class RoleSignals:
+    """One role's aggregate over a window. Rates are per second; latencies in seconds."""
+
+    num_replicas: int = 0
+    num_known: int = 0
+    num_unknown: int = 0
+    num_waiting: float = 0.0
+    num_running: float = 0.0
+    kv_usage_mean: float = 0.0
+    kv_usage_max: float = 0.0
+    num_waiting_prompt_tokens: float | None = None  # None: unknown (see backlog_from)
+    ttft_p90_s: float | None = None
+    itl_p90_s: float | None = None
+    preemptions_per_s: float = 0.0
+    request_rate: float = 0.0
+    prompt_tokens_per_s: float = 0.0
+    uncached_prompt_tokens_per_s: float = 0.0
+    generation_tokens_per_s: float = 0.0
+    num_held_requests: int = 0  # held by the router for this pool (scale from zero)
+    backlog_from: str = ""  # BACKLOG_*: where num_waiting_prompt_tokens came from
+
+    @property
+    def is_idle(self) -> bool:
+        """True only when every replica is known and none has work or traffic."""
+        return (
+            self.num_unknown == 0
+            and self.num_held_requests == 0
+            and self.num_waiting == 0
+            and self.num_running == 0
+            and self.request_rate == 0
+        )
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+
+
+@dataclass(slots=True)
+class Signals:
+    """Per-role aggregates over one window ending at `t`."""
+
+    t: float
+    window_s: float
+    roles: dict[str, RoleSignals]
+
+
+# Where a role's queued prompt tokens came from (RoleSignals.backlog_from).
+BACKLOG_EXPORTED = "kvfleet:num_waiting_prompt_tokens"
+BACKLOG_DERIVED = (
+    "derived: vllm:num_requests_waiting x mean prompt (vllm:prompt_tokens_total / requests)"
+    " x (1 - vllm:prefix_cache_hits/queries)"
+)
+BACKLOG_UNKNOWN = "unknown: requests wait but no prompt length is known yet"
+
+
+def _replica_backlog(
+    gauges: list[ReplicaSample], first: ReplicaSample | None, last: ReplicaSample
+) -> tuple[float | None, str]:
+    """(queued uncached prompt tokens, source) for one replica over the window."""
+    exported = [g.num_waiting_prompt_tokens for g in gauges]
+    if all(v is not None for v in exported):
+        return sum(v for v in exported if v is not None) / len(exported), BACKLOG_EXPORTED
+    waiting = sum(g.num_waiting for g in gauges) / len(gauges)
+    if waiting == 0:
+        return 0.0, BACKLOG_DERIVED
+    base = first if first is not None and last.num_requests > first.num_requests else None
+    if base is not None and last.num_prompt_tokens >= base.num_prompt_tokens:
+        prompt = last.num_prompt_tokens - base.num_prompt_tokens
+        requests = last.num_requests - base.num_requests
+        queries = last.num_prefix_queries - base.num_prefix_queries
+        hits = last.num_prefix_hits - base.num_prefix_hits
+    else:  # no request started in the window (or a restart): the process lifetime
+        prompt, requests = last.num_prompt_tokens, last.num_requests
+        queries, hits = last.num_prefix_queries, last.num_prefix_hits
+    if requests <= 0 or prompt <= 0:
+        return None, BACKLOG_UNKNOWN
+    uncached = 1.0 - min(1.0, max(0.0, hits / queries)) if queries > 0 else 1.0
+    return waiting * prompt / requests * uncached, BACKLOG_DERIVED
+
+
+def _rate(first: float, last: float, dt: float) -> float:
+    """Counter rate; a drop means the process restarted, so count from zero."""
+    if dt <= 0:
+        return 0.0
+    return (last if last < first else last - first) / dt
+
+
+def _bucket_delta(first: Buckets, last: Buckets) -> dict[float, float]:
+    before = dict(first)
+    if last and before and last[-1][1] < before.get(last[-1][0], 0.0):
+        before = {}  # counter reset
+    return {le: max(0.0, n - before.get(le, 0.0)) for le, n in last}
+
+
+def histogram_quantile(q: float, cumulative: Mapping[float, float]) -> float | None:
+    """Prometheus-style quantile from cumulative buckets (le -> count); None when empty."""
+    items = sorted(cumulative.items())
+    if not items or items[-1][1] <= 0:
+        return None
+    rank = q * items[-1][1]
+    lower_le, lower_n = 0.0, 0.0
+    for le, n in items:
+        if n >= rank:
+            if math.isinf(le):
+                return lower_le  # like Prometheus: the highest finite bound
+            if n == lower_n:
+                return le
+            return lower_le + (le - lower_le) * (rank - lower_n) / (n - lower_n)
+        lower_le, lower_n = le, n
+    return lower_le
+
+
+def _window(log: Iterable[Scrape], start: float, now: float) -> tuple[Scrape | None, list[Scrape]]:
+    """(baseline: newest good scrape at or before start, good scrapes inside the window)."""
+    baseline: Scrape | None = None
+    inside: list[Scrape] = []
+    for s in log:
+        if s.sample is None or s.t > now:
+            continue
+        if s.t <= start:
+            baseline = s
+        else:
+            inside.append(s)
+    return baseline, inside
+
+
+def _is_known(log: deque[Scrape], now: float, stale_after_s: float) -> bool:
+    if not log:
+        return False
+    newest = log[-1]
+    return newest.sample is not None and now - newest.t <= stale_after_s
+
+
+def aggregate(
+    log: ScrapeLog,
+    roles: Mapping[str, str],
+    now: float,
+    window_s: float,
+    stale_after_s: float,
+    num_held_requests: int = 0,
+    expected_roles: Iterable[str] = (),
+) -> Signals:
+    """Aggregate `log` per role. `roles` maps replica name -> role for the current fleet;
+    `expected_roles` get an entry even with no replica (a role at zero still sees the
+    router's held requests, its demand for scale from zero)."""
+    out: dict[str, RoleSignals] = {role: RoleSignals() for role in expected_roles}
+    hists: dict[str, dict[str, dict[float, float]]] = {}
+    kv_means: dict[str, list[float]] = {}
+    backlogs: dict[str, list[tuple[float | None, str]]] = {}
+    for replica, role in roles.items():
+        rs = out.setdefault(role, RoleSignals())
+        rs.num_replicas += 1
+        scrapes = log.scrapes.get(replica, deque())
+        if not _is_known(scrapes, now, stale_after_s):
+            rs.num_unknown += 1
+            continue
+        rs.num_known += 1
+        baseline, inside = _window(scrapes, now - window_s, now)
+        newest = scrapes[-1].sample
+        assert newest is not None  # _is_known checked it
+        gauges = [s.sample for s in inside if s.sample is not None] or [newest]
+        n = len(gauges)
+        rs.num_waiting += sum(g.num_waiting for g in gauges) / n
+        rs.num_running += sum(g.num_running for g in gauges) / n
+        kv_means.setdefault(role, []).append(sum(g.kv_usage for g in gauges) / n)
+        rs.kv_usage_max = max(rs.kv_usage_max, max(g.kv_usage for g in gauges))
+        first = baseline or (inside[0] if inside else None)
+        last = inside[-1] if inside else None
+        backlogs.setdefault(role, []).append(_replica_backlog(
+            gauges, first.sample if first is not None and first is not last else None, newest))
+        if first is None or last is None or first is last:
+            continue  # one point: no rate yet
+        a, b = first.sample, last.sample
+        assert a is not None and b is not None
+        dt = last.t - first.t
+        rs.preemptions_per_s += _rate(a.num_preemptions, b.num_preemptions, dt)
+        rs.request_rate += _rate(a.num_requests, b.num_requests, dt)
+        prompt = _rate(a.num_prompt_tokens, b.num_prompt_tokens, dt)
+        hits = _rate(a.num_prefix_hits, b.num_prefix_hits, dt)
+        rs.prompt_tokens_per_s += prompt
+        rs.uncached_prompt_tokens_per_s += max(0.0, prompt - hits)
+        rs.generation_tokens_per_s += _rate(a.num_generation_tokens, b.num_generation_tokens, dt)
+        role_h = hists.setdefault(role, {"ttft": {}, "itl": {}})
+        for key, (fa, fb) in {"ttft": (a.ttft, b.ttft), "itl": (a.itl, b.itl)}.items():
+            for le, d in _bucket_delta(fa, fb).items():
+                role_h[key][le] = role_h[key].get(le, 0.0) + d
+    for role, rs in out.items():
+        means = kv_means.get(role, [])
+        rs.kv_usage_mean = sum(means) / len(means) if means else 0.0
+        rs.num_held_requests = num_held_requests
+        parts = backlogs.get(role, [])
+        if parts:
+            sources = {src for _, src in parts}
+            known = [v for v, _ in parts if v is not None]
+            rs.num_waiting_prompt_tokens = sum(known) if len(known) == len(parts) else None
+            rs.backlog_from = (BACKLOG_UNKNOWN if rs.num_waiting_prompt_tokens is None
+                               else " + ".join(sorted(sources)))
+        if role in hists:
+            rs.ttft_p90_s = histogram_quantile(0.9, hists[role]["ttft"])
+            rs.itl_p90_s = histogram_quantile(0.9, hists[role]["itl"])
+    return Signals(t=now, window_s=window_s, roles=out)

@@ -1,0 +1,145 @@
+"""kopf wiring, and nothing else: which kopf causes call which kvfleet function.
+
+- create / update (of `spec`) / resume -> `reconcile`: apply every child of the pool
+  (`runtimes.kubernetes.pool_children.apply_pool`), level-based and idempotent.
+  An invalid spec (SpecError, UnservableSpecError) gets Ready=False and Degraded=True with
+  reason InvalidSpec naming the field, one Warning event, and `kopf.PermanentError`: no
+  retries until the spec changes. An API error is `kopf.TemporaryError`, retried after
+  `OperatorConfig.retry_delay_s`.
+- a daemon per pool -> `pool_loop.run_pool`: the one `ControlLoop` over the Kubernetes
+  ports, ticking every `min(autoscaling.intervalSeconds, max_tick_s)`. It is a daemon, not
+  `@kopf.timer`, because kopf timers have one interval for every object and ours is per
+  pool. kopf stops it before the pool goes (that is what its finalizer is for).
+- startup: kopf's progress and diff-base storage use the `kvfleet.io` prefix, its finalizer
+  is `kvfleet.io/finalizer`; handlers return None, so kopf writes nothing into status.
+
+Everything a handler needs comes through kopf's `memo`: `memo.client` (a `KubeClient`,
+made at startup unless given), `memo.config` (an `OperatorConfig`), `memo.metrics`
+(every pool's loop series, served on `config.metrics_port` when set) and
+`memo.admin_tokens` (the router admin token each reconcile applied: a pool's loop starts
+as soon as its reconcile is done, without polling its Secret).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import kopf
+
+from kvfleet_operator.api.errors import SpecError
+from kvfleet_operator.api.pool import GROUP, PLURAL, VERSION
+from kvfleet_operator.loop import events as ev
+from kvfleet_operator.runtimes import metrics_server
+from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
+from kvfleet_operator.runtimes.kubernetes.operator_metrics import OperatorMetrics
+from kvfleet_operator.runtimes.kubernetes.pool_loop import pool_from_body, run_pool
+from kvfleet_operator.runtimes.kubernetes.ports.event_sink import post_event
+from kvfleet_operator.runtimes.kubernetes.ports.kube_client import (
+    ApiError,
+    KubeClient,
+    load_configuration,
+)
+from kvfleet_operator.runtimes.kubernetes.ports.pool_children import apply_pool
+from kvfleet_operator.runtimes.kubernetes.ports.status_store import (
+    LOOP_STATE_ANNOTATION,
+    write_invalid_spec,
+)
+
+PREFIX = "kvfleet.io"
+FINALIZER = f"{PREFIX}/finalizer"
+RESOURCE = (GROUP, VERSION, PLURAL)
+INVALID_SPEC_EVENT = "InvalidSpec"
+APPLY_FAILED_EVENT = "ApplyFailed"
+METRICS_HOST = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the operator's pod
+CANCEL_BACKOFF_S = 5.0  # a stopping loop finishes its tick (its `stopped` flag) before a cancel
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration",
+        ignored_fields=[("metadata", "annotations", LOOP_STATE_ANNOTATION)],
+    )  # fmt: skip
+    settings.persistence.finalizer = FINALIZER
+    settings.posting.level = logging.WARNING  # our own events say what happened
+
+
+async def report_invalid(client: KubeClient, body: Any, error: SpecError) -> None:
+    metadata = body.get("metadata") or {}
+    await write_invalid_spec(client, body, error)
+    await post_event(client, str(metadata.get("name")), str(metadata.get("namespace") or
+                     "default"), str(metadata.get("uid") or ""),
+                     ev.warning(INVALID_SPEC_EVENT, str(error)))  # fmt: skip
+
+
+async def reconcile(body: Any, memo: Any) -> None:
+    client: KubeClient = memo.client
+    config: OperatorConfig = memo.config
+    try:
+        pool = pool_from_body(body)
+        tokens = await apply_pool(client, pool, image=config.image, options=config.options)
+        memo.admin_tokens[(pool.namespace, pool.name)] = tokens.admin
+    except SpecError as exc:
+        try:
+            await report_invalid(client, body, exc)
+        except ApiError as api:
+            raise kopf.TemporaryError(f"invalid spec ({exc}); reporting it failed: {api}",
+                                      delay=config.retry_delay_s) from None  # fmt: skip
+        raise kopf.PermanentError(f"invalid spec: {exc}") from None
+    except ApiError as exc:
+        metadata = body.get("metadata") or {}
+        try:
+            await post_event(client, str(metadata.get("name")),
+                             str(metadata.get("namespace") or "default"),
+                             str(metadata.get("uid") or ""),
+                             ev.warning(APPLY_FAILED_EVENT, f"applying children: {exc}"))
+        except ApiError:
+            pass
+        raise kopf.TemporaryError(f"applying children failed: {exc}",
+                                  delay=config.retry_delay_s) from None  # fmt: skip
+
+
+def register(
+    registry: kopf.OperatorRegistry, *, login: Callable[..., Any] | None = kopf.login_via_client
+) -> kopf.OperatorRegistry:
+    """Put kvfleet's handlers into `registry` (tests pass their own login)."""
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, memo: Any, **_: Any) -> None:
+        configure(settings)
+        if memo.get("config") is None:
+            memo.config = OperatorConfig()
+        if memo.get("client") is None:
+            memo.client = KubeClient(await load_configuration())
+            memo.owns_client = True
+        memo.metrics = OperatorMetrics()
+        memo.admin_tokens = {}  # (namespace, pool) -> the admin token the last reconcile applied
+        if memo.config.metrics_port is not None:
+            memo.metrics_runner, memo.metrics_port = await metrics_server.start(
+                memo.metrics, METRICS_HOST, memo.config.metrics_port)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: Any, **_: Any) -> None:
+        if memo.get("metrics_runner") is not None:
+            await memo.metrics_runner.cleanup()
+        if memo.get("owns_client"):
+            await memo.client.close()
+
+    if login is not None:
+        kopf.on.login(registry=registry)(login)
+
+    @kopf.on.resume(*RESOURCE, registry=registry, id="reconcile-resume")
+    @kopf.on.create(*RESOURCE, registry=registry, id="reconcile-create")
+    @kopf.on.update(*RESOURCE, registry=registry, id="reconcile-update", field="spec")
+    async def on_change(body: Any, memo: Any, **_: Any) -> None:
+        await reconcile(body, memo)
+
+    @kopf.daemon(*RESOURCE, registry=registry, id="control-loop",
+                 cancellation_backoff=CANCEL_BACKOFF_S, cancellation_timeout=10.0)
+    async def control_loop(body: Any, memo: Any, stopped: Any, **_: Any) -> None:
+        await run_pool(body, memo.client, memo.config, lambda: bool(stopped), memo.metrics,
+                       applied_tokens=memo.admin_tokens)
+
+    return registry

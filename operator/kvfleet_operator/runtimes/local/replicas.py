@@ -1,0 +1,307 @@
+"""The local runtime: the router and every engine replica as child processes on loopback.
+
+`LocalRuntime` is the control loop's `ReplicaRuntime` port for processes. A replica counts
+as ready only after its `/health` answers 200. A replica that exits on its own is restarted
+on the same port after an exponential backoff (so the router's endpoint address stays valid
+and the router can readmit it); the crash is counted and shown in status. A deleted replica
+gets SIGTERM (the engine drains), and SIGKILL if it outlives its grace period. Everything the
+runtime starts is stopped by `shutdown()`, and dies with us anyway (procs.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from kvfleet_operator.api.spec import PoolSpec
+from kvfleet_operator.decide.engine_args import engine_args
+from kvfleet_operator.decide.reconcile import RolePlan
+from kvfleet_operator.loop import events as ev
+from kvfleet_operator.loop.ports import EventSink
+from kvfleet_operator.runtimes.local import procs
+from kvfleet_operator.runtimes.local.backoff import Backoff
+from kvfleet_operator.runtimes.local.state_dir import StateDir
+
+HOST = "127.0.0.1"
+ROUTER_NAME = "router"
+
+# Replica lifecycle. Only `ready` and `draining` replicas are in the router's config.
+STARTING, READY, CRASHED = "starting", "ready", "failed"  # reconcile's phase names
+DRAINING, STOPPING = "draining", "stopping"
+
+
+def kvfleet_argv(*args: str) -> list[str]:
+    """`kvfleet <args>` with this interpreter, so no console script on PATH is needed."""
+    return [sys.executable, "-m", "kvfleet_operator.cli.main", *args]
+
+
+@dataclass(slots=True)
+class Child:
+    """One supervised process: a router or an engine replica."""
+
+    name: str
+    role: str
+    port: int
+    argv_for: Callable[[int], list[str]]  # the full command line for a given port
+    env: dict[str, str] | None = None  # extra environment on top of ours
+    is_port_fixed: bool = False  # the router keeps the endpoint it printed, come what may
+    proc: subprocess.Popen | None = None
+    state: str = STARTING
+    num_restarts: int = 0
+    num_recent_crashes: int = 0
+    started_at: float = 0.0
+    restart_at: float | None = None
+    kill_at: float | None = None  # a stopping child still alive then gets SIGKILL
+    last_exit_code: int | None = None
+    last_error: str = ""  # why it last failed: its own last log line, or the start-up timeout
+    kill_reason: str = ""  # set when we kill it ourselves, for this run only
+
+    @property
+    def address(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def to_status(self, now: float) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "role": self.role,
+            "address": self.address,
+            "pid": self.pid,
+            "state": self.state,
+            "num_restarts": self.num_restarts,
+            "last_exit_code": self.last_exit_code,
+            "last_error": self.last_error,
+            "uptime_s": round(now - self.started_at, 1) if self.state == READY else 0.0,
+            "restart_in_s": (
+                round(max(0.0, self.restart_at - now), 1) if self.restart_at is not None else None
+            ),
+        }
+
+
+class _NoEvents:
+    def emit(self, event: ev.Event) -> None:
+        pass
+
+
+class LocalRuntime:
+    def __init__(
+        self,
+        state_dir: StateDir,
+        *,
+        backoff: Backoff | None = None,
+        startup_timeout_s: float = 600.0,  # loading a real model on CPU can take minutes
+        events: EventSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        engine_env: dict[str, str] | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.backoff = backoff or Backoff()
+        self.startup_timeout_s = startup_timeout_s
+        self.events: EventSink = events or _NoEvents()
+        self.clock = clock
+        self._engine_env = dict(engine_env or {})  # may hold secrets: never shown
+        self.children: dict[str, Child] = {}
+        self._next_index: dict[str, int] = {}
+        self._http: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> LocalRuntime:
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    # --- starting -------------------------------------------------------------------------
+
+    def _spawn(self, child: Child) -> None:
+        env = {**os.environ, **child.env} if child.env else None
+        log = self.state_dir.log_file(child.name)
+        child.proc = procs.spawn(child.argv_for(child.port), log, env)
+        child.state = STARTING
+        child.started_at = self.clock()
+        child.restart_at = None
+        child.kill_reason = ""
+
+    def start_router(
+        self, argv_for: Callable[[int], list[str]], port: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Child:
+        child = Child(ROUTER_NAME, ROUTER_NAME, port or procs.free_port(), argv_for, env,
+                      is_port_fixed=True)
+        self.children[child.name] = child
+        self._spawn(child)
+        return child
+
+    def add_replica(
+        self, role: str, argv_for: Callable[[int], list[str]], env: dict[str, str] | None = None
+    ) -> Child:
+        index = self._next_index.get(role, 0)
+        self._next_index[role] = index + 1
+        child = Child(f"{role}-{index}", role, procs.free_port(), argv_for, env)
+        self.children[child.name] = child
+        self._spawn(child)
+        self._say(ev.EventReason.REPLICA_STARTED, f"start {child.name} on {child.address}")
+        return child
+
+    async def create(self, spec: PoolSpec, plan: RolePlan) -> None:
+        """One more replica of `plan.role`: the plan's command and env, with the role's args
+        rendered for the loopback port this replica gets."""
+        role = plan.role
+
+        def argv_for(port: int) -> list[str]:
+            return plan.command + engine_args(spec, role, host=HOST, port=port)
+
+        self.add_replica(role, argv_for, {**plan.env, **self._engine_env})
+
+    def _say(self, reason: str, message: str, is_warning: bool = False) -> None:
+        self.events.emit(ev.warning(reason, message) if is_warning else ev.normal(reason, message))
+
+    @property
+    def router(self) -> Child:
+        return self.children[ROUTER_NAME]
+
+    def replicas(self, role: str | None = None) -> list[Child]:
+        return [
+            c
+            for c in self.children.values()
+            if c.name != ROUTER_NAME and (role is None or c.role == role)
+        ]
+
+    async def wait_ready(
+        self, name: str, timeout_s: float, stop: asyncio.Event | None = None
+    ) -> bool:
+        deadline = self.clock() + timeout_s
+        while self.clock() < deadline and not (stop is not None and stop.is_set()):
+            await self.supervise()
+            child = self.children.get(name)
+            if child is None:
+                return False
+            if child.state == READY:
+                return True
+            await asyncio.sleep(0.2)
+        return False
+
+    # --- supervision ----------------------------------------------------------------------
+
+    async def _is_healthy(self, child: Child) -> bool:
+        assert self._http is not None, "use LocalRuntime as an async context manager"
+        try:
+            async with self._http.get(f"{child.address}/health") as resp:
+                return resp.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+    def _on_exit(self, child: Child, now: float) -> None:
+        assert child.proc is not None
+        child.last_exit_code = child.proc.returncode
+        if child.state in (STOPPING, DRAINING):
+            # Leaving anyway: a drained replica that dies is simply gone, never restarted.
+            del self.children[child.name]
+            self._say(ev.EventReason.REPLICA_STOPPED,
+                      f"stopped {child.name} (exit {child.last_exit_code})")  # fmt: skip
+            return
+        uptime = now - child.started_at
+        child.num_recent_crashes = self.backoff.recent_crashes(child.num_recent_crashes, uptime)
+        delay = self.backoff.delay(child.num_recent_crashes)
+        is_starting = child.state == STARTING
+        line = procs.last_line(self.state_dir.log_file(child.name))
+        child.last_error = child.kill_reason or (
+            f"exited with {child.last_exit_code}" + (f": {line}" if line else ""))
+        child.state = CRASHED
+        child.restart_at = now + delay
+        during = " during start-up" if is_starting else ""
+        self._say(
+            ev.EventReason.REPLICA_CRASHED,
+            f"{child.name} exited with {child.last_exit_code}{during}; restart in {delay:.1f}s "
+            f"(see {self.state_dir.log_file(child.name)})"
+            + (f": {child.last_error}" if is_starting else ""),
+            is_warning=True,
+        )
+
+    async def supervise(self) -> None:
+        """One pass: reap exits, restart due crashes, promote healthy starters to ready."""
+        now = self.clock()
+        starting: list[Child] = []
+        for child in list(self.children.values()):
+            if child.proc is not None and child.state != CRASHED and child.proc.poll() is not None:
+                self._on_exit(child, now)
+                continue
+            if child.state == CRASHED and child.restart_at is not None and now >= child.restart_at:
+                child.num_restarts += 1
+                if not child.is_port_fixed and not procs.can_bind(child.port):
+                    child.port = procs.free_port()
+                self._spawn(child)
+                self._say(ev.EventReason.REPLICA_RESTARTED,
+                          f"restart {child.name} (restart #{child.num_restarts})")  # fmt: skip
+            elif child.state == STOPPING and child.kill_at is not None and now >= child.kill_at:
+                assert child.proc is not None
+                self._say(ev.EventReason.REPLICA_STOPPING,
+                          f"{child.name} outlived its grace period; killing it", is_warning=True)
+                procs.signal_group(child.proc, signal.SIGKILL)
+                child.kill_at = None
+            elif child.state == STARTING:
+                starting.append(child)
+        healthy = await asyncio.gather(*(self._is_healthy(c) for c in starting))
+        for child, is_healthy in zip(starting, healthy, strict=True):
+            if child.state != STARTING:
+                continue
+            if is_healthy:
+                child.state = READY
+                child.last_error = ""
+                self._say(ev.EventReason.REPLICA_READY, f"{child.name} ready on {child.address}")
+            elif self.clock() - child.started_at > self.startup_timeout_s:
+                limit = self.startup_timeout_s
+                child.kill_reason = f"not healthy after {limit:g}s of start-up"
+                self._say(ev.EventReason.REPLICA_START_TIMEOUT,
+                          f"{child.name} not healthy after {limit:g}s; killing it",
+                          is_warning=True)  # fmt: skip
+                if child.proc is not None:
+                    procs.signal_group(child.proc, signal.SIGKILL)
+
+    # --- stopping -------------------------------------------------------------------------
+
+    async def mark_draining(self, name: str) -> None:
+        self.children[name].state = DRAINING
+
+    async def mark_ready(self, name: str) -> None:
+        """A draining replica goes back to work (its cache is warm)."""
+        self.children[name].state = READY
+
+    async def delete(self, name: str, grace_s: float) -> None:
+        """SIGTERM: the engine drains what it still holds and exits; supervise() reaps it,
+        or SIGKILLs it after `grace_s`."""
+        child = self.children[name]
+        if child.proc is None or child.proc.poll() is not None or child.state == CRASHED:
+            del self.children[name]
+            self._say(ev.EventReason.REPLICA_STOPPED, f"removed {name}")
+            return
+        child.state = STOPPING
+        child.kill_at = self.clock() + grace_s
+        procs.signal_group(child.proc, signal.SIGTERM)
+
+    async def shutdown(self, grace_s: float = 10.0) -> None:
+        running = [c.proc for c in self.children.values() if c.proc is not None]
+        if running:
+            # Blocking wait off the loop so signal handlers and prints keep working.
+            await asyncio.get_running_loop().run_in_executor(None, procs.stop, running, grace_s)
+        self.children.clear()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    def status(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [c.to_status(now) for c in self.children.values()]
+

@@ -1,0 +1,89 @@
+"""The local fleet's state directory: ./.kvfleet/<pool>/ by default (git-ignored).
+
+It holds `state.json` (what `kvfleet status` shows, including the autoscaler history so a
+restarted `up` continues where it left off), `admin-token` (mode 0600, never printed),
+the router config and one log file per child.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+STATE_FILE = "state.json"
+TOKEN_FILE = "admin-token"
+ROUTER_CONFIG_FILE = "router.yaml"
+LOG_DIR = "logs"
+
+
+def default_state_dir(pool_name: str, cwd: Path | None = None) -> Path:
+    return (cwd or Path.cwd()) / ".kvfleet" / pool_name
+
+
+class StateDir:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def state_file(self) -> Path:
+        return self.path / STATE_FILE
+
+    @property
+    def token_file(self) -> Path:
+        return self.path / TOKEN_FILE
+
+    @property
+    def router_config_file(self) -> Path:
+        return self.path / ROUTER_CONFIG_FILE
+
+    def log_file(self, child_name: str) -> Path:
+        return self.path / LOG_DIR / f"{child_name}.log"
+
+    def create(self) -> None:
+        # 0700 only when we create it: never re-permission a directory the user pointed at.
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        (self.path / LOG_DIR).mkdir(exist_ok=True)
+
+    def new_admin_token(self) -> str:
+        """A fresh token per fleet start, written 0600 before any byte of it lands on disk."""
+        token = secrets.token_urlsafe(32)
+        tmp = self.token_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(token + "\n")
+        os.replace(tmp, self.token_file)
+        return token
+
+    def read_admin_token(self) -> str:
+        return self.token_file.read_text().strip()
+
+    def write_state(self, state: dict[str, Any]) -> None:
+        """Atomic: a reader never sees half a file."""
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+        os.replace(tmp, self.state_file)
+
+    def read_state(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.state_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def write_text_atomic(self, path: Path, text: str) -> None:
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+
+
+def running_pid(state: dict[str, Any] | None) -> int | None:
+    """The pid of the `kvfleet up` that wrote `state`, if it still runs and has not stopped."""
+    from kvfleet_operator.runtimes.local.procs import is_pid_alive
+
+    pid = (state or {}).get("pid")
+    if not isinstance(pid, int) or (state or {}).get("is_stopped") or not is_pid_alive(pid):
+        return None
+    return pid
