@@ -5,7 +5,8 @@
 - `server/`: the OpenAI-compatible aiohttp server, /metrics, KV events, KV transfer, P/D.
 
 `contract` is what the router and operator may import. The offline API is exported here,
-as in vLLM (`from kvfleet_engine import LLM, SamplingParams`), and loaded on first use,
+as in vLLM (`from kvfleet_engine import LLM, SamplingParams`; `LLM.generate` returns
+vLLM-shaped `RequestOutput`s holding `CompletionOutput`s), and loaded on first use,
 so `import kvfleet_engine.contract` pulls in nothing else.
 """
 
@@ -16,18 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvfleet_engine.core.config import EngineConfig
-    from kvfleet_engine.core.outputs import RequestOutput
     from kvfleet_engine.core.sampling_params import SamplingParams
-    from kvfleet_engine.llm import LLM
+    from kvfleet_engine.llm import LLM, CompletionOutput, RequestOutput
 
 _EXPORTS = {
     "LLM": "kvfleet_engine.llm",
     "SamplingParams": "kvfleet_engine.core.sampling_params",
-    "RequestOutput": "kvfleet_engine.core.outputs",
+    "RequestOutput": "kvfleet_engine.llm",  # the offline API's (the engine's step output
+    "CompletionOutput": "kvfleet_engine.llm",  # is kvfleet_engine.core.outputs.RequestOutput)
     "EngineConfig": "kvfleet_engine.core.config",
 }
 
-__all__ = ["LLM", "EngineConfig", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "CompletionOutput", "EngineConfig", "RequestOutput", "SamplingParams"]
 
 
 def __getattr__(name: str) -> Any:
@@ -39,4 +40,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    return sorted({*globals(), *__all__})

@@ -88,7 +88,7 @@ class SamplingParams:
                              f"equal to n ({self.n}); every sample is returned")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
-        if not 0 <= self.top_p <= 1:
+        if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be -1 or 0 (off) or positive, got {self.top_k!r}")
