@@ -37,7 +37,7 @@ from kvfleet_operator.decide.autoscaler import (
     RoleLimits,
     decision_reason,
 )
-from kvfleet_operator.decide.signals import RoleSignals, Signals
+from kvfleet_operator.decide.role_signals import RoleSignals, Signals
 
 # Knative's container-concurrency-target-percentage: replicas run at 70% of their limit.
 TARGET_UTILIZATION = 0.7

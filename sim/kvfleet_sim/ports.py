@@ -26,7 +26,7 @@ from kvfleet_engine.core.config import EngineConfig
 from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.api.status import PoolStatus
 from kvfleet_operator.decide.reconcile import RolePlan
-from kvfleet_operator.decide.signals import Scrape
+from kvfleet_operator.decide.role_signals import Scrape
 from kvfleet_operator.loop.events import Event
 from kvfleet_operator.loop.ports import EndpointView, Replica, RouterView, Saved
 from kvfleet_operator.loop.state import LoopState

@@ -20,7 +20,7 @@ from kvfleet_engine.core.sampling_params import SamplingParams
 from kvfleet_engine.core.sequence import PrefixKV, PreloadedKV
 from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
 from kvfleet_engine.server.metrics import ITL_BUCKETS, TTFT_BUCKETS
-from kvfleet_operator.decide.signals import ReplicaSample
+from kvfleet_operator.decide.role_signals import ReplicaSample
 
 MIN_STEP_S = 1e-4  # a step that schedules nothing still moves time, so the loop advances
 

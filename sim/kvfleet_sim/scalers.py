@@ -28,7 +28,7 @@ from kvfleet_operator.decide.autoscaler import (
     decide,
 )
 from kvfleet_operator.decide.autoscaler_spec import config_from_pool
-from kvfleet_operator.decide.signals import Signals
+from kvfleet_operator.decide.role_signals import Signals
 from kvfleet_operator.loop.control_loop import Scaler
 
 from kvfleet_sim.kpa import KPAConfig, kpa_decide

@@ -3,7 +3,7 @@
 import os
 import stat
 
-from kvfleet_operator.cli import status as status_cmd
+from kvfleet_operator.cli import status_cmd
 from kvfleet_operator.runtimes.local.state_dir import StateDir, default_state_dir
 
 
@@ -91,11 +91,11 @@ def test_status_without_fleet_is_one_line_error(tmp_path, capsys, monkeypatch):
 
 
 def test_status_finds_a_running_fleet_from_any_directory(tmp_path, capsys, monkeypatch):
-    from kvfleet_operator.runtimes.local import registry
+    from kvfleet_operator.runtimes.local import fleet_registry
     sd = StateDir(tmp_path / "somewhere" / "demo")
     sd.create()
     sd.write_state({**_state(os.getpid()), "state_dir": str(sd.path)})
-    registry.register("demo", sd.path)
+    fleet_registry.register("demo", sd.path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)

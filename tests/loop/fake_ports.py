@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvfleet_operator.decide.autoscaler import Decision, History
-from kvfleet_operator.decide.signals import ReplicaSample, Scrape
+from kvfleet_operator.decide.role_signals import ReplicaSample, Scrape
 from kvfleet_operator.loop.events import Event
 from kvfleet_operator.loop.ports import (
     EndpointView,

@@ -7,8 +7,8 @@ from pathlib import Path
 from fake_ports import FakeReplica
 from kvfleet_operator.api import load_pool
 from kvfleet_operator.decide.reconcile import reconcile
+from kvfleet_operator.decide.role_signals import ReplicaSample, Scrape, ScrapeLog
 from kvfleet_operator.decide.router_config import COLD_START_HOLD_S, build_router_config
-from kvfleet_operator.decide.signals import ReplicaSample, Scrape, ScrapeLog
 from kvfleet_operator.loop.observe import (
     UNKNOWN_IN_FLIGHT,
     current_replicas,

@@ -2,7 +2,7 @@
 
 from kvfleet_operator.api import parse_pool
 from kvfleet_operator.api.advice import odd_settings
-from kvfleet_operator.runtimes.local.spec import unhonoured_fields
+from kvfleet_operator.runtimes.local.spec_support import unhonoured_fields
 
 
 def _spec(autoscaling=None, engine=None, topology=None, routing=None):

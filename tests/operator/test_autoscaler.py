@@ -13,7 +13,7 @@ from kvfleet_operator.decide.autoscaler import (
     demand,
     learn_prefill_capacity,
 )
-from kvfleet_operator.decide.signals import RoleSignals, Signals
+from kvfleet_operator.decide.role_signals import RoleSignals, Signals
 
 
 def sig(t=0.0, window=60.0, **roles):

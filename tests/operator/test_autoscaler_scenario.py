@@ -16,7 +16,7 @@ from kvfleet_operator.decide.autoscaler import (
     RoleTargets,
     decide,
 )
-from kvfleet_operator.decide.signals import ReplicaSample, Scrape, ScrapeLog, aggregate
+from kvfleet_operator.decide.role_signals import ReplicaSample, Scrape, ScrapeLog, aggregate
 
 MU = 2.0  # requests/s one replica completes
 STARTUP_S = 4.0

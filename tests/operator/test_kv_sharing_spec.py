@@ -16,7 +16,7 @@ from kvfleet_operator.api.status import ConditionType, PoolStatus, Reason
 from kvfleet_operator.decide.engine_args import engine_args, engine_env
 from kvfleet_operator.decide.reconcile import invalid_spec_status
 from kvfleet_operator.decide.router_config import RouterEndpoint, build_router_config
-from kvfleet_operator.runtimes.local.spec import unhonoured_fields
+from kvfleet_operator.runtimes.local.spec_support import unhonoured_fields
 from kvfleet_router.config import RouterConfig
 
 WALL = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

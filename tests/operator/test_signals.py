@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from kvfleet_operator.decide.signals import (
+from kvfleet_operator.decide.role_signals import (
     MetricsParseError,
     Scrape,
     ScrapeLog,

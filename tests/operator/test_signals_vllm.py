@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from kvfleet_operator.decide.autoscaler import AutoscalerConfig, History, RoleLimits, RoleTargets
 from kvfleet_operator.decide.autoscaler import decide as decide_
-from kvfleet_operator.decide.signals import (
+from kvfleet_operator.decide.role_signals import (
     BACKLOG_DERIVED,
     BACKLOG_EXPORTED,
     BACKLOG_UNKNOWN,

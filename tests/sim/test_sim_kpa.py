@@ -5,7 +5,7 @@ from pathlib import Path
 from kvfleet_operator.api import load_pool
 from kvfleet_operator.api.status import DecisionReason, Reason
 from kvfleet_operator.decide.autoscaler import History, RoleLimits
-from kvfleet_operator.decide.signals import RoleSignals, Signals
+from kvfleet_operator.decide.role_signals import RoleSignals, Signals
 from kvfleet_sim.fleet import FleetSim, SimSettings
 from kvfleet_sim.kpa import KPAConfig, concurrency, kpa_decide
 from kvfleet_sim.scalers import SCALERS

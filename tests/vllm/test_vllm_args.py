@@ -71,7 +71,7 @@ def test_rendered_args_start_vllm_and_serve_a_completion(vllm_server, figures):
 def test_live_vllm_metrics_read_honestly(vllm_server):
     """vLLM's real /metrics through kvfleet's reader: its series are read, the kvfleet-only
     backlog gauge is unknown (None), and the backlog is derived from vLLM's series."""
-    from kvfleet_operator.decide.signals import (
+    from kvfleet_operator.decide.role_signals import (
         BACKLOG_DERIVED,
         Scrape,
         ScrapeLog,

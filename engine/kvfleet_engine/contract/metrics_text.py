@@ -1,6 +1,6 @@
 """The one reader of Prometheus `/metrics` text from vLLM and kvfleet engines.
 
-The router (`kvfleet_router.signals`) and the operator (`kvfleet_operator.decide.signals`) both
+The router (`kvfleet_router.signals`) and the operator (`kvfleet_operator.decide.role_signals`) both
 read scrapes through here and only map the result onto their own types. The rules:
 
 1. **Lines.** Blank lines and `#` lines (HELP, TYPE, comments) are skipped. A sample is

@@ -13,7 +13,8 @@ import sys
 # name -> (module with main(argv), one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "up": ("kvfleet_operator.cli.up", "run a whole InferencePool as local processes"),
-    "status": ("kvfleet_operator.cli.status", "show the state of a local fleet started by `up`"),
+    "status": ("kvfleet_operator.cli.status_cmd",
+               "show the state of a local fleet started by `up`"),
     "engine": ("kvfleet_engine.cli", "serve one engine replica (OpenAI API, vLLM metrics)"),
     "router": ("kvfleet_router.cli", "run the cache-aware router in front of engine replicas"),
     "operator": ("kvfleet_operator.cli.operator_cmd",

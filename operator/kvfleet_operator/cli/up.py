@@ -36,7 +36,7 @@ from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
 from kvfleet_operator.loop.events import Fanout
 from kvfleet_operator.loop.metrics import LoopMetrics
 from kvfleet_operator.runtimes import metrics_server
-from kvfleet_operator.runtimes.local import procs, registry
+from kvfleet_operator.runtimes.local import fleet_registry, procs
 from kvfleet_operator.runtimes.local.backoff import Backoff
 from kvfleet_operator.runtimes.local.progress import summary_line
 from kvfleet_operator.runtimes.local.replicas import (
@@ -44,7 +44,7 @@ from kvfleet_operator.runtimes.local.replicas import (
     LocalRuntime,
     kvfleet_argv,
 )
-from kvfleet_operator.runtimes.local.spec import unhonoured_fields
+from kvfleet_operator.runtimes.local.spec_support import unhonoured_fields
 from kvfleet_operator.runtimes.local.state_dir import StateDir, default_state_dir, running_pid
 from kvfleet_operator.runtimes.local.store import StateFileStore
 from kvfleet_operator.runtimes.metrics_sources import ScrapeMetrics
@@ -163,7 +163,7 @@ def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir]:
         state_dir.create()
     except OSError as exc:
         raise UpError(f"cannot create state dir {state_dir.path}: {exc.strerror}") from None
-    registry.register(pool.name, state_dir.path)  # so `kvfleet status` finds it from anywhere
+    fleet_registry.register(pool.name, state_dir.path)  # so `kvfleet status` finds it from anywhere
     return pool, state_dir
 
 

@@ -41,7 +41,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kvfleet_operator.api.status import DecisionReason, Reason
-from kvfleet_operator.decide.signals import BACKLOG_EXPORTED, BACKLOG_UNKNOWN, RoleSignals, Signals
+from kvfleet_operator.decide.role_signals import (
+    BACKLOG_EXPORTED,
+    BACKLOG_UNKNOWN,
+    RoleSignals,
+    Signals,
+)
 
 # ScalingLimited reasons: the API's condition reasons.
 LIMIT_MAX = Reason.AT_MAX_REPLICAS

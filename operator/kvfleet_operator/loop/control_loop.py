@@ -31,7 +31,7 @@ from kvfleet_operator.api.status import ScaleDecision
 from kvfleet_operator.decide.autoscaler import Decision, History, decide
 from kvfleet_operator.decide.autoscaler_spec import config_from_pool
 from kvfleet_operator.decide.reconcile import Desired, reconcile
-from kvfleet_operator.decide.signals import ScrapeLog, Signals, aggregate
+from kvfleet_operator.decide.role_signals import ScrapeLog, Signals, aggregate
 from kvfleet_operator.loop import events as ev
 from kvfleet_operator.loop.observe import (
     UNKNOWN_IN_FLIGHT,

@@ -21,7 +21,7 @@ from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.api.status import ScaleDecision, rfc3339
 from kvfleet_operator.decide.autoscaler import Decision, decision_reason
 from kvfleet_operator.decide.reconcile import Observed, ObservedReplica
-from kvfleet_operator.decide.signals import ScrapeLog, Signals
+from kvfleet_operator.decide.role_signals import ScrapeLog, Signals
 from kvfleet_operator.loop.ports import Replica, RouterView
 
 UNKNOWN_IN_FLIGHT = 1 << 30

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.api.status import PoolStatus
 from kvfleet_operator.decide.reconcile import RolePlan
-from kvfleet_operator.decide.signals import Scrape
+from kvfleet_operator.decide.role_signals import Scrape
 from kvfleet_operator.loop.events import EventSink as EventSink  # a port, defined with Event
 from kvfleet_operator.loop.state import LoopState
 

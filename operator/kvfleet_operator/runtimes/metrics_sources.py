@@ -20,7 +20,12 @@ from typing import Any
 
 import aiohttp
 
-from kvfleet_operator.decide.signals import MetricsParseError, ReplicaSample, Scrape, parse_metrics
+from kvfleet_operator.decide.role_signals import (
+    MetricsParseError,
+    ReplicaSample,
+    Scrape,
+    parse_metrics,
+)
 from kvfleet_operator.loop.ports import Replica
 
 

@@ -2,7 +2,7 @@
 
 It reads the state file that `kvfleet up` keeps in the state dir (default
 ./.kvfleet/<pool-name>/). Fleets are found under ./.kvfleet and, from any directory, in the
-per-user registry `kvfleet up` writes (`runtimes/registry.py`). With no POOL: the only
+per-user registry `kvfleet up` writes (`runtimes/local/fleet_registry.py`). With no POOL: the only
 fleet found, else the only running one. A fleet whose `up` is gone shows as stopped.
 """
 
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from kvfleet_operator.runtimes.local import registry
+from kvfleet_operator.runtimes.local import fleet_registry
 from kvfleet_operator.runtimes.local.progress import render_status
 from kvfleet_operator.runtimes.local.state_dir import STATE_FILE, StateDir, running_pid
 
@@ -30,13 +30,13 @@ def _is_running(state_dir: Path) -> bool:
     return running_pid(StateDir(state_dir).read_state()) is not None
 
 
-def known_fleets() -> list[registry.Entry]:
+def known_fleets() -> list[fleet_registry.Entry]:
     """Fleets under ./.kvfleet, then those in the registry, each state dir once."""
-    local = [registry.Entry(p.parent.name, p.parent)
+    local = [fleet_registry.Entry(p.parent.name, p.parent)
              for p in sorted((Path.cwd() / ".kvfleet").glob(f"*/{STATE_FILE}"))]  # fmt: skip
     seen: set[Path] = set()
     out = []
-    for entry in local + registry.entries():
+    for entry in local + fleet_registry.entries():
         key = entry.state_dir.resolve()
         if key not in seen:
             seen.add(key)
