@@ -222,3 +222,10 @@ def test_sampling_params_accept_the_edges_of_their_ranges(kwargs):
 def test_sampling_params_refuse_an_unknown_field_by_name():
     with pytest.raises(TypeError, match="tempreature"):
         SamplingParams(tempreature=0.5)
+
+
+def test_default_sampling_params_take_the_one_comparison_fast_path():
+    from kvfleet_engine.core import sampling_params as sp
+
+    assert sp._unsupported_values(SamplingParams()) == sp._DEFAULTS
+    SamplingParams(logit_bias={}, bad_words=[])  # neutral, though not the defaults

@@ -12,31 +12,36 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 NO_LOGPROBS = "the engine does not compute log-probabilities"
 
-# vLLM fields accepted only at their neutral value: name -> (is the value neutral?, why not)
-_UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "presence_penalty": (lambda v: v == 0, "penalties are not implemented"),
-    "frequency_penalty": (lambda v: v == 0, "penalties are not implemented"),
-    "repetition_penalty": (lambda v: v == 1, "penalties are not implemented"),
-    "min_p": (lambda v: v == 0, "min-p filtering is not implemented (use top_p or top_k)"),
-    "min_tokens": (lambda v: v == 0, "a minimum length is not implemented"),
-    "logprobs": (lambda v: v is None, NO_LOGPROBS),
-    "prompt_logprobs": (lambda v: v is None, NO_LOGPROBS),
-    "skip_special_tokens": (lambda v: v is True, "special tokens are always skipped"),
-    "spaces_between_special_tokens": (lambda v: v is True, "special tokens are skipped"),
-    "include_stop_str_in_output": (lambda v: v is False, "the text is always cut before a "
+# vLLM fields accepted only at their neutral value:
+# name -> (the default, is a value neutral?, why any other is refused)
+_UNSUPPORTED: dict[str, tuple[Any, Callable[[Any], bool], str]] = {
+    "presence_penalty": (0.0, lambda v: v == 0, "penalties are not implemented"),
+    "frequency_penalty": (0.0, lambda v: v == 0, "penalties are not implemented"),
+    "repetition_penalty": (1.0, lambda v: v == 1, "penalties are not implemented"),
+    "min_p": (0.0, lambda v: v == 0, "min-p filtering is not implemented (use top_p or top_k)"),
+    "min_tokens": (0, lambda v: v == 0, "a minimum length is not implemented"),
+    "logprobs": (None, lambda v: v is None, NO_LOGPROBS),
+    "prompt_logprobs": (None, lambda v: v is None, NO_LOGPROBS),
+    "skip_special_tokens": (True, bool, "special tokens are always skipped"),
+    "spaces_between_special_tokens": (True, bool, "special tokens are always skipped"),
+    "include_stop_str_in_output": (False, lambda v: not v, "the text is always cut before a "
                                    "stop string"),
-    "logit_bias": (lambda v: not v, "logit bias is not implemented"),
-    "allowed_token_ids": (lambda v: v is None, "restricting the vocabulary is not implemented"),
-    "bad_words": (lambda v: not v, "bad words are not implemented"),
-    "logits_processors": (lambda v: not v, "logits processors are not implemented"),
-    "truncate_prompt_tokens": (lambda v: v is None, "prompts are never truncated"),
-    "structured_outputs": (lambda v: v is None, "structured output is not implemented"),
-    "guided_decoding": (lambda v: v is None, "guided decoding is not implemented"),
+    "logit_bias": (None, lambda v: not v, "logit bias is not implemented"),
+    "allowed_token_ids": (None, lambda v: v is None, "restricting the vocabulary is not "
+                          "implemented"),
+    "bad_words": (None, lambda v: not v, "bad words are not implemented"),
+    "logits_processors": (None, lambda v: not v, "logits processors are not implemented"),
+    "truncate_prompt_tokens": (None, lambda v: v is None, "prompts are never truncated"),
+    "structured_outputs": (None, lambda v: v is None, "structured output is not implemented"),
+    "guided_decoding": (None, lambda v: v is None, "guided decoding is not implemented"),
 }
+_unsupported_values = attrgetter(*_UNSUPPORTED)
+_DEFAULTS = tuple(default for default, _, _ in _UNSUPPORTED.values())
 
 
 @dataclass(slots=True)
@@ -94,10 +99,11 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1 or 0 (off) or positive, got {self.top_k!r}")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True")
-        for name, (is_neutral, why) in _UNSUPPORTED.items():
-            value = getattr(self, name)
-            if not is_neutral(value):
-                raise ValueError(f"{name}={value!r} is not supported: {why}")
+        if _unsupported_values(self) != _DEFAULTS:  # the common case costs one comparison
+            for name, (_, is_neutral, why) in _UNSUPPORTED.items():
+                value = getattr(self, name)
+                if not is_neutral(value):
+                    raise ValueError(f"{name}={value!r} is not supported: {why}")
 
     @property
     def is_greedy(self) -> bool:
