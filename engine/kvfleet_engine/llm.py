@@ -102,7 +102,8 @@ class LLM:
         from kvfleet_engine.model import registry
         from kvfleet_engine.runners.torch_runner import TorchRunner
 
-        loaded = registry.load(model, dtype=dtype)
+        # vLLM's "auto" takes the checkpoint's dtype; on CPU this engine computes in float32
+        loaded = registry.load(model, dtype="float32" if dtype == "auto" else dtype)
         model_len = loaded.config.max_position_embeddings
         options.setdefault("max_model_len", min(model_len, DEFAULT_MAX_MODEL_LEN, capacity))
         config = EngineConfig(**options)

@@ -136,7 +136,7 @@ def test_n_samples_are_n_outputs_with_vllms_seeds():
 
 def test_n_unseeded_samples_are_independent_on_the_torch_runner():
     pytest.importorskip("torch")
-    llm = LLM("tiny-random", seed=0, num_blocks=64, block_size=4)
+    llm = LLM("tiny-random", dtype="auto", seed=0, num_blocks=64, block_size=4)  # vLLM's dtype
     [out] = llm.generate([10, 20, 30], SamplingParams(n=4, max_tokens=8, ignore_eos=True))
     assert len(out.outputs) == 4 and len({tuple(s.token_ids) for s in out.outputs}) > 1
 
