@@ -76,10 +76,6 @@ class RoleTargets:
             if v is not None and not 0 < v <= 1:
                 raise ValueError(f"target {name} must be in (0, 1], got {v}")
 
-    @property
-    def is_empty(self) -> bool:
-        return all(getattr(self, k) is None for k in self.__slots__)  # type: ignore[attr-defined]
-
 
 @dataclass(slots=True)
 class RoleLimits:

@@ -1,7 +1,8 @@
 """The ports of the control loop: what a runtime implements so that the loop runs on it.
 
-Local processes (`runtimes/local*.py`) and the simulator's virtual time (`kvfleet_sim.ports`)
-implement these, and a Kubernetes runtime is to; none of them re-implements the loop. Methods that
+Local processes (`runtimes/local/`), Kubernetes (`runtimes/kubernetes/ports/`) and the
+simulator's virtual time (`kvfleet_sim.ports`) implement these; none of them re-implements
+the loop. Methods that
 may do I/O are async; a virtual-time implementation simply never suspends.
 """
 

@@ -15,7 +15,6 @@ from typing import Any
 
 STATE_FILE = "state.json"
 TOKEN_FILE = "admin-token"
-ROUTER_CONFIG_FILE = "router.yaml"
 LOG_DIR = "logs"
 
 
@@ -34,10 +33,6 @@ class StateDir:
     @property
     def token_file(self) -> Path:
         return self.path / TOKEN_FILE
-
-    @property
-    def router_config_file(self) -> Path:
-        return self.path / ROUTER_CONFIG_FILE
 
     def log_file(self, child_name: str) -> Path:
         return self.path / LOG_DIR / f"{child_name}.log"
@@ -72,11 +67,6 @@ class StateDir:
         except (FileNotFoundError, json.JSONDecodeError):
             return None
         return data if isinstance(data, dict) else None
-
-    def write_text_atomic(self, path: Path, text: str) -> None:
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
 
 
 def running_pid(state: dict[str, Any] | None) -> int | None:
