@@ -138,7 +138,7 @@ def _builtin_args(spec: PoolSpec, role: str, host: str, port: int) -> list[str]:
         "--block-size", str(e.block_size),
         "--drain-timeout", str(spec.autoscaling.drain_timeout_seconds),
         # Engine admits batch + queue = 3x batch: above the router's per-endpoint capacity
-        # (2x batch, router_desired.capacity), so routed requests never meet a 503.
+        # (2x batch, router_config.capacity), so routed requests never meet a 503.
         "--max-queue", str(2 * e.max_num_seqs),
     ]  # fmt: skip
     if e.profile:

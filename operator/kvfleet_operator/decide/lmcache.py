@@ -5,7 +5,7 @@ Every engine runs vLLM's LMCache connector (`--kv-transfer-config` with
 `LMCacheConnectorV1`, role `kv_both`: it stores the KV it computes and loads what another
 replica stored) against one LMCache server per pool, `lmcache_server <host> <port> cpu`
 (LMCache's standalone KV store, `lm://` protocol, in CPU memory), which the Kubernetes
-runtime runs as a child of the pool (runtimes/kubernetes/lmcache_server.py). LMCache is
+runtime runs as a child of the pool (runtimes/kubernetes/build/lmcache_server.py). LMCache is
 configured through its `LMCACHE_*` environment variables:
 
 - `LMCACHE_REMOTE_URL`: `lm://<server Service>:65432`;
@@ -16,7 +16,7 @@ configured through its `LMCACHE_*` environment variables:
 
 The engine image must carry LMCache (e.g. `lmcache/vllm-openai`); the server runs the same
 image. The local runtime (`kvfleet up`) runs no LMCache server, so it renders none of this
-and warns (runtimes/local_spec.py).
+and warns (runtimes/local/spec_support.py).
 """
 
 from __future__ import annotations
