@@ -48,26 +48,46 @@ limits: {max_body_bytes: 4194304,   # client bodies; larger is 413
          max_uploads_per_client: 64} # unfinished client bodies per address (else 429)
 ```
 
-Every number has a range (`num(...)` below; NaN and infinities are never in one), and a
-number outside it is refused with the field and the range: `health.probe_interval_s: must be
+The document is validated by pydantic: each field declares its type, default and range once
+(`Field(ge=..., le=...)`; NaN and infinities are never in a range), cross-field rules are model
+validators, and `json_schema()` derives the JSON Schema from the same declarations. A number
+outside its range is refused with the field and the range: `health.probe_interval_s: must be
 a finite number in [0.1, 3600], got 1e-09`. All policy weights zero is refused too.
 
 `RouterConfig.from_dict(data)` checks everything and raises `ConfigError` whose message starts
-with the field path (`endpoints[1].role: must be one of ...`). `to_dict()` is the inverse.
+with the field path (`endpoints[1].role: must be one of unified, prefill, decode; got 'boss'`);
+building a config class in code checks the same way. `to_dict()` is the inverse.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from types import NoneType, UnionType
+from typing import Annotated, Any, TypeVar, Union, dataclass_transform, get_args, get_origin
 from urllib.parse import urlsplit
 
+import annotated_types as at
 from kvfleet_engine.contract.http_limits import (
     DEFAULT_BODY_READ_TIMEOUT_S,
     DEFAULT_MAX_UPLOADS_PER_CLIENT,
 )
+from pydantic import (
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError, core_schema
 
 SCHEMA = "kvfleet.io/router/v1"
 ROLES = ("unified", "prefill", "decode")
@@ -87,95 +107,107 @@ class ConfigError(ValueError):
     """A config problem; the message starts with the offending field's path."""
 
 
-def _check(cond: bool, path: str, message: str) -> None:
-    if not cond:
-        raise ConfigError(f"{path}: {message}")
+# --- field types: JSON's scalars, strictly (no "7" for 7, no true for 1) ---
+
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]  # an int is accepted and becomes a float
+Bool = Annotated[bool, Strict()]
+Str = Annotated[str, Strict()]
 
 
-@dataclass(frozen=True, slots=True)
-class Range:
-    low: float
-    high: float
-    is_low_open: bool = False  # (low, high] instead of [low, high]
+@dataclasses.dataclass(frozen=True, slots=True)
+class OneOf:
+    """A string field's allowed values: checked, and the `enum` of the JSON Schema. `values`
+    may be a function, read at each check, for names that plugins register."""
 
-    def __str__(self) -> str:
-        low, high = (int(x) if float(x).is_integer() else x for x in (self.low, self.high))
-        return f"{'(' if self.is_low_open else '['}{low}, {high}]"
+    values: tuple[str, ...] | Callable[[], tuple[str, ...]]
+    what: str = "value"  # the noun in a map key's error: "unknown scorer; known: ..."
 
-    def contains(self, value: float) -> bool:
-        if not math.isfinite(value) or value > self.high:
-            return False
-        return value > self.low if self.is_low_open else value >= self.low
+    def allowed(self) -> tuple[str, ...]:
+        return self.values() if callable(self.values) else self.values
 
+    def __get_pydantic_core_schema__(self, source: Any,
+                                     handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        def check(value: str) -> str:
+            if value not in self.allowed():
+                raise PydanticCustomError("enum", "must be one of {allowed}",
+                                          {"allowed": ", ".join(self.allowed()),
+                                           "what": self.what})
+            return value
 
-def num(default: float, low: float, high: float, *, is_low_open: bool = False) -> Any:
-    """A numeric config field with its range (checked by `check_ranges`)."""
-    return field(default=default, metadata={"range": Range(low, high, is_low_open)})
+        return core_schema.no_info_after_validator_function(check, handler(source))
 
-
-def check_ranges(obj: Any) -> None:
-    """Every numeric field of a config dataclass lies in its declared range."""
-    for f in dataclasses.fields(obj):
-        rng = f.metadata.get("range")
-        if rng is None:
-            continue
-        value = getattr(obj, f.name)
-        is_number = isinstance(value, int | float) and not isinstance(value, bool)
-        kind = "an integer" if f.type == "int" else "a finite number"
-        _check(is_number and rng.contains(value), f.name, f"must be {kind} in {rng}, got {value!r}")
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema,
+                                     handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        return {**handler(schema), "enum": list(self.allowed())}
 
 
 HOUR_S = 3600.0
 MAX_WEIGHT = 1000.0
 MAX_BODY_BYTES_CEILING = 64 * 1024 * 1024  # limits.max_body_bytes at most (and aiohttp's cap)
 
+Weight = Annotated[float, Strict(), Field(ge=0, le=MAX_WEIGHT)]
+ScorerName = Annotated[str, Strict(), OneOf(SCORER_NAMES, what="scorer")]
 
-@dataclass(slots=True)
+_C = TypeVar("_C")
+
+
+@dataclass_transform(field_specifiers=(Field,))
+def config_type(cls: type[_C]) -> type[_C]:
+    """A config dataclass, validated by pydantic whether built by `from_dict` or in code;
+    in code, a problem raises ConfigError with the path relative to the class."""
+    out: Any = pydantic_dataclass(cls, config=ConfigDict(extra="forbid", allow_inf_nan=False),
+                                  slots=True)
+    init = out.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except ValidationError as exc:
+            raise config_error(exc, out) from None
+
+    out.__init__ = __init__
+    return out  # type: ignore[no-any-return]
+
+
+@config_type
 class EndpointConfig:
-    name: str
-    url: str
-    role: str = "unified"
-    state: str = "active"
-    capacity: int = num(256, 1, 1_000_000)
-    models: list[str] = field(default_factory=list)
-    prefix_mode: str = "approximate"
-    engine: str = "unknown"
+    name: Annotated[Str, Field(min_length=1)]
+    url: Str
+    role: Annotated[Str, OneOf(ROLES)] = "unified"
+    state: Annotated[Str, OneOf(STATES)] = "active"
+    capacity: Int = Field(default=256, ge=1, le=1_000_000)
+    models: list[Str] = Field(default_factory=list)
+    prefix_mode: Annotated[Str, OneOf(PREFIX_MODES)] = "approximate"
+    engine: Annotated[Str, OneOf(ENGINE_KINDS)] = "unknown"
 
-    def __post_init__(self) -> None:
-        _check(bool(self.name), "name", "must not be empty")
-        parts = urlsplit(self.url)
-        _check(parts.scheme in ("http", "https") and bool(parts.hostname) and parts.path in
-               ("", "/"), "url", f"must look like http://host:port, got {self.url!r}")
-        self.url = self.url.rstrip("/")
-        _check(self.role in ROLES, "role", f"must be one of {', '.join(ROLES)}")
-        _check(self.state in STATES, "state", f"must be one of {', '.join(STATES)}")
-        check_ranges(self)
-        _check(self.prefix_mode in PREFIX_MODES, "prefix_mode",
-               f"must be one of {', '.join(PREFIX_MODES)}")
-        _check(self.engine in ENGINE_KINDS, "engine", f"must be one of {', '.join(ENGINE_KINDS)}")
+    @field_validator("url")
+    @classmethod
+    def _host_and_port(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname \
+                or parts.path not in ("", "/"):  # fmt: skip
+            raise PydanticCustomError("url", "must look like http://host:port, got {url!r}",
+                                      {"url!r": repr(url)})
+        return url.rstrip("/")
 
     @property
     def is_draining(self) -> bool:
         return self.state == "draining"
 
 
-@dataclass(slots=True)
+@config_type
 class ImbalanceConfig:
-    abs_threshold: float = num(8.0, 0, 1_000_000)
-    rel_threshold: float = num(1.5, 1, 1000)
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
+    abs_threshold: Float = Field(default=8.0, ge=0, le=1_000_000)
+    rel_threshold: Float = Field(default=1.5, ge=1, le=1000)
 
 
-@dataclass(slots=True)
+@config_type
 class SloConfig:
-    prefill_s_per_token: float = num(0.0005, 0, 10, is_low_open=True)  # prior for alpha
-    decode_s_per_token: float = num(0.02, 0, 60, is_low_open=True)  # prior for beta
-    ewma_alpha: float = num(0.2, 0, 1, is_low_open=True)
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
+    prefill_s_per_token: Float = Field(default=0.0005, gt=0, le=10)  # prior for alpha
+    decode_s_per_token: Float = Field(default=0.02, gt=0, le=60)  # prior for beta
+    ewma_alpha: Float = Field(default=0.2, gt=0, le=1)
 
 
 def _default_weights() -> dict[str, float]:
@@ -187,261 +219,278 @@ def _default_weights() -> dict[str, float]:
     return {"prefix": 1.0, "queue": 4.0, "kv": 0.0}
 
 
-@dataclass(slots=True)
+@config_type
 class PolicyConfig:
-    name: str = "cache-aware"
-    picker: str = "max"
-    weights: dict[str, float] = field(default_factory=_default_weights)
-    allow_override: bool = False
-    override_header: str = "x-kvfleet-policy"
-    imbalance: ImbalanceConfig = field(default_factory=ImbalanceConfig)
-    ucb_c: float = num(1.0, 0, 100)
-    ttft_ref_s: float = num(0.5, 0, HOUR_S, is_low_open=True)
-    slo: SloConfig = field(default_factory=SloConfig)
+    name: Annotated[Str, OneOf(POLICY_NAMES)] = "cache-aware"
+    picker: Annotated[Str, OneOf(PICKER_NAMES)] = "max"
+    weights: dict[ScorerName, Weight] = Field(default_factory=_default_weights)
+    allow_override: Bool = False
+    override_header: Str = Field(default="x-kvfleet-policy", min_length=1)
+    imbalance: ImbalanceConfig = Field(default_factory=ImbalanceConfig)
+    ucb_c: Float = Field(default=1.0, ge=0, le=100)
+    ttft_ref_s: Float = Field(default=0.5, gt=0, le=HOUR_S)
+    slo: SloConfig = Field(default_factory=SloConfig)
 
-    def __post_init__(self) -> None:
-        _check(self.name in POLICY_NAMES, "name", f"must be one of {', '.join(POLICY_NAMES)}")
-        _check(self.picker in PICKER_NAMES, "picker", f"must be one of {', '.join(PICKER_NAMES)}")
-        for key, weight in self.weights.items():
-            _check(key in SCORER_NAMES, f"weights.{key}",
-                   f"unknown scorer; known: {', '.join(SCORER_NAMES)}")
-            _check(isinstance(weight, int | float) and not isinstance(weight, bool) and
-                   math.isfinite(weight) and 0 <= weight <= MAX_WEIGHT, f"weights.{key}",
-                   f"must be a finite number in [0, {MAX_WEIGHT:g}], got {weight!r}")
-        _check(any(self.weights.values()), "weights",
-               "at least one weight must be > 0 (all zero ranks every endpoint the same)")
-        check_ranges(self)
-        _check(bool(self.override_header), "override_header", "must not be empty")
+    @model_validator(mode="after")
+    def _some_weight(self) -> PolicyConfig:
+        if not any(self.weights.values()):
+            raise ConfigError("weights: at least one weight must be > 0 (all zero ranks every "
+                              "endpoint the same)")
+        return self
 
 
-@dataclass(slots=True)
+@config_type
 class SessionConfig:
-    header: str = "x-session-id"
-    use_user_field: bool = True
-    load_factor: float = num(1.25, 1, 100)  # bounded-load hashing: cap = factor * mean load
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
+    header: Str = "x-session-id"
+    use_user_field: Bool = True
+    # bounded-load hashing: cap = factor * mean load
+    load_factor: Float = Field(default=1.25, ge=1, le=100)
 
 
-@dataclass(slots=True)
+@config_type
 class PrefixConfig:
-    block_bytes: int = num(64, 1, 1 << 20)
-    max_blocks_per_endpoint: int = num(20000, 1, 10_000_000)
-    chars_per_token: float = num(4.0, 0.1, 64)  # prompt tokens from text, no tokenizer
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
+    block_bytes: Int = Field(default=64, ge=1, le=1 << 20)
+    max_blocks_per_endpoint: Int = Field(default=20000, ge=1, le=10_000_000)
+    # prompt tokens from text, no tokenizer
+    chars_per_token: Float = Field(default=4.0, ge=0.1, le=64)
 
 
-@dataclass(slots=True)
+@config_type
 class SaturationConfig:
-    max_waiting: int = num(0, 0, 1_000_000)  # engine-reported waiting requests; 0 disables
-    max_kv_usage: float = num(0.98, 0, 1, is_low_open=True)
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
+    # engine-reported waiting requests; 0 disables
+    max_waiting: Int = Field(default=0, ge=0, le=1_000_000)
+    max_kv_usage: Float = Field(default=0.98, gt=0, le=1)
 
 
-@dataclass(slots=True)
+@config_type
 class QueueConfig:
-    max_size: int = num(256, 0, 100_000)
-    timeout_s: float = num(5.0, 0, HOUR_S)
-    retry_after_s: int = num(1, 0, HOUR_S)
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
+    max_size: Int = Field(default=256, ge=0, le=100_000)
+    timeout_s: Float = Field(default=5.0, ge=0, le=HOUR_S)
+    retry_after_s: Int = Field(default=1, ge=0, le=HOUR_S)
 
 
-@dataclass(slots=True)
+@config_type
 class HealthConfig:
-    probe_interval_s: float = num(2.0, 0.1, HOUR_S)
-    probe_timeout_s: float = num(1.0, 0.01, 600)
-    eject_after_errors: int = num(3, 1, 1000)
-    eject_base_s: float = num(2.0, 0.01, HOUR_S)
-    eject_max_s: float = num(30.0, 0.01, 24 * HOUR_S)
+    probe_interval_s: Float = Field(default=2.0, ge=0.1, le=HOUR_S)
+    probe_timeout_s: Float = Field(default=1.0, ge=0.01, le=600)
+    eject_after_errors: Int = Field(default=3, ge=1, le=1000)
+    eject_base_s: Float = Field(default=2.0, ge=0.01, le=HOUR_S)
+    eject_max_s: Float = Field(default=30.0, ge=0.01, le=24 * HOUR_S)
 
-    def __post_init__(self) -> None:
-        check_ranges(self)
-        _check(self.eject_max_s >= self.eject_base_s, "eject_max_s", "must be >= eject_base_s")
+    @model_validator(mode="after")
+    def _max_over_base(self) -> HealthConfig:
+        if self.eject_max_s < self.eject_base_s:
+            raise ConfigError(f"eject_max_s: must be >= eject_base_s ({self.eject_max_s:g} < "
+                              f"{self.eject_base_s:g})")
+        return self
 
 
-@dataclass(slots=True)
+@config_type
 class SignalsConfig:
-    poll_interval_s: float = num(1.0, 0.1, HOUR_S)
-    stale_after_s: float = num(5.0, 0.1, 24 * HOUR_S)
+    poll_interval_s: Float = Field(default=1.0, ge=0.1, le=HOUR_S)
+    stale_after_s: Float = Field(default=5.0, ge=0.1, le=24 * HOUR_S)
 
-    def __post_init__(self) -> None:
-        check_ranges(self)
-        _check(self.stale_after_s >= self.poll_interval_s, "stale_after_s",
-               "must be >= poll_interval_s")
+    @model_validator(mode="after")
+    def _stale_over_poll(self) -> SignalsConfig:
+        if self.stale_after_s < self.poll_interval_s:
+            raise ConfigError(f"stale_after_s: must be >= poll_interval_s "
+                              f"({self.stale_after_s:g} < {self.poll_interval_s:g})")
+        return self
 
 
-@dataclass(slots=True)
+@config_type
 class TimeoutsConfig:
-    connect_s: float = num(10.0, 0.01, 600)  # a refused connect fails at once; SYN retries
-    first_byte_s: float = num(60.0, 0.01, HOUR_S)
-    idle_s: float = num(60.0, 0.01, HOUR_S)
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
+    # a refused connect fails at once; this bounds SYN retries
+    connect_s: Float = Field(default=10.0, ge=0.01, le=600)
+    first_byte_s: Float = Field(default=60.0, ge=0.01, le=HOUR_S)
+    idle_s: Float = Field(default=60.0, ge=0.01, le=HOUR_S)
 
 
-@dataclass(slots=True)
+@config_type
 class RetriesConfig:
-    max_attempts: int = num(2, 1, 10)
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
+    max_attempts: Int = Field(default=2, ge=1, le=10)
 
 
-@dataclass(slots=True)
+@config_type
 class PDConfig:
-    decider: str = "uncached-tokens"
-    prefill_threshold_tokens: int = num(128, 0, 10_000_000)
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
-        _check(self.decider in PD_DECIDER_NAMES, "decider",
-               f"must be one of {', '.join(PD_DECIDER_NAMES)}")
+    # Read at each check: a decider plugin registers its name in PD_DECIDER_NAMES.
+    decider: Annotated[Str, OneOf(lambda: PD_DECIDER_NAMES)] = "uncached-tokens"
+    prefill_threshold_tokens: Int = Field(default=128, ge=0, le=10_000_000)
 
 
-@dataclass(slots=True)
+@config_type
 class KVSharingConfig:
     """Peer prefix hints: when to let an endpoint fetch a prompt's cached prefix from the
     peer that holds it instead of recomputing it (`peer_hint.decide_peer_hint`). The
     prefill-rate prior is `policy.slo.prefill_s_per_token`, the SLO scorer's."""
 
-    enabled: bool = False
-    margin: float = num(1.5, 1, 100)
-    min_gain_blocks: int = num(2, 1, 1_000_000)
-    bandwidth_bytes_per_s: float = num(1e9, 0, 1e13, is_low_open=True)
-    latency_s: float = num(0.002, 0, 60)
-    kv_bytes_per_token: float = num(131072.0, 0, 1 << 30, is_low_open=True)
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
+    enabled: Bool = False
+    margin: Float = Field(default=1.5, ge=1, le=100)
+    min_gain_blocks: Int = Field(default=2, ge=1, le=1_000_000)
+    bandwidth_bytes_per_s: Float = Field(default=1e9, gt=0, le=1e13)
+    latency_s: Float = Field(default=0.002, ge=0, le=60)
+    kv_bytes_per_token: Float = Field(default=131072.0, gt=0, le=1 << 30)
 
 
-@dataclass(slots=True)
+@config_type
 class LimitsConfig:
-    max_body_bytes: int = num(4 * 1024 * 1024, 1, MAX_BODY_BYTES_CEILING)
-    body_read_timeout_s: float = num(DEFAULT_BODY_READ_TIMEOUT_S, 0.1, HOUR_S)
-    max_uploads_per_client: int = num(DEFAULT_MAX_UPLOADS_PER_CLIENT, 1, 100_000)
-
-    def __post_init__(self) -> None:
-        check_ranges(self)
+    max_body_bytes: Int = Field(default=4 * 1024 * 1024, ge=1, le=MAX_BODY_BYTES_CEILING)
+    body_read_timeout_s: Float = Field(default=DEFAULT_BODY_READ_TIMEOUT_S, ge=0.1, le=HOUR_S)
+    max_uploads_per_client: Int = Field(default=DEFAULT_MAX_UPLOADS_PER_CLIENT, ge=1,
+                                        le=100_000)
 
 
-@dataclass(slots=True)
+@config_type
 class RouterConfig:
-    version: int = num(0, 0, 2**63 - 1)
-    endpoints: list[EndpointConfig] = field(default_factory=list)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    session: SessionConfig = field(default_factory=SessionConfig)
-    prefix: PrefixConfig = field(default_factory=PrefixConfig)
-    saturation: SaturationConfig = field(default_factory=SaturationConfig)
-    queue: QueueConfig = field(default_factory=QueueConfig)
-    health: HealthConfig = field(default_factory=HealthConfig)
-    signals: SignalsConfig = field(default_factory=SignalsConfig)
-    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
-    retries: RetriesConfig = field(default_factory=RetriesConfig)
-    pd: PDConfig = field(default_factory=PDConfig)
-    kv_sharing: KVSharingConfig = field(default_factory=KVSharingConfig)
-    limits: LimitsConfig = field(default_factory=LimitsConfig)
-    schema: str = SCHEMA
+    version: Int = Field(default=0, ge=0, le=2**63 - 1)
+    endpoints: list[EndpointConfig] = Field(default_factory=list)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    session: SessionConfig = Field(default_factory=SessionConfig)
+    prefix: PrefixConfig = Field(default_factory=PrefixConfig)
+    saturation: SaturationConfig = Field(default_factory=SaturationConfig)
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    signals: SignalsConfig = Field(default_factory=SignalsConfig)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    retries: RetriesConfig = Field(default_factory=RetriesConfig)
+    pd: PDConfig = Field(default_factory=PDConfig)
+    kv_sharing: KVSharingConfig = Field(default_factory=KVSharingConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    schema: Annotated[Str, OneOf((SCHEMA,))] = SCHEMA
 
-    def __post_init__(self) -> None:
-        _check(self.schema == SCHEMA, "schema", f"must be {SCHEMA!r}")
-        check_ranges(self)
+    @model_validator(mode="after")
+    def _unique_names(self) -> RouterConfig:
         seen: set[str] = set()
         for i, ep in enumerate(self.endpoints):
-            _check(ep.name not in seen, f"endpoints[{i}].name", f"duplicate name {ep.name!r}")
+            if ep.name in seen:
+                raise ConfigError(f"endpoints[{i}].name: duplicate name {ep.name!r}")
             seen.add(ep.name)
+        return self
 
     @classmethod
     def from_dict(cls, data: Any) -> RouterConfig:
-        cfg = _build(cls, data, "")
-        assert isinstance(cfg, RouterConfig)
-        return cfg
+        try:
+            return _adapter().validate_python(data)
+        except ValidationError as exc:
+            raise config_error(exc, cls) from None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-
-# --- generic dict -> dataclass conversion with field-path errors ---
-
-_NESTED: dict[str, type] = {
-    "policy": PolicyConfig, "imbalance": ImbalanceConfig, "slo": SloConfig,
-    "session": SessionConfig, "prefix": PrefixConfig, "saturation": SaturationConfig,
-    "queue": QueueConfig, "health": HealthConfig, "signals": SignalsConfig,
-    "timeouts": TimeoutsConfig, "retries": RetriesConfig, "pd": PDConfig,
-    "kv_sharing": KVSharingConfig, "limits": LimitsConfig,
-}
-_SCALARS: dict[str, tuple[type, ...]] = {
-    "int": (int,), "float": (int, float), "str": (str,), "bool": (bool,),
-}
+    @staticmethod
+    def json_schema() -> dict[str, Any]:
+        """The document's JSON Schema, derived from the same declarations that validate it."""
+        return _adapter().json_schema()
 
 
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
+@functools.cache
+def _adapter() -> TypeAdapter[RouterConfig]:
+    return TypeAdapter(RouterConfig)
 
 
-def _coerce(value: Any, type_name: str, path: str) -> Any:
-    if type_name in _SCALARS:
-        ok = isinstance(value, _SCALARS[type_name])
-        if type_name in ("int", "float") and isinstance(value, bool):
-            ok = False
-        _check(ok, path, f"must be {type_name}, got {type(value).__name__}")
-        if type_name == "float":
-            try:
-                return float(value)
-            except OverflowError:  # an int too large for a double
-                raise ConfigError(f"{path}: must be a finite number, got an integer of "
-                                  f"{len(str(abs(value)))} digits") from None
-        return value
-    if type_name == "list[str]":
-        _check(isinstance(value, list) and all(isinstance(v, str) for v in value), path,
-               "must be a list of strings")
-        return list(value)
-    if type_name == "dict[str, float]":
-        _check(isinstance(value, dict), path, "must be a mapping")
-        for key, item in value.items():
-            _check(isinstance(item, int | float) and not isinstance(item, bool) and
-                   abs(item) <= MAX_WEIGHT, _join(path, str(key)),
-                   f"must be a number in [0, {MAX_WEIGHT:g}]")
-        return {str(k): float(v) for k, v in value.items()}
-    raise AssertionError(f"unhandled type {type_name}")  # a schema bug, not bad input
+# --- pydantic's errors as ConfigError: the field's path, then what it accepts ---
 
 
-def _build(cls: type, data: Any, path: str) -> Any:
-    _check(isinstance(data, dict), path or "<root>", "must be a mapping")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for key in data:
-        _check(key in fields, _join(path, str(key)), "unknown field")
-    kwargs: dict[str, Any] = {}
-    for name, value in data.items():
-        fpath = _join(path, name)
-        type_name = str(fields[name].type)
-        if name == "endpoints":
-            _check(isinstance(value, list), fpath, "must be a list")
-            kwargs[name] = [_build(EndpointConfig, item, f"{fpath}[{i}]")
-                            for i, item in enumerate(value)]
-        elif name in _NESTED and type_name not in _SCALARS:
-            kwargs[name] = _build(_NESTED[name], value, fpath)
+def config_error(exc: ValidationError, root: type) -> ConfigError:
+    """The first problem pydantic found, as `path: must be ..., got ...`."""
+    error = exc.errors()[0]
+    loc = error["loc"]
+    if loc[-1:] == ("[key]",) and not isinstance(loc[-2], str):
+        return ConfigError(f"{_path(loc[:-2])}: keys must be strings, got "
+                           f"{_type_name(loc[-2])}")
+    path = _path(loc)
+    inner = (error.get("ctx") or {}).get("error")
+    if isinstance(inner, ConfigError):  # a cross-field rule, with a path below the object
+        return ConfigError(f"{path}.{inner}" if path else str(inner))
+    return ConfigError(f"{path or '<root>'}: {_message(error, root)}")
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if part == "[key]":
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _message(error: Any, root: type) -> str:
+    kind, ctx, value = error["type"], error.get("ctx") or {}, error.get("input")
+    if kind == "missing":
+        return "required"
+    if kind == "unexpected_keyword_argument":
+        return "unknown field"
+    if kind == "enum":
+        if error["loc"][-1:] == ("[key]",):
+            return f"unknown {ctx['what']}; known: {ctx['allowed']}"
+        return f"must be one of {ctx['allowed']}; got {value!r}"
+    if kind == "string_too_short":
+        return "must not be empty"
+    annotation, bounds = _field_type(root, error["loc"])
+    if annotation in (int, float):
+        what = "an integer" if annotation is int else "a finite number"
+        return f"must be {what}{_range(bounds)}, got {_shown(value)}"
+    expected = {"bool_type": "a boolean", "string_type": "a string", "list_type": "a list",
+                "dict_type": "a mapping", "dataclass_type": "a mapping"}
+    if kind in expected:
+        return f"must be {expected[kind]}, got {_type_name(value)}"
+    return str(error["msg"])  # pydantic's own words (a type this module has not met)
+
+
+def _field_type(root: Any, loc: tuple[int | str, ...]) -> tuple[Any, list[Any]]:
+    """The type `loc` ends at (without Optional and Annotated) and its constraints."""
+    annotation, meta = _unwrap(root, [])
+    for part in loc:
+        if part == "[key]":
+            return str, []
+        fields = getattr(annotation, "__pydantic_fields__", None)
+        if fields is not None and part in fields:
+            annotation, meta = _unwrap(fields[part].annotation, list(fields[part].metadata))
+        elif get_origin(annotation) in (list, dict):
+            annotation, meta = _unwrap(get_args(annotation)[-1], [])
         else:
-            kwargs[name] = _coerce(value, type_name, fpath)
-    for name, f in fields.items():
-        if name not in kwargs and f.default is dataclasses.MISSING and \
-                f.default_factory is dataclasses.MISSING:
-            raise ConfigError(f"{_join(path, name)}: required")
-    try:
-        return cls(**kwargs)
-    except ConfigError as exc:
-        # __post_init__ reports a path relative to its own dataclass.
-        if path:
-            raise ConfigError(f"{path}.{exc}") from None
-        raise
+            return None, []
+    return annotation, meta
+
+
+def _unwrap(annotation: Any, meta: list[Any]) -> tuple[Any, list[Any]]:
+    while True:
+        if get_origin(annotation) is Annotated:
+            for item in annotation.__metadata__:
+                meta = [*meta, *(item.metadata if isinstance(item, FieldInfo) else [item])]
+            annotation = get_args(annotation)[0]
+        elif get_origin(annotation) in (Union, UnionType):
+            annotation = next(a for a in get_args(annotation) if a is not NoneType)
+        else:
+            return annotation, meta
+
+
+def _range(meta: list[Any]) -> str:
+    low = next((m for m in meta if isinstance(m, at.Ge | at.Gt)), None)
+    high = next((m.le for m in meta if isinstance(m, at.Le)), None)
+    if low is None or high is None:
+        return ""
+    is_open = isinstance(low, at.Gt)
+    low_value = low.gt if isinstance(low, at.Gt) else low.ge
+    return f" in {'(' if is_open else '['}{_num(low_value)}, {_num(high)}]"
+
+
+def _num(value: Any) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return _type_name(value)
+    if isinstance(value, int) and abs(value) > 1e300:
+        return f"an integer of {len(str(abs(value)))} digits"
+    return repr(value) if isinstance(value, int) or not math.isfinite(value) else f"{value:g}"
+
+
+def _type_name(value: Any) -> str:
+    names = {dict: "mapping", list: "list", str: "string", bool: "boolean", int: "integer",
+             float: "number", NoneType: "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def load_file(path: str) -> RouterConfig:
