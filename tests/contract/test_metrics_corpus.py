@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from kvfleet_engine import contract as c
-from kvfleet_operator.decide import signals as operator_signals
+from kvfleet_operator.decide import role_signals as operator_signals
 from kvfleet_router import signals as router_signals
 
 CORPUS = Path(__file__).parent.parent / "fixtures" / "metrics"
