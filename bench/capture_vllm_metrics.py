@@ -18,33 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-import procs  # noqa: E402
-from engine_throughput import CACHE, VLLM_VENV, export_hf_folder, vllm_env  # noqa: E402
-
-
-def export_with_tokenizer(model: str, dtype: str) -> Path:
-    from kvfleet_engine.model.registry import load
-
-    loaded = load(model, dtype=dtype)
-    folder = export_hf_folder(loaded, CACHE / f"{loaded.name}-hf-tok")
-    tok = loaded.tokenizer
-    inner = getattr(tok, "_tok", None)
-    if inner is None:
-        raise SystemExit(f"{model}: no BPE tokenizer to export")
-    inner.save(str(folder / "tokenizer.json"))
-    eos = tok.eos_token_ids[0] if tok.eos_token_ids else None
-    bos = getattr(tok, "bos_token_id", None)
-    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 2048,
-           "add_bos_token": bool(getattr(tok, "is_bos_added", False)),
-           "bos_token": inner.id_to_token(bos) if bos is not None else None,
-           "eos_token": inner.id_to_token(eos) if eos is not None else None}
-    if getattr(tok, "chat_template", None):
-        cfg["chat_template"] = tok.chat_template
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
-    return folder
+from kvfleet_bench import procs
+from kvfleet_bench.vllm_cpu import CACHE, VLLM_VENV, export_with_tokenizer, vllm_env
 
 
 def post(url: str, body: dict, timeout_s: float = 300.0) -> dict:

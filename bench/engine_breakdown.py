@@ -1,8 +1,9 @@
 """Where an engine run's time goes: per-op wall time, split into prefill and decode steps.
 
-Runs one load of engine_throughput.py (same prompts, same engine settings) with a timer
-around each op of the decoder (`kvfleet_engine.model.ops`, paged attention, the logits
-GEMM). "other" is the step time no timer covers: scheduling, batch prep, sampling, Python.
+Runs one load of engine_throughput.py's (kvfleet_bench.workloads: same prompts, same engine
+settings) with a timer around each op of the decoder (`kvfleet_engine.model.ops`, paged
+attention, the logits GEMM). "other" is the step time no timer covers: scheduling, batch
+prep, sampling, Python.
 
     .venv/bin/python bench/engine_breakdown.py --model smollm2-135m --workload mixed
 """
@@ -14,13 +15,10 @@ import collections
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-
-from engine_throughput import TRACE, _engine, random_prompts, trace_lengths  # noqa: E402
+from kvfleet_bench.workloads import AZURE_TRACE as TRACE
+from kvfleet_bench.workloads import random_prompts, sized_engine, trace_lengths
 
 Timers = collections.defaultdict[str, float]
 
@@ -69,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         items = random_prompts(trace_lengths(TRACE, args.num_requests, 0), vocab, 1)
     else:
         items = random_prompts([(128, 128)] * args.num_requests, vocab, 2)
-    engine, _ = _engine(loaded.model, items, 256, args.batched_tokens)
+    engine, _ = sized_engine(loaded.model, items, 256, args.batched_tokens)
     for i, (prompt, n) in enumerate(items):
         engine.add_request(str(i), prompt, SamplingParams(max_tokens=n, temperature=0,
                                                           ignore_eos=True))

@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,19 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from kvfleet_bench.procs import free_port
+from kvfleet_bench.stats import percentile
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "engine_server.json"
 README = ROOT / "README.md"
 MARK = "<!-- engine_server -->"  # the section sits between two of these (bench/README.md)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile; NaN when empty."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[min(len(ordered), max(1, math.ceil(q / 100 * len(ordered)))) - 1]
 
 
 @dataclass(slots=True)
@@ -126,12 +118,6 @@ async def server_level(url: str, model: str, prompts: list[list[int]], concurren
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         result.wall_s = time.perf_counter() - started
     return result
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_server(engine_flags: list[str], log_path: Path) -> tuple[subprocess.Popen[bytes], str]:

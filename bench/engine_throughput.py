@@ -23,10 +23,8 @@ bench/results/.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -34,36 +32,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import procs
-
-HERE = Path(__file__).resolve().parent
-TRACE = HERE.parent.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
-VLLM_VENV = HERE / ".venv-vllm"
-CACHE = HERE / ".cache"
-
-Items = list[tuple[list[int], int]]  # (prompt token ids, output tokens)
-
-
-# --- workloads ---------------------------------------------------------------------------
-
-def trace_lengths(path: Path, num: int, seed: int, scale: int = 8,
-                  prompt_clip: tuple[int, int] = (16, 512),
-                  output_clip: tuple[int, int] = (8, 124)) -> list[tuple[int, int]]:
-    with path.open() as f:
-        rows = [(int(r["ContextTokens"]), int(r["GeneratedTokens"])) for r in csv.DictReader(f)]
-    picked = random.Random(seed).sample(rows, num)
-
-    def clip(x: int, lo_hi: tuple[int, int]) -> int:
-        return min(max(x // scale, lo_hi[0]), lo_hi[1])
-
-    return [(clip(p, prompt_clip), clip(o, output_clip)) for p, o in picked]
-
-
-def random_prompts(lengths: list[tuple[int, int]], vocab_size: int, seed: int) -> Items:
-    rng = random.Random(seed)
-    lo, hi = (0, min(vocab_size, 256)) if vocab_size < 1000 else (100, vocab_size - 100)
-    return [([rng.randrange(lo, hi) for _ in range(p)], o) for p, o in lengths]
-
+from kvfleet_bench import procs
+from kvfleet_bench.procs import BENCH_DIR as HERE
+from kvfleet_bench.vllm_cpu import CACHE, VLLM_VENV, export_hf_folder, vllm_env
+from kvfleet_bench.workloads import AZURE_TRACE as TRACE
+from kvfleet_bench.workloads import Items, random_prompts, sized_engine, trace_lengths
 
 # --- the contenders (each returns output tokens delivered, wall seconds, extras) ---------
 
@@ -89,27 +62,11 @@ class Run:
         return (self.output_tokens + self.prompt_tokens) / self.wall_s
 
 
-def _engine(model, items: Items, max_num_seqs: int, batched_tokens: int):
-    from kvfleet_engine.core.config import EngineConfig
-    from kvfleet_engine.core.engine import LLMEngine
-    from kvfleet_engine.runners.torch_runner import TorchRunner
-
-    block_size = 16
-    longest = max(len(p) + o for p, o in items)
-    per_seq = -(-longest // block_size)
-    num_blocks = 1 + min(len(items), max_num_seqs) * per_seq + 8
-    cfg = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=batched_tokens,
-                       max_model_len=per_seq * block_size, kv_safety_margin=0.0)
-    runner = TorchRunner(model, num_blocks, block_size, seed=0)
-    return LLMEngine(cfg, runner), runner
-
-
 def run_kvfleet(model, items: Items, workload: str, batched_tokens: int,
                 name: str = "kvfleet", max_num_seqs: int = 256) -> Run:
     from kvfleet_engine.core.sampling_params import SamplingParams
 
-    engine, runner = _engine(model, items, max_num_seqs, batched_tokens)
+    engine, runner = sized_engine(model, items, max_num_seqs, batched_tokens)
     overhead = prepare = step_time = 0.0
     # The clock includes request intake, as vLLM's `LLM.generate` does (its timer wraps
     # input processing, the engine loop and output collection); engine construction is
@@ -170,38 +127,6 @@ def run_sequential(model, items: Items, workload: str, batched_tokens: int) -> R
 
 
 # --- vllm-cpu, in its own venv ---------------------------------------------------------------
-
-def export_hf_folder(loaded, folder: Path) -> Path:
-    """config.json + model.safetensors of the weights kvfleet runs, for vLLM."""
-    from kvfleet_engine.model.weights import to_hf_tensors
-    from safetensors.torch import save_file
-
-    cfg = loaded.config
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = to_hf_tensors(loaded.model)
-    save_file({k: v.float() for k, v in tensors.items()}, str(folder / "model.safetensors"))
-    (folder / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size, "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim, "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position_embeddings,
-        "tie_word_embeddings": cfg.is_tied_embedding, "torch_dtype": "float32",
-        "bos_token_id": 0, "eos_token_id": (loaded.eos_token_ids or [0])[0]}))
-    return folder
-
-
-def vllm_env(threads: int) -> dict[str, str]:
-    """The settings of ../shared/notes/vllm-cpu.md: offline, both cores, 4 GiB of KV cache,
-    caches in the benchmark's own folder."""
-    vcache = CACHE / "vllm-cache"
-    return {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "4",
-            "VLLM_CACHE_ROOT": str(vcache / "vllm"),
-            "TORCHINDUCTOR_CACHE_DIR": str(vcache / "inductor"),
-            "TRITON_CACHE_DIR": str(vcache / "triton"), "OMP_NUM_THREADS": str(threads)}
-
 
 # --- long-lived workers: one process per engine, kept warm, driven job by job ----------
 
@@ -310,8 +235,8 @@ def start_vllm_worker(folder: Path, dtype: str, threads: int, log: Path,
     job = {"model_dir": str(folder), "dtype": dtype, "max_model_len": 1024,
            "enforce_eager": enforce_eager}
     env = dict(os.environ, **vllm_env(threads))
-    return Worker("vllm-cpu", [str(python), str(HERE / "vllm_cpu_worker.py"), json.dumps(job)],
-                  env, log)
+    worker = HERE / "kvfleet_bench" / "vllm_cpu_worker.py"
+    return Worker("vllm-cpu", [str(python), str(worker), json.dumps(job)], env, log)
 
 
 # --- report ------------------------------------------------------------------------------------

@@ -15,15 +15,12 @@ import argparse
 import asyncio
 import itertools
 import sys
-from pathlib import Path
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
-from kvfleet_router.epp import protocol as gie  # noqa: E402
-from kvfleet_router.epp.tls import self_signed  # noqa: E402
+from kvfleet_router.epp import protocol as gie
+from kvfleet_router.epp.tls import self_signed
 
 CONTINUE_HEADERS = pb.ProcessingResponse(request_headers=pb.HeadersResponse())
 CONTINUE_RESPONSE = pb.ProcessingResponse(response_headers=pb.HeadersResponse())

@@ -3,12 +3,13 @@ endpoint picker (`kvfleet router --epp-port`, ext_proc over TLS), side by side i
 plus the same Envoy in front of a no-op ext_proc server (bench/epp_floor.py, grpcio's own
 per-stream cost, the floor under any Python picker).
 
-Same machine, same fake backends (bench/fake_backend.py: by default 8-token SSE streams in one
-write; `--max-tokens N --token-delay-ms T` streams N tokens T ms apart, as an engine does), same
-load side (Debian's `wrk` with the TCP_QUICKACK shim, bench/wrkload.py). The data plane under
-test gets core 0: the router alone, or Envoy (`--concurrency 1`) and the picker together;
-wrk and the backends share core 1. Targets take turns level by level and repetition by
-repetition, so machine noise hits them alike.
+Same machine, same fake backends (kvfleet_bench/fake_backend.py: by default 8-token SSE
+streams in one write; `--max-tokens N --token-delay-ms T` streams N tokens T ms apart, as an
+engine does), same load side (Debian's `wrk` with the TCP_QUICKACK shim,
+kvfleet_bench/wrkload.py). The data plane under test gets core 0: the router alone, or
+Envoy (`--concurrency 1`) and the picker together; wrk and the backends share core 1.
+Targets take turns level by level and repetition by repetition, so machine noise hits them
+alike.
 
 Per run: req/s and latency from wrk; CPU time (utime + stime from /proc) of the router, the
 picker and Envoy over the measured interval, per completed request. Added latency is the
@@ -26,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
-import statistics
 import sys
 import tempfile
 import time
@@ -35,15 +35,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import procs
-import routers
-import wrkload
-from report import write_report
+from kvfleet_bench import procs, routers, wrkload
+from kvfleet_bench.procs import RESULTS_DIR
+from kvfleet_bench.report import write_report
+from kvfleet_bench.stats import spread as stat
+from kvfleet_router.epp.envoy_config import EnvoyOptions, envoy_bootstrap
 
-sys.path.insert(0, str(procs.REPO_DIR / "router"))
-from kvfleet_router.epp.envoy_config import EnvoyOptions, envoy_bootstrap  # noqa: E402
-
-RESULTS_DIR = procs.BENCH_DIR / "results"
 ENVOY_BIN = Path(sys.executable).with_name("envoy")
 KVFLEET = [str(routers.KVFLEET_BIN)] if routers.KVFLEET_BIN.exists() else [
     sys.executable, "-m", "kvfleet_operator.cli.main"]
@@ -106,7 +103,7 @@ class Plane:
 
 def start_backends(args, workdir: Path):
     ports = [procs.free_port() for _ in range(args.num_backends)]
-    cmd = [sys.executable, str(procs.BENCH_DIR / "fake_backend.py"), "--num-tokens",
+    cmd = [sys.executable, "-m", "kvfleet_bench.fake_backend", "--num-tokens",
            str(args.max_tokens), "--token-delay-ms", f"{args.token_delay_ms:g}"]
     for port in ports:
         cmd += ["--port", str(port)]
@@ -181,13 +178,6 @@ def run_once(args, plane: Plane | None, urls: list[str], key: str, workdir: Path
             row[f"{name}_cpu_us_per_req"] = used * 1e6 / max(1, stats.num_ok)
             row[f"{name}_util"] = used / wall
     return row
-
-
-def stat(values: list[float]) -> dict[str, float]:
-    clean = [v for v in values if v == v]
-    if not clean:
-        return {"median": float("nan"), "min": float("nan"), "max": float("nan")}
-    return {"median": statistics.median(clean), "min": min(clean), "max": max(clean)}
 
 
 def summarise(runs: dict[str, dict[str, list[dict]]], levels: list[str]) -> dict[str, Any]:

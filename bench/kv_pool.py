@@ -46,11 +46,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from fleet_replay import Fleet, Replayed, Request, replay  # noqa: E402
-from report import write_report  # noqa: E402
+from kvfleet_bench.fleet_replay import Fleet, Replayed, Request, replay
+from kvfleet_bench.procs import REPO_DIR as ROOT
+from kvfleet_bench.report import write_report
+from kvfleet_bench.stats import percentile
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
 RESULTS = ROOT / "bench" / "results"
@@ -177,13 +176,6 @@ def fleet_counters(fleet: Fleet) -> dict[str, float]:
         for k, v in sum_series(metrics_text(r["address"]), want).items():
             out[k] = out.get(k, 0.0) + v
     return out
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 def run_one(cfg: Config, reqs: list[Request], args: argparse.Namespace) -> dict[str, Any]:

@@ -3,7 +3,7 @@ process, time until every pool's children exist, and the operator's peak RSS.
 
     .venv/bin/python bench/operator_scale.py --pools 1000 --json bench/results/operator_scale.json
 
-kmock (0.8, with the test shim that fills its gaps: tests/kubernetes/kmock_shim.py) runs in
+kmock (0.8, with the shim that fills its gaps: bench/kvfleet_bench/kmock_shim.py) runs in
 this process; the operator is the real console command (`kvfleet operator run
 --all-namespaces`) with a kubeconfig pointing at it, exactly as tests/kubernetes runs it.
 The pools (examples/vllm-unified.yaml, renamed) are created through the API as fast as the
@@ -30,8 +30,6 @@ import json
 import os
 import platform
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,12 +41,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp.web
+import kmock
 import yaml
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests" / "kubernetes"))
-import kmock  # noqa: E402
-from kmock_shim import KubeShim  # noqa: E402
+from kvfleet_bench.kmock_shim import KubeShim
+from kvfleet_bench.procs import REPO_DIR as REPO
+from kvfleet_bench.procs import cpu_seconds, free_port
+from kvfleet_bench.stats import spread
 
 NS = "bench"
 
@@ -138,12 +136,6 @@ CHILDREN = {  # per pool
 }  # fmt: skip
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 EXAMPLE = yaml.safe_load((REPO / "examples" / "vllm-unified.yaml").read_text())
 
 
@@ -154,9 +146,9 @@ def pool_body(i: int) -> dict[str, Any]:
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (/proc/PID/stat fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of the process itself so far (not its children: the
+    bench's own process has the operator as a child)."""
+    return cpu_seconds(pid, with_descendants=False)
 
 
 def vm_hwm_mb(pid: int) -> float:
@@ -336,8 +328,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "idle_api_requests_per_s", "api_requests", "operator_tracebacks"):
         values = [r[key] for r in runs if r[key] is not None]
         if values:
-            out[key] = {"median": statistics.median(values), "min": min(values),
-                        "max": max(values)}  # fmt: skip
+            out[key] = spread(values)
     for key in ("targets", "date", "commit", "machine", "pinned", "command"):
         out[key] = runs[-1][key]
     return out

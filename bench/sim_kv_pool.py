@@ -41,10 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from report import write_report  # noqa: E402
+from kvfleet_bench.procs import REPO_DIR as ROOT
+from kvfleet_bench.report import write_report
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
 POOL = ROOT / "sim" / "pools" / "h100-llama3-8b-16.yaml"

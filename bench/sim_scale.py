@@ -21,15 +21,13 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-from report import write_report  # noqa: E402
+from kvfleet_bench.procs import REPO_DIR as ROOT
+from kvfleet_bench.report import write_report
 
 TRACES = ROOT.parent / "shared" / "traces"
 KVFLEET = str(ROOT / ".venv" / "bin" / "kvfleet")

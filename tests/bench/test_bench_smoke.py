@@ -1,16 +1,14 @@
 """Smoke tests for the router benchmarks in bench/: real processes, quick mode, real checks.
 
-The bench scripts run as subprocesses (their helper modules have names such as `procs`
-and `loadgen` that other test folders also use, so they are not imported here); the pure
-helpers are loaded from their files under private names. Peer routers take part only when
-bench/.venv-peers exists (bench/setup_peers.sh); kvfleet's router when it is in the build.
+The bench scripts run as subprocesses; the pure helpers are imported from the toolkit
+(kvfleet_bench). Peer routers take part only when bench/.venv-peers exists
+(bench/setup_peers.sh); kvfleet's router when it is in the build.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +18,9 @@ from pathlib import Path
 
 import openai
 import pytest
+from kvfleet_bench import load_stats, prefix_cache
+from kvfleet_bench import traces as trace_mooncake
+from kvfleet_bench.procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
@@ -29,23 +30,13 @@ TRACE = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
 
 
 def load_bench_module(name: str):
-    spec = importlib.util.spec_from_file_location(f"kvfleet_bench_{name}", BENCH / f"{name}.py")
+    """An entry script of bench/ as a module, under a private name."""
+    spec = importlib.util.spec_from_file_location(f"bench_script_{name}", BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while building
     spec.loader.exec_module(module)
     return module
-
-
-prefix_cache = load_bench_module("prefix_cache")
-load_stats = load_bench_module("load_stats")
-trace_mooncake = load_bench_module("trace_mooncake")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # --- pure helpers ---
@@ -137,7 +128,7 @@ def test_backends_per_prefix():
 def fake_backend():
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, str(BENCH / "fake_backend.py"), "--port", str(port),
+        [sys.executable, "-m", "kvfleet_bench.fake_backend", "--port", str(port),
          "--cache-blocks", "8", "--block-chars", "4", "--num-tokens", "3"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )

@@ -7,7 +7,7 @@ import socket
 import subprocess
 
 import pytest
-from helpers.procs import kvfleet_argv
+from helpers.procs import free_port, kvfleet_argv
 
 
 def run(*argv: str) -> subprocess.CompletedProcess[str]:
@@ -36,10 +36,7 @@ def test_an_epp_port_in_use_is_one_line_and_exit_1():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            http_port = s.getsockname()[1]
-        done = run("--port", str(http_port), "--epp-port", str(port), "--epp-insecure")
+        done = run("--port", str(free_port()), "--epp-port", str(port), "--epp-insecure")
     assert done.returncode == 1
     assert f"kvfleet router: cannot listen on 127.0.0.1:{port} (endpoint picker)" in \
         done.stderr.splitlines()

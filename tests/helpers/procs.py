@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,13 +22,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvfleet_bench.procs import free_port
+
 HOST = "127.0.0.1"
-
-
-def free_port(host: str = HOST) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+__all__ = ["ProcessGroup", "ServerProcess", "free_port", "http_status", "kvfleet_argv",
+           "wait_healthy"]
 
 
 def kvfleet_argv(*args: str) -> list[str]:

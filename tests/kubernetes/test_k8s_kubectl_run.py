@@ -14,7 +14,6 @@ import asyncio
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 
@@ -23,15 +22,10 @@ import pytest
 import yaml
 from k8s_pools import ROOT, example
 from kmock_shim import eventually
+from kvfleet_bench.procs import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl")
 NS, NAME = "inference", "llama3-8b"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def kubectl(env: dict[str, str], *args: str, stdin: str | None = None) -> str:

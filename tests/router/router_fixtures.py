@@ -15,7 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers
 
 from helpers.procs import ProcessGroup, ServerProcess, kvfleet_argv  # noqa: E402
 
-FAKE = str(Path(__file__).with_name("fake_backend.py"))
+# kvfleet_bench's fake OpenAI backend, set up as these tests read it: any model served,
+# 4 tokens of "<name>:<i> " 2 ms apart (finish_reason on the last), 4-char blocks, a request log
+FAKE = [sys.executable, "-m", "kvfleet_bench.fake_backend", "--model", "fake", "--any-model",
+        "--num-tokens", "4", "--token-delay-ms", "2", "--token-text", "{name}:{i} ",
+        "--finish-on-last-token", "--block-chars", "4", "--log-requests"]
 ADMIN_TOKEN = "test-admin-token"
 
 
@@ -26,8 +30,7 @@ def procs(tmp_path: Path) -> Iterator[ProcessGroup]:
 
 
 def start_fake(procs: ProcessGroup, name: str, *extra: str) -> ServerProcess:
-    return procs.start([sys.executable, FAKE, "--port", "{port}", "--name", name, *extra],
-                       timeout_s=30)
+    return procs.start([*FAKE, "--port", "{port}", "--name", name, *extra], timeout_s=30)
 
 
 def write_config(path: Path, cfg: dict[str, Any]) -> Path:

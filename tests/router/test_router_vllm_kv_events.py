@@ -11,6 +11,7 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from kvfleet_bench.procs import free_port_triple
 from kvfleet_router.prefix_index import PreciseKVIndex, hash_tokens
 from kvfleet_router.vllm_kv_events import VllmFeed, decode_batch, follow_vllm, zmq_endpoints
 
@@ -153,25 +154,8 @@ class FakeVllm:
         self.ctx.term()
 
 
-def _free_port() -> int:
-    import socket
-
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        try:
-            for p in (port + 1, port + 2):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free ports")
-
-
 async def _run(lost: set[int], oldest: int = 0) -> tuple[PreciseKVIndex, VllmFeed, FakeVllm]:
-    port = _free_port()
+    port = free_port_triple()
     fake = FakeVllm(port, oldest)
     index = PreciseKVIndex()
     feed = VllmFeed(index, "v0")

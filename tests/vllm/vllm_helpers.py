@@ -16,23 +16,22 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from unittest import mock
 
 import pytest
+from kvfleet_bench.procs import free_port_triple
+from kvfleet_bench.vllm_cpu import STARTUP_TIMEOUT_S, served_args, smollm2_folder, vllm_python
+from kvfleet_bench.vllm_cpu import served_env as vllm_env
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 BENCH = ROOT / "bench"
 ENABLED = os.environ.get("KVFLEET_TEST_VLLM") == "1"
-STARTUP_TIMEOUT_S = float(os.environ.get("KVFLEET_VLLM_STARTUP_S", "420"))
 LOG = ROOT / "bench" / ".cache" / "test-vllm-server.log"
 
 
@@ -45,10 +44,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def vllm_python() -> Path:
-    return Path(os.environ.get("KVFLEET_VLLM_PYTHON") or BENCH / ".venv-vllm" / "bin" / "python")
-
-
 def run_vllm_script(*args: str, timeout_s: float = 180) -> str:
     py = vllm_python()
     if not py.exists():
@@ -56,67 +51,6 @@ def run_vllm_script(*args: str, timeout_s: float = 180) -> str:
     out = subprocess.run([str(py), str(HERE / "extract_vllm_flags.py"), *args],
                          capture_output=True, text=True, timeout=timeout_s, check=True)
     return out.stdout
-
-
-def smollm2_folder() -> Path:
-    """SmolLM2-135M-Instruct as an HF folder with its tokenizer (bench's conversion)."""
-    folder = BENCH / ".cache" / "smollm2-135m-hf-tok"
-    if (folder / "config.json").exists() and (folder / "tokenizer.json").exists():
-        return folder
-    sys.path.insert(0, str(BENCH))
-    from capture_vllm_metrics import export_with_tokenizer
-
-    return export_with_tokenizer("smollm2-135m", "bfloat16")
-
-
-def free_port_triple() -> int:
-    """A port p with p+1 and p+2 free too (HTTP, KV-event PUB, replay)."""
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 2 >= 65536:
-            continue
-        try:
-            for p in (port + 1, port + 2):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port triple")
-
-
-def replace_flag(args: list[str], flag: str, value: str) -> list[str]:
-    out = list(args)
-    out[out.index(flag) + 1] = value
-    return out
-
-
-def served_args(port: int, folder: Path) -> tuple[list[str], list[str]]:
-    """(command, args) for the session's server: kvfleet's rendering, CPU adjustments."""
-    from kvfleet_operator.api.pool import load_pool
-    from kvfleet_operator.decide import engine_args as ea
-
-    pool = load_pool(ROOT / "examples" / "vllm-unified.yaml")
-    with mock.patch.object(ea, "is_precise_routing", lambda spec: True), \
-            mock.patch.dict(os.environ, {ea.VLLM_PYTHON_ENV: str(vllm_python())}):
-        command = ea.engine_command(pool.spec)
-        args = ea.engine_args(pool.spec, "unified", host="127.0.0.1", port=port)
-    args = replace_flag(args, "--model", str(folder))
-    args = replace_flag(args, "--block-size", "32")
-    args = replace_flag(args, "--max-model-len", "2048")
-    return command, args + ["--enforce-eager", "--enable-prompt-tokens-details"]
-
-
-def vllm_env() -> dict[str, str]:
-    cache = BENCH / ".cache" / "vllm-cache"
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-            "DO_NOT_TRACK": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
-            "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache (AllBlocksCleared)
-            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CACHE_ROOT": str(cache / "vllm"),
-            "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-            "TRITON_CACHE_DIR": str(cache / "triton"), "OMP_NUM_THREADS": "2"}
 
 
 @dataclass

@@ -8,7 +8,7 @@ Two shapes of load:
 
 A streamed response counts as good only if it has status 200 and ends with `data: [DONE]`.
 
-    python bench/loadgen.py --url http://127.0.0.1:8000 --concurrency 64 --duration 5
+    python -m kvfleet_bench.loadgen --url http://127.0.0.1:8000 --concurrency 64 --duration 5
 """
 
 from __future__ import annotations
@@ -29,20 +29,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
-import procs
 from aiohttp.client_proto import ResponseHandler
+
+from kvfleet_bench import procs
+from kvfleet_bench.stats import percentile
 
 DONE_MARK = b"data: [DONE]"
 TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", 0)  # Linux only
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]); NaN for no values."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
 
 
 @dataclass(slots=True)

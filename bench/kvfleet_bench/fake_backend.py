@@ -1,8 +1,14 @@
-"""A fast fake OpenAI server, for measuring routers rather than engines.
+"""A fake OpenAI server: the backend the router benchmarks measure against and the router
+tests run in front of (one process can serve several backends, one per --port).
 
 It answers /v1/completions and /v1/chat/completions (SSE streaming or not), /v1/models,
-/health and /metrics (vLLM metric names from the engine contract), plus the
+/health, /tokenize and /metrics (vLLM metric names from the engine contract), plus the
 /server_info and /model_info stubs that sglang-router probes when a worker registers.
+
+Timing: a request waits `--ttft-ms` plus `--prefill-ms-per-block` per uncached block, then
+each token costs `--token-delay-ms` (one SSE write per token); with no token delay the whole
+stream goes out in one write. Token i reads `--token-text` with {name} and {i} filled in
+(" tok" by default; "{name}:{i} " tells a test who served which token).
 
 Benchmark knobs travel only through standard OpenAI fields (`max_tokens`), because
 sglang-router drops unknown fields and headers; everything else is a backend flag.
@@ -11,7 +17,17 @@ request, its hits in `usage.prompt_tokens_details.cached_tokens` (in characters,
 fake's "tokens") and its own name in `system_fingerprint`. GET /bench/stats returns its
 counters and in-flight timeline; POST /bench/reset clears them between runs.
 
-    python bench/fake_backend.py --port 8001 --port 8002 --num-tokens 8 --token-delay-ms 0
+For tests, a control plane (plain JSON): POST /_fake/control with any of {"status": 500,
+"num_bad": 2, "error_code": "caused_by_request"} (the next num_bad requests fail so),
+{"running": 3, "waiting": 1, "kv": 0.4} (reported in /metrics instead of the real
+counts), {"legacy": true} (KV usage under vLLM's old name), {"healthy": false} (/health
+answers 503), {"stall_after_chunks": 2} (a stream hangs after two tokens); POST
+/_fake/kv_events [KVEvent dicts] publishes to GET /v1/kv_events readers; with
+--log-requests, GET /_fake/log returns every request seen (path, body, headers, the bytes
+sent back in hex). A request with kv_transfer_params.do_remote_decode (a P/D prefill)
+is answered with kv_transfer_params naming a handle "<name>-h<n>".
+
+    python -m kvfleet_bench.fake_backend --port 8001 --port 8002 --num-tokens 8
 """
 
 from __future__ import annotations
@@ -23,30 +39,33 @@ import sys
 import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from kvfleet_engine import contract
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "engine"))
-from kvfleet_engine import contract  # noqa: E402
-from prefix_cache import LRUPrefixCache  # noqa: E402
+from kvfleet_bench.prefix_cache import LRUPrefixCache
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_TIMELINE = 500_000
+LEGACY_KV_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
 
 
 @dataclass(slots=True)
 class FakeBackendConfig:
     name: str = "b0"
     model: str = "fake-model"
+    is_any_model: bool = False  # serve whatever model a request names (and echo it)
     num_tokens: int = 8  # output tokens when a request gives no max_tokens
     max_num_tokens: int = 4096
     ttft_s: float = 0.0
     prefill_s_per_block: float = 0.0  # extra time to first token per uncached block
-    token_delay_s: float = 0.0
+    token_delay_s: float = 0.0  # before each token
     num_cache_blocks: int = 0  # 0: no prefix cache
     block_chars: int = 512
+    token_text: str = " tok"  # {name} and {i} filled in
+    is_finish_on_last_token: bool = False  # vLLM's way; else a separate finish chunk
+    is_logging_requests: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not self.model:
@@ -57,6 +76,7 @@ class FakeBackendConfig:
             raise ValueError("delays must be >= 0")
         if self.num_cache_blocks < 0 or self.block_chars < 1:
             raise ValueError("num_cache_blocks must be >= 0 and block_chars >= 1")
+        self.token_text.format(name=self.name, i=0)  # a bad template fails here, not later
 
 
 class BadRequest(Exception):
@@ -66,9 +86,11 @@ class BadRequest(Exception):
         self.status = status
 
 
-def error_response(message: str, status: int, param: str | None = None) -> web.Response:
+def error_response(message: str, status: int, param: str | None = None,
+                   code: object = None) -> web.Response:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    body = {"error": {"message": message, "type": kind, "param": param,
+                      "code": status if code is None else code}}
     return web.json_response(body, status=status)
 
 
@@ -105,14 +127,40 @@ def requested_tokens(body: dict[str, Any], cfg: FakeBackendConfig) -> int:
     return min(value, cfg.max_num_tokens)
 
 
+def sse(event: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(event, separators=(",", ":")).encode() + b"\n\n"
+
+
+@dataclass(slots=True)
+class Reply:
+    """What one generation request is answered with (its id, model, tokens, usage)."""
+
+    rid: str
+    model: str
+    is_chat: bool
+    num_tokens: int
+    usage: dict[str, Any]
+    entry: dict[str, Any] | None  # its /_fake/log entry, when requests are logged
+
+    def record(self, data: bytes) -> None:
+        if self.entry is not None:
+            self.entry["sent"] += data.hex()
+
+
 class FakeBackend:
-    """One fake engine replica: its config, counters, prefix cache and in-flight timeline."""
+    """One fake engine replica: its config, counters, prefix cache, in-flight timeline and
+    test controls."""
 
     def __init__(self, cfg: FakeBackendConfig) -> None:
         self.cfg = cfg
         self.cache = (
             LRUPrefixCache(cfg.num_cache_blocks, cfg.block_chars) if cfg.num_cache_blocks else None
         )
+        self.control: dict[str, Any] = {"healthy": True, "status": 200, "num_bad": 0,
+                                        "legacy": False}
+        self.log: list[dict[str, Any]] = []
+        self.readers: list[asyncio.Queue[bytes]] = []
+        self.num_handles = 0
         self.reset()
 
     def reset(self) -> None:
@@ -133,6 +181,9 @@ class FakeBackend:
         self.num_in_flight += delta
         self.timeline.append((time.time(), self.num_in_flight))
 
+    def token(self, i: int) -> str:
+        return self.cfg.token_text.format(name=self.cfg.name, i=i)
+
     # --- OpenAI endpoints ---
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, is_chat=False)
@@ -140,14 +191,29 @@ class FakeBackend:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, is_chat=True)
 
+    def _injected_error(self) -> web.Response | None:
+        if self.control.get("num_bad", 0) <= 0:
+            return None
+        self.control["num_bad"] -= 1
+        self.num_errors += 1
+        return error_response("injected", int(self.control.get("status", 500)),
+                              code=self.control.get("error_code", 500))
+
     async def _generate(self, request: web.Request, is_chat: bool) -> web.StreamResponse:
         cfg = self.cfg
         try:
             body = await request.json()
             if not isinstance(body, dict):
                 raise BadRequest("the body must be a JSON object")
+            entry = None
+            if cfg.is_logging_requests:
+                entry = {"path": request.path, "body": body, "headers": dict(request.headers),
+                         "sent": ""}
+                self.log.append(entry)
+            if (injected := self._injected_error()) is not None:
+                return injected
             model = body.get("model", cfg.model)
-            if model != cfg.model:
+            if model != cfg.model and not cfg.is_any_model:
                 raise BadRequest(f"The model `{model}` does not exist.", "model", 404)
             text = prompt_text(body, is_chat)
             num_tokens = requested_tokens(body, cfg)
@@ -173,8 +239,9 @@ class FakeBackend:
             "total_tokens": len(text) + num_tokens,
             "prompt_tokens_details": {"cached_tokens": num_hit_blocks * cfg.block_chars},
         }
-        prefill_s = cfg.ttft_s + cfg.prefill_s_per_block * (num_prompt_blocks - num_hit_blocks)
         rid = f"{'chatcmpl' if is_chat else 'cmpl'}-{cfg.name}-{self.request_seq}"
+        reply = Reply(rid, str(model), is_chat, num_tokens, usage, entry)
+        prefill_s = cfg.ttft_s + cfg.prefill_s_per_block * (num_prompt_blocks - num_hit_blocks)
         self._track(+1)
         self.num_blocks_in_use += num_prompt_blocks
         try:
@@ -182,18 +249,32 @@ class FakeBackend:
                 await asyncio.sleep(prefill_s)
             if is_stream:
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return await self._stream(request, rid, is_chat, num_tokens, usage, include_usage)
+                return await self._stream(request, reply, include_usage)
             if cfg.token_delay_s > 0:
                 await asyncio.sleep(cfg.token_delay_s * num_tokens)
             self.num_generation_tokens += num_tokens
-            return web.json_response(self._full_body(rid, is_chat, num_tokens, usage))
+            full = self._full_body(reply)
+            params = body.get("kv_transfer_params") or {}
+            if isinstance(params, dict) and params.get("do_remote_decode"):
+                full["kv_transfer_params"] = self._prefill_handle()
+            data = json.dumps(full).encode()
+            reply.record(data)
+            return web.Response(body=data, content_type="application/json")
         finally:
             self._track(-1)
             self.num_blocks_in_use -= num_prompt_blocks
 
-    def _full_body(self, rid: str, is_chat: bool, num_tokens: int, usage: dict) -> dict:
-        text = " tok" * num_tokens
-        if is_chat:
+    def _prefill_handle(self) -> dict[str, Any]:
+        """What a P/D prefill answers: where the decode side fetches the KV blocks."""
+        self.num_handles += 1
+        return {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_host": "127.0.0.1", "remote_port": 1,
+                "remote_handle": f"{self.cfg.name}-h{self.num_handles}",
+                "remote_block_ids": [1, 2]}
+
+    def _full_body(self, reply: Reply) -> dict[str, Any]:
+        text = "".join(self.token(i) for i in range(reply.num_tokens))
+        if reply.is_chat:
             choice: dict[str, Any] = {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
@@ -202,61 +283,64 @@ class FakeBackend:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
         return {
-            "id": rid,
-            "object": "chat.completion" if is_chat else "text_completion",
+            "id": reply.rid,
+            "object": "chat.completion" if reply.is_chat else "text_completion",
             "created": int(time.time()),
-            "model": self.cfg.model,
+            "model": reply.model,
             "system_fingerprint": self.cfg.name,
             "choices": [choice],
-            "usage": usage,
+            "usage": reply.usage,
         }
 
-    def _chunk(self, rid: str, is_chat: bool, delta: str | None, finish: str | None) -> bytes:
-        if is_chat:
+    def _chunk(self, reply: Reply, delta: str | None, finish: str | None) -> bytes:
+        if reply.is_chat:
             body_delta = {} if delta is None else {"role": "assistant", "content": delta}
             choice: dict[str, Any] = {"index": 0, "delta": body_delta, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
-        chunk = {
-            "id": rid,
-            "object": "chat.completion.chunk" if is_chat else "text_completion",
+        return sse({
+            "id": reply.rid,
+            "object": "chat.completion.chunk" if reply.is_chat else "text_completion",
             "created": int(time.time()),
-            "model": self.cfg.model,
+            "model": reply.model,
             "system_fingerprint": self.cfg.name,
             "choices": [choice],
-        }
-        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+        })
 
-    async def _stream(
-        self,
-        request: web.Request,
-        rid: str,
-        is_chat: bool,
-        num_tokens: int,
-        usage: dict,
-        include_usage: bool,
-    ) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, reply: Reply,
+                      include_usage: bool) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
         await response.prepare(request)
-        token = self._chunk(rid, is_chat, " tok", None)
-        tail = self._chunk(rid, is_chat, None, "length")
+        n = reply.num_tokens
+        is_finish_inline = self.cfg.is_finish_on_last_token
+        tokens = [self._chunk(reply, self.token(i),
+                              "length" if is_finish_inline and i == n - 1 else None)
+                  for i in range(n)]
+        tail = b"" if is_finish_inline else self._chunk(reply, None, "length")
         if include_usage:
-            usage_chunk = {"id": rid, "object": "chunk", "model": self.cfg.model,
-                           "choices": [], "usage": usage}
+            usage_chunk = {"id": reply.rid, "object": "chunk", "model": reply.model,
+                           "choices": [], "usage": reply.usage}
             tail += b"data: " + json.dumps(usage_chunk).encode() + b"\n\n"
         tail += b"data: [DONE]\n\n"
         delay = self.cfg.token_delay_s
-        if delay > 0:  # one write per token, as an engine streams
-            for _ in range(num_tokens):
+        stall_at = self.control.get("stall_after_chunks")
+        if delay > 0 or stall_at is not None:  # one write per token, as an engine streams
+            for i, token in enumerate(tokens):
+                if i == stall_at:
+                    await asyncio.sleep(3600)  # a hung backend: connection open, no bytes
+                await asyncio.sleep(delay)
+                reply.record(token)
                 await response.write(token)
                 self.num_generation_tokens += 1
-                await asyncio.sleep(delay)
+            reply.record(tail)
             await response.write(tail)
         else:  # as fast as possible: the whole stream in one write
-            self.num_generation_tokens += num_tokens
-            await response.write(token * num_tokens + tail)
+            self.num_generation_tokens += n
+            data = b"".join(tokens) + tail
+            reply.record(data)
+            await response.write(data)
         await response.write_eof()
         return response
 
@@ -265,7 +349,7 @@ class FakeBackend:
         return web.json_response({"object": "list", "data": [card]})
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(text="")
+        return web.Response(status=200 if self.control.get("healthy", True) else 503, text="")
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize, for routers that tokenize prompts themselves (vllm-router's
@@ -279,9 +363,7 @@ class FakeBackend:
             if not isinstance(prompt, str):
                 raise ValueError("prompt must be a string")
         except (ValueError, AttributeError, TypeError):
-            return web.json_response({"error": {"message": "bad tokenize request",
-                                                "type": "invalid_request_error",
-                                                "param": None, "code": 400}}, status=400)
+            return error_response("bad tokenize request", 400, code=400)
         tokens = [ord(c) for c in prompt]
         return web.json_response({"count": len(tokens), "max_model_len": 1 << 20,
                                   "tokens": tokens, "token_strs": None})
@@ -295,15 +377,17 @@ class FakeBackend:
 
     async def metrics(self, request: web.Request) -> web.Response:
         label = f'{{{contract.MODEL_LABEL}="{self.cfg.model}"}}'
+        c = self.control
         # vLLM counts blocks that running requests hold; cached free blocks are not "used"
         capacity = self.cfg.num_cache_blocks
         usage = min(1.0, self.num_blocks_in_use / capacity) if capacity else 0.0
+        kv_name = LEGACY_KV_CACHE_USAGE if c.get("legacy") else contract.KV_CACHE_USAGE_PERC
         queries = self.num_prompt_blocks * self.cfg.block_chars
         hits = self.num_hit_blocks * self.cfg.block_chars
         lines = [
-            f"{contract.NUM_REQUESTS_RUNNING}{label} {self.num_in_flight}",
-            f"{contract.NUM_REQUESTS_WAITING}{label} 0",
-            f"{contract.KV_CACHE_USAGE_PERC}{label} {usage:.6f}",
+            f"{contract.NUM_REQUESTS_RUNNING}{label} {c.get('running', self.num_in_flight)}",
+            f"{contract.NUM_REQUESTS_WAITING}{label} {c.get('waiting', 0)}",
+            f"{kv_name}{label} {float(c.get('kv', usage)):.6f}",
             f"{contract.PREFIX_CACHE_QUERIES}_total{label} {queries}",
             f"{contract.PREFIX_CACHE_HITS}_total{label} {hits}",
             f"{contract.NUM_PREEMPTIONS}_total{label} 0",
@@ -333,6 +417,32 @@ class FakeBackend:
         self.reset()
         return web.json_response({"reset": self.cfg.name})
 
+    # --- test controls ---
+    async def set_control(self, request: web.Request) -> web.Response:
+        self.control.update(await request.json())
+        return web.json_response(self.control)
+
+    async def get_log(self, request: web.Request) -> web.Response:
+        return web.json_response({"name": self.cfg.name, "log": self.log,
+                                  "num_in_flight": self.num_in_flight})
+
+    async def push_events(self, request: web.Request) -> web.Response:
+        lines = b"".join(json.dumps(e).encode() + b"\n" for e in await request.json())
+        for q in self.readers:
+            q.put_nowait(lines)
+        return web.json_response({"num_readers": len(self.readers)})
+
+    async def kv_events(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        q: asyncio.Queue[bytes] = asyncio.Queue()
+        self.readers.append(q)
+        try:
+            while True:
+                await resp.write(await q.get())
+        finally:
+            self.readers.remove(q)
+
 
 def build_app(backend: FakeBackend) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -348,6 +458,10 @@ def build_app(backend: FakeBackend) -> web.Application:
         app.router.add_get(path, backend.model_info)
     app.router.add_get("/bench/stats", backend.stats)
     app.router.add_post("/bench/reset", backend.reset_stats)
+    app.router.add_get("/v1/kv_events", backend.kv_events)
+    app.router.add_post("/_fake/control", backend.set_control)
+    app.router.add_post("/_fake/kv_events", backend.push_events)
+    app.router.add_get("/_fake/log", backend.get_log)
     return app
 
 
@@ -356,7 +470,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, action="append", required=True,
                    help="one backend per --port, named b0, b1, ... in order")
+    p.add_argument("--name", action="append", default=None,
+                   help="the backends' names, one per --port (default b0, b1, ...)")
     p.add_argument("--model", default="fake-model")
+    p.add_argument("--any-model", action="store_true",
+                   help="serve any model a request names (else 404), and echo it")
     p.add_argument("--num-tokens", type=int, default=8)
     p.add_argument("--max-num-tokens", type=int, default=4096)
     p.add_argument("--ttft-ms", type=float, default=0.0)
@@ -364,15 +482,26 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--token-delay-ms", type=float, default=0.0)
     p.add_argument("--cache-blocks", type=int, default=0, help="LRU bound per backend; 0 = off")
     p.add_argument("--block-chars", type=int, default=512)
-    return p.parse_args(argv)
+    p.add_argument("--token-text", default=" tok",
+                   help='token i\'s text; {name} and {i} are filled in (e.g. "{name}:{i} ")')
+    p.add_argument("--finish-on-last-token", action="store_true",
+                   help="finish_reason rides on the last token's chunk (vLLM's way), "
+                        "not on a chunk of its own")
+    p.add_argument("--log-requests", action="store_true",
+                   help="keep every request (and the bytes sent back) for GET /_fake/log")
+    args = p.parse_args(argv)
+    if args.name is not None and len(args.name) != len(args.port):
+        p.error("give one --name per --port, or none")
+    return args
 
 
 async def serve(args: argparse.Namespace) -> None:
     runners = []
     for i, port in enumerate(args.port):
         cfg = FakeBackendConfig(
-            name=f"b{i}",
+            name=args.name[i] if args.name else f"b{i}",
             model=args.model,
+            is_any_model=args.any_model,
             num_tokens=args.num_tokens,
             max_num_tokens=args.max_num_tokens,
             ttft_s=args.ttft_ms / 1000,
@@ -380,6 +509,9 @@ async def serve(args: argparse.Namespace) -> None:
             token_delay_s=args.token_delay_ms / 1000,
             num_cache_blocks=args.cache_blocks,
             block_chars=args.block_chars,
+            token_text=args.token_text,
+            is_finish_on_last_token=args.finish_on_last_token,
+            is_logging_requests=args.log_requests,
         )
         runner = web.AppRunner(build_app(FakeBackend(cfg)), access_log=None)
         await runner.setup()

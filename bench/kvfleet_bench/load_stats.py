@@ -11,6 +11,8 @@ import bisect
 import math
 from collections.abc import Sequence
 
+from kvfleet_bench.stats import mean, percentile
+
 Timeline = Sequence[tuple[float, int]]  # (time, in-flight after the change), time-ordered
 
 
@@ -68,11 +70,11 @@ def imbalance_summary(
         if sum(window_loads) / len(window_loads) >= 1.0:
             windows.append(imbalance(window_loads))
     return {
-        "instant_mean": _mean(instants),
-        "instant_p95": _quantile(instants, 0.95),
+        "instant_mean": mean(instants),
+        "instant_p95": percentile(instants, 95, empty=0.0),
         "instant_max": max(instants, default=0.0),
         "window_s": window_s,
-        "window_mean": _mean(windows),
+        "window_mean": mean(windows),
         "window_max": max(windows, default=0.0),
         "num_windows": len(windows),
     }
@@ -91,19 +93,9 @@ def backends_per_prefix(routes: list[tuple[Sequence[int], str]]) -> dict[str, fl
     shared = [len(backends[k]) for k, n in counts.items() if n >= 2]
     return {
         "num_shared_prefixes": len(shared),
-        "mean_backends_per_shared_prefix": _mean(shared),
+        "mean_backends_per_shared_prefix": mean(shared),
         "fraction_shared_on_one_backend": (
             sum(1 for n in shared if n == 1) / len(shared) if shared else 0.0
         ),
     }
 
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0
-
-
-def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]

@@ -6,7 +6,7 @@ Here each id expands deterministically into `block_chars` characters of pseudo-t
 its ids' texts in order and prefix sharing in the trace becomes prefix sharing in bytes.
 Arrival times are divided by `speedup` (time compression).
 
-    python bench/trace_mooncake.py --num-requests 2000 --speedup 11   # prints the subset's shape
+    python -m kvfleet_bench.traces --num-requests 2000 --speedup 11   # prints the subset's shape
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from kvfleet_sim.trace import mooncake_rows
 
 TRACE_PATH = (
-    Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_conversation.jsonl"
+    Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"
 )
 WORDS = (
     "the a of to and in is it you that he was for on are with as his they be at one have this "
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         requests = load(args.trace, args.num_requests, args.speedup, args.skip)
     except (OSError, ValueError, KeyError) as exc:
-        print(f"trace_mooncake: {exc}", file=sys.stderr)
+        print(f"traces: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(shape(requests), indent=1))
     return 0

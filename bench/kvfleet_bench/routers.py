@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-import procs
+from kvfleet_bench import procs
 
 PEERS_VENV = procs.BENCH_DIR / ".venv-peers"
 KVFLEET_BIN = Path(sys.executable).parent / "kvfleet"

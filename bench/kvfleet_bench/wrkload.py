@@ -3,26 +3,27 @@
 - Requests are `POST /v1/completions` SSE streams with distinct prompts ("hello N").
 - Each connection may wait a random think time (uniform in [0, 2 x think_ms]) before every
   request, so a level can offer a fixed rate (~connections / think) instead of saturating.
-- wrk runs under `quickack.so` (bench/quickack.c, built with gcc on first use), which
-  acknowledges every segment at once, like loadgen.py's TCP_QUICKACK.
+- wrk runs under `quickack.so` (kvfleet_bench/quickack.c, built with gcc on first use), which
+  acknowledges every segment at once, like loadgen's TCP_QUICKACK.
 - Several URLs (direct access to several backends) are spread over wrk threads.
 
 `available()` says whether wrk and the shim can be used; otherwise callers fall back to
-loadgen.py (pure Python, slower).
+kvfleet_bench.loadgen (pure Python, slower).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import procs
+from kvfleet_bench import procs
 
-SHIM_SRC = procs.BENCH_DIR / "quickack.c"
+SHIM_SRC = Path(__file__).with_name("quickack.c")
 CACHE = procs.BENCH_DIR / ".cache"
 
 LUA = r"""
@@ -114,7 +115,7 @@ def available() -> tuple[bool, str]:
     if shutil.which("wrk") is None:
         return False, "wrk not installed (apt-get install -y wrk)"
     if shim_path() is None:
-        return False, "no C compiler to build bench/quickack.c"
+        return False, "no C compiler to build kvfleet_bench/quickack.c"
     return True, "wrk " + version()
 
 
@@ -139,7 +140,7 @@ def run(urls: list[str], connections: int, think_ms: float, duration_s: float,
     cmd = [*procs.pin_prefix(cpus), "wrk", "-t", str(threads), "-c", str(connections),
            "-d", f"{seconds}s", "--timeout", f"{timeout_s:g}s", "-s", str(script), urls[0],
            "--", str(max_tokens), str(int(think_ms))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**_base_env(), **env},
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env},
                           timeout=seconds + timeout_s + 30)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("WRK ")), None)
     if proc.returncode != 0 or line is None:
@@ -152,8 +153,3 @@ def run(urls: list[str], connections: int, think_ms: float, duration_s: float,
                     num_ok / dur if dur else 0.0, d["p50_us"] / 1e3, d["p90_us"] / 1e3,
                     d["p99_us"] / 1e3, d["mean_us"] / 1e3)
 
-
-def _base_env() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)

@@ -1,7 +1,8 @@
 """Process plumbing for the benchmarks: free ports, pinned launches, readiness, RSS, teardown.
 
 Every process is started in its own session so that teardown can signal exactly the group
-we started (never by name), and every one binds 127.0.0.1.
+we started (never by name), and every one binds 127.0.0.1. `free_port` is also the tests'
+(tests/helpers/procs.py re-exports it).
 """
 
 from __future__ import annotations
@@ -17,14 +18,33 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-BENCH_DIR = Path(__file__).resolve().parent
+BENCH_DIR = Path(__file__).resolve().parents[1]  # bench/: entry scripts, results, caches
 REPO_DIR = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+HOST = "127.0.0.1"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+def free_port(host: str = HOST) -> int:
+    """A TCP port nothing listens on right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def free_port_triple(host: str = HOST) -> int:
+    """A port p with p+1 and p+2 free too (vLLM: HTTP, KV-event PUB, replay)."""
+    for _ in range(100):
+        port = free_port(host)
+        if port + 2 >= 65536:
+            continue
+        try:
+            for p in (port + 1, port + 2):
+                with socket.socket() as sock:
+                    sock.bind((host, p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port triple")
 
 
 def usable_cpus() -> list[int]:
@@ -127,11 +147,11 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
-def cpu_seconds(pid: int) -> float:
-    """User+system CPU time of a process and its descendants, from /proc/<pid>/stat."""
+def cpu_seconds(pid: int, with_descendants: bool = True) -> float:
+    """User+system CPU time of a process (and its descendants), from /proc/<pid>/stat."""
     ticks = os.sysconf("SC_CLK_TCK")
     total = 0.0
-    for p in set(_descendants(pid)):
+    for p in set(_descendants(pid)) if with_descendants else {pid}:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
