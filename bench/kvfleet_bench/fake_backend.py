@@ -282,15 +282,12 @@ class FakeBackend:
             }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
-        return {
-            "id": reply.rid,
-            "object": "chat.completion" if reply.is_chat else "text_completion",
-            "created": int(time.time()),
-            "model": reply.model,
-            "system_fingerprint": self.cfg.name,
-            "choices": [choice],
-            "usage": reply.usage,
-        }
+        kind = "chat.completion" if reply.is_chat else "text_completion"
+        return {**self._envelope(reply, kind, choice), "usage": reply.usage}
+
+    def _envelope(self, reply: Reply, kind: str, choice: dict[str, Any]) -> dict[str, Any]:
+        return {"id": reply.rid, "object": kind, "created": int(time.time()),
+                "model": reply.model, "system_fingerprint": self.cfg.name, "choices": [choice]}
 
     def _chunk(self, reply: Reply, delta: str | None, finish: str | None) -> bytes:
         if reply.is_chat:
@@ -298,14 +295,8 @@ class FakeBackend:
             choice: dict[str, Any] = {"index": 0, "delta": body_delta, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": finish}
-        return sse({
-            "id": reply.rid,
-            "object": "chat.completion.chunk" if reply.is_chat else "text_completion",
-            "created": int(time.time()),
-            "model": reply.model,
-            "system_fingerprint": self.cfg.name,
-            "choices": [choice],
-        })
+        kind = "chat.completion.chunk" if reply.is_chat else "text_completion"
+        return sse(self._envelope(reply, kind, choice))
 
     async def _stream(self, request: web.Request, reply: Reply,
                       include_usage: bool) -> web.StreamResponse:
@@ -444,24 +435,28 @@ class FakeBackend:
             self.readers.remove(q)
 
 
+ROUTES = [  # (method, path, FakeBackend handler)
+    ("POST", "/v1/completions", "completions"),
+    ("POST", "/v1/chat/completions", "chat_completions"),
+    ("GET", "/v1/models", "models"),
+    ("GET", "/health", "health"),
+    ("POST", "/tokenize", "tokenize"),
+    ("GET", "/metrics", "metrics"),
+    *(("GET", path, "server_info") for path in ("/server_info", "/get_server_info")),
+    *(("GET", path, "model_info") for path in ("/model_info", "/get_model_info")),
+    ("GET", "/bench/stats", "stats"),
+    ("POST", "/bench/reset", "reset_stats"),
+    ("GET", "/v1/kv_events", "kv_events"),
+    ("POST", "/_fake/control", "set_control"),
+    ("POST", "/_fake/kv_events", "push_events"),
+    ("GET", "/_fake/log", "get_log"),
+]
+
+
 def build_app(backend: FakeBackend) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
-    app.router.add_post("/v1/completions", backend.completions)
-    app.router.add_post("/v1/chat/completions", backend.chat_completions)
-    app.router.add_get("/v1/models", backend.models)
-    app.router.add_get("/health", backend.health)
-    app.router.add_post("/tokenize", backend.tokenize)
-    app.router.add_get("/metrics", backend.metrics)
-    for path in ("/server_info", "/get_server_info"):
-        app.router.add_get(path, backend.server_info)
-    for path in ("/model_info", "/get_model_info"):
-        app.router.add_get(path, backend.model_info)
-    app.router.add_get("/bench/stats", backend.stats)
-    app.router.add_post("/bench/reset", backend.reset_stats)
-    app.router.add_get("/v1/kv_events", backend.kv_events)
-    app.router.add_post("/_fake/control", backend.set_control)
-    app.router.add_post("/_fake/kv_events", backend.push_events)
-    app.router.add_get("/_fake/log", backend.get_log)
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, path, getattr(backend, handler))
     return app
 
 
