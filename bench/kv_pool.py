@@ -6,7 +6,7 @@ recovers for a cache-blind policy), side by side in one run, rounds alternating.
     .venv/bin/python bench/kv_pool.py --model tiny-random --one-conversation-in 1 \\
         --max-requests 12 --rounds 1 --duration-s 30   # a smoke run, seconds
 
-Each (round, configuration) starts a fresh `kvfleet up` fleet (bench/fleet_replay.py) of
+Each (round, configuration) starts a fresh `kvfleet up` fleet (kvfleet_bench/fleet_replay.py) of
 `--replicas` real engines (torch runner on CPU, fixed replica count, `prefixMode:
 precise`), replays the same Mooncake slice through its router open loop (each request
 streamed, its prompt as token ids), reads every engine's and the router's /metrics, and

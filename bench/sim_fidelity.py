@@ -10,7 +10,7 @@ and a slice of the Azure code trace (by default [1200, 1380) s) at its own arriv
 - live: `kvfleet up` runs the pool as processes (the router and four engines whose steps
   sleep the cost model's time). Once all four serve, a few isolated probe requests
   measure the live path's fixed cost per request (below); then an open-loop client
-  (bench/fleet_replay.py) replays the slice through the router, each request streamed,
+  (kvfleet_bench/fleet_replay.py) replays the slice through the router, each request streamed,
   the trace's prompt as token ids, `max_tokens` = its output length, `ignore_eos`. TTFT
   is the first streamed token at the client, E2E the `[DONE]` event.
 - sim: `kvfleet sim`'s own path (`kvfleet_sim.run.run_variants`) replays the same slice,
