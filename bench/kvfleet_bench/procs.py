@@ -1,7 +1,8 @@
 """Process plumbing for the benchmarks: free ports, pinned launches, readiness, RSS, teardown.
 
 Every process is started in its own session so that teardown can signal exactly the group
-we started (never by name), and every one binds 127.0.0.1. `free_port` is also the tests'
+we started (never by name), and every one binds 127.0.0.1. `free_port` is the one `kvfleet up`
+picks ports with (kvfleet_operator.runtimes.local.procs); the tests take it from here
 (tests/helpers/procs.py re-exports it).
 """
 
@@ -18,17 +19,14 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from kvfleet_operator.runtimes.local.procs import free_port
+
 BENCH_DIR = Path(__file__).resolve().parents[1]  # bench/: entry scripts, results, caches
 REPO_DIR = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 HOST = "127.0.0.1"
-
-
-def free_port(host: str = HOST) -> int:
-    """A TCP port nothing listens on right now (the kernel's pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+__all__ = ["cpu_seconds", "free_port", "free_port_triple", "http_get", "http_post_json",
+           "listen_drops", "pin_prefix", "rss_bytes", "start", "stop", "usable_cpus", "wait_until"]
 
 
 def free_port_triple(host: str = HOST) -> int:
