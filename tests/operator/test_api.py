@@ -26,7 +26,7 @@ def pool(**spec_overrides):
 @pytest.mark.parametrize(
     "manifest, path, fragment",
     [
-        (None, "", "must be an object, got NoneType"),
+        (None, "", "must be an object, got null"),
         (42, "", "must be an object, got integer"),
         ({}, "apiVersion", "must be kvfleet.io/v1alpha1"),
         ({**pool(), "apiVersion": "inference.networking.k8s.io/v1"}, "apiVersion", "got"),
@@ -35,14 +35,18 @@ def pool(**spec_overrides):
         ({**pool(), "metadata": {}}, "metadata.name", "required"),
         ({**pool(), "metadata": {"name": "p", "namespace": 3}}, "metadata.namespace", "string"),
         ({**pool(), "metadata": {"name": "p", "labels": {"a": 1}}}, "metadata.labels", "strings"),
-        ({**pool(), "spec": None}, "spec", "must be an object, got NoneType"),
-        (pool(model={"name": "m", "source": "hf://x", "extra": 1}), "spec.model.extra", "unknown"),
+        ({**pool(), "spec": None}, "spec", "must be an object, got null"),
+        (pool(model={"name": "m", "source": "hf://x", "extra": 1}), "spec.model.extra",
+         "unknown field (known fields: name, servedModelName, source)"),
+        (pool(engine={"max_num_seqs": 8}), "spec.engine.max_num_seqs", "unknown field"),
+        (pool(topology={"prefill": {"replicas": {"min": -1}}, "decode": {}}),
+         "spec.topology.prefill.replicas.min", "must be an integer in [0, 1000], got -1"),
         (pool(topology={"unified": {"replicas": []}}), "spec.topology.unified.replicas",
          "must be an object, got array"),
         (pool(routing={"weights": {"prefix": float("inf")}}), "spec.routing.weights.prefix",
-         "must be a number"),
+         "must be a finite number in [0, 100], got inf"),
         (pool(topology={"unified": {"nodeSelector": {1: "a"}}}),
-         "spec.topology.unified.nodeSelector", "keys must be strings"),
+         "spec.topology.unified.nodeSelector", "keys must be strings, got integer"),
     ],
 )
 def test_junk_is_a_spec_error_naming_the_field(manifest, path, fragment):

@@ -1,15 +1,15 @@
 """Pools against the CRD: examples pass schema + CEL, bad pools fail there and in api.py,
-and the CRD's defaults and ranges agree with the Python types field by field."""
+and the CRD's defaults and ranges agree with the pydantic models' JSON Schema field by
+field."""
 
 from __future__ import annotations
 
-import dataclasses
-import typing
+import copy
 
 import pytest
 from kvfleet_operator import api
 from kvfleet_operator.api.errors import UnservableSpecError
-from kvfleet_operator.api.fields import QUANTITY_PATTERN, camel, field_rule
+from kvfleet_operator.api.validation import json_schema
 from kvfleet_operator.tools.crd_validate import apply_defaults, cel_violations, validate_manifest
 from pool_corpus import (
     CRD,
@@ -49,57 +49,106 @@ def test_minimal_pool_defaults_match_python():
     assert defaulted["autoscaling"]["scaleDown"]["stabilizationWindowSeconds"] == 300
 
 
-def _pairs(cls, node, path):
-    """(path, dataclass field, schema node) for every field, recursing into nested specs."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        key = camel(f.name)
-        sub = node["properties"][key]
-        yield f"{path}.{key}", f, sub, node
-        inner = hints[f.name]
-        options = [a for a in typing.get_args(inner) if a is not type(None)] or [inner]
-        target = options[0]
-        if typing.get_origin(target) is list:
-            (target,) = typing.get_args(target)
-            sub = sub["items"]
-        if dataclasses.is_dataclass(target):
-            yield from _pairs(target, sub, f"{path}.{key}")
+MODEL = json_schema(api.PoolSpec)
+NULL = {"type": "null"}
+
+
+def _model_node(node, defs):
+    """A model schema node with `$ref` followed and Optional's `anyOf: [X, null]` taken off."""
+    while True:
+        if "$ref" in node:
+            rest = {k: v for k, v in node.items() if k != "$ref"}
+            node = {**defs[node["$ref"].rsplit("/", 1)[-1]], **rest}
+        elif NULL in node.get("anyOf", ()):
+            (inner,) = [n for n in node["anyOf"] if n != NULL]
+            rest = {k: v for k, v in node.items() if k != "anyOf"}
+            node = {**rest, **inner}
+        else:
+            return node
+
+
+def _bounds(node, *, pydantic):
+    """(minimum, is exclusive, maximum): pydantic writes JSON Schema 2020-12's numeric
+    exclusiveMinimum, the CRD OpenAPI v3.0's boolean one."""
+    if pydantic and "exclusiveMinimum" in node:
+        return node["exclusiveMinimum"], True, node.get("maximum")
+    return node.get("minimum"), bool(node.get("exclusiveMinimum")), node.get("maximum")
+
+
+def _interval(low, is_open, high):
+    low, high = (int(x) if float(x).is_integer() else x for x in (low, high))
+    return f"{'(' if is_open else '['}{low}, {high}]"
+
+
+def disagreements(model, crd, defs=None, path="spec", parent_crd=None):
+    """Where the pydantic model's JSON Schema and the CRD's openAPIV3Schema differ: types,
+    scalar defaults, enums, patterns, lengths, counts, ranges and required fields, field by
+    field, and fields only one side has."""
+    defs = model["$defs"] if defs is None else defs
+    model = _model_node(model, defs)
+    out = []
+
+    def differ(what, mine, theirs):
+        if mine != theirs:
+            out.append(f"{path}: {what}: model {mine!r}, CRD {theirs!r}")
+
+    differ("type", model.get("type"), crd.get("type"))
+    differ("anyOf", model.get("anyOf"), crd.get("anyOf"))  # int-or-string quantities
+    differ("x-kubernetes-int-or-string", model.get("x-kubernetes-int-or-string"),
+           crd.get("x-kubernetes-int-or-string"))
+    if not isinstance(crd.get("default"), dict | list):  # objects' {} defaults: factories
+        differ("default", model.get("default"), crd.get("default"))
+    for key in ("enum", "pattern", "maxLength", "minLength", "maxItems", "maxProperties"):
+        differ(key, model.get(key), crd.get(key))
+    mine, theirs = _bounds(model, pydantic=True), _bounds(crd, pydantic=False)
+    if theirs == (None, False, None) and mine != theirs:
+        # A range the CRD checks with a CEL rule on the parent: the rule must state it.
+        key = path.rsplit(".", 1)[-1]
+        rules = [r for r in (parent_crd or {}).get("x-kubernetes-validations", [])
+                 if r.get("fieldPath") == f".{key}"]
+        if not any(_interval(*mine) in r["message"] for r in rules):
+            out.append(f"{path}: range {_interval(*mine)} is in no CEL rule of the CRD")
+    else:
+        differ("range", mine, theirs)
+    if "properties" in model or "properties" in crd:
+        props, crd_props = model.get("properties", {}), crd.get("properties", {})
+        differ("required", sorted(model.get("required", [])), sorted(crd.get("required", [])))
+        for key in sorted(set(props) | set(crd_props)):
+            if key not in props or key not in crd_props:
+                out.append(f"{path}.{key}: only in the {'CRD' if key in crd_props else 'model'}")
+            else:
+                out += disagreements(props[key], crd_props[key], defs, f"{path}.{key}", crd)
+    for key, suffix in (("items", "[]"), ("additionalProperties", ".*")):
+        if isinstance(model.get(key), dict) or isinstance(crd.get(key), dict):
+            out += disagreements(model.get(key) or {}, crd.get(key) or {}, defs, path + suffix)
+    return out
 
 
 def test_every_spec_field_agrees_with_the_crd():
     spec_node = SCHEMA["properties"]["spec"]
-    seen = 0
-    for path, f, node, parent in _pairs(api.PoolSpec, spec_node, "spec"):
-        seen += 1
-        rule = field_rule(f)
-        if "default" in node and not isinstance(node["default"], dict | list):
-            assert f.default == node["default"], path
-        elif not isinstance(node.get("default"), dict | list):
-            assert f.default is None or f.default is dataclasses.MISSING, path
-        assert tuple(node.get("enum", ())) == (rule.enum or ()), path
-        assert node.get("pattern") == rule.pattern, path
-        assert node.get("maxLength") == rule.max_length, path
-        assert node.get("minLength") == rule.min_length, path
-        assert node.get("maxItems", node.get("maxProperties")) == rule.max_items, path
-        inner = node.get("items") or node.get("additionalProperties")
-        if rule.items is not None:  # rules on list items / map values
-            assert inner.get("maxLength") == rule.items.max_length, path
-            assert bool(inner.get("x-kubernetes-int-or-string")) == rule.items.is_quantity, path
-            if rule.items.is_quantity:
-                assert inner["pattern"] == QUANTITY_PATTERN, path
-        assert (camel(f.name) in parent.get("required", ())) == rule.is_required, path
-        if rule.by_cel:  # the range lives in a CEL rule on the parent, not in the schema
-            assert "minimum" not in node and "maximum" not in node, path
-            assert any(camel(f.name) in r["rule"] for r in parent["x-kubernetes-validations"])
-        else:
-            assert node.get("minimum") == rule.minimum, path
-            assert node.get("maximum") == rule.maximum, path
-            assert bool(node.get("exclusiveMinimum")) == rule.exclusive_minimum, path
-    # And no CRD field lacks a Python twin.
-    def count(node):
+    assert disagreements(MODEL, spec_node) == []
+
+    def count(node):  # a real check, not two empty trees
+        node = _model_node(node, MODEL["$defs"])
         props = node.get("properties") or {}
         return len(props) + sum(count(p.get("items", p)) for p in props.values())
-    assert seen == count(spec_node)
+    assert count(MODEL) >= 80
+
+
+@pytest.mark.parametrize("change, where", [
+    (("EngineSpec", "blockSize", "maximum", 512), "spec.engine.blockSize: range"),
+    (("ReplicasSpec", "min", "default", 2), "spec.topology.unified.replicas.min: default"),
+    (("TargetsSpec", "kvCacheUsage", "maximum", 2), "spec.autoscaling.targets.kvCacheUsage"),
+    (("EngineSpec", "kind", "enum", ["vllm"]), "spec.engine.kind: enum"),
+])  # fmt: skip
+def test_a_model_that_drifts_from_the_crd_is_caught(change, where):
+    """The comparison above is not vacuous: one bound, default or enum changed in the model's
+    schema is reported, at that field."""
+    cls, key, rule, value = change
+    model = copy.deepcopy(MODEL)
+    model["$defs"][cls]["properties"][key][rule] = value
+    found = disagreements(model, SCHEMA["properties"]["spec"])
+    assert any(d.startswith(where) for d in found), found
 
 
 def test_corpus_is_big_enough_and_ids_unique():

@@ -86,7 +86,8 @@ def test_kvfleet_up_warns_in_one_line_for_vllm_only():
     (lambda d: d["spec"]["routing"].pop("prefixMode"), "needs routing.prefixMode: precise"),
     (lambda d: d["spec"]["engine"].update(enablePrefixCaching=False),
      "needs engine.enablePrefixCaching: true"),
-    (lambda d: d["spec"]["routing"]["kvSharing"].update(margin=0.9), "must be >= 1"),
+    (lambda d: d["spec"]["routing"]["kvSharing"].update(margin=0.9),
+     r"margin: must be a finite number in \[1, 100\], got 0.9"),
 ])
 def test_bad_specs_are_degraded_with_a_reason(change, error):
     data = manifest("local-cpu.yaml", prefixMode="precise", kvSharing={"enabled": True})

@@ -1,7 +1,6 @@
 """InferencePool API (kvfleet.io/v1alpha1): typed spec and status, parsed with the CRD's rules."""
 
 from .errors import SpecError
-from .fields import to_dict
 from .pool import (
     API_VERSION,
     CRD_NAME,
@@ -55,6 +54,7 @@ from .status import (
     parse_status,
     rfc3339,
 )
+from .validation import to_dict
 
 __all__ = [
     "API_VERSION", "CONDITION_TYPES", "CRD_NAME", "ENGINE_KINDS", "FALSE", "GROUP", "KIND",

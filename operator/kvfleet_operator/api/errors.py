@@ -11,10 +11,6 @@ class SpecError(ValueError):
         self.message = message
         super().__init__(f"{path}: {message}" if path else message)
 
-    def under(self, prefix: str) -> SpecError:
-        """The same error seen from a parent object (`min` -> `replicas.min`)."""
-        return type(self)(join_path(prefix, self.path), self.message)
-
 
 class UnservableSpecError(SpecError):
     """A pool the CRD accepts but that can never run: it names something this kvfleet

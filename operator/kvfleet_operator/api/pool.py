@@ -10,9 +10,9 @@ from typing import Any
 import yaml
 
 from .errors import SpecError
-from .fields import build, to_dict, type_name
 from .spec import PoolSpec
 from .status import PoolStatus, parse_status
+from .validation import to_dict, type_name, validate
 
 GROUP = "kvfleet.io"
 VERSION = "v1alpha1"
@@ -48,8 +48,7 @@ class InferencePool:
 
 
 def parse_spec(data: Any, path: str = "spec") -> PoolSpec:
-    spec: PoolSpec = build(PoolSpec, data, path)
-    return spec
+    return validate(PoolSpec, data, path)
 
 
 def parse_pool(manifest: Any) -> InferencePool:

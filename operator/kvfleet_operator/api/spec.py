@@ -1,19 +1,23 @@
 """InferencePool spec types (kvfleet.io/v1alpha1). Mirrors crds/inferencepools.kvfleet.io.yaml.
 
-Field rules sit in `spec_field(...)`; cross-field rules (the CRD's CEL rules) sit in
-`__post_init__` and raise SpecError with the path relative to the object.
+Each type is a pydantic dataclass (`@spec_type`, see validation.py): field rules sit on the
+fields (`Field(...)`, `OneOf(...)`, `Quantity`); cross-field rules (the CRD's CEL rules) are
+`model_validator(mode="after")` methods that raise SpecError with the path relative to the
+object.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import dataclasses
+from dataclasses import KW_ONLY
+from typing import Annotated
 
 from kvfleet_engine import contract
 from kvfleet_router.config import PREFIX_MODES, PolicyConfig
+from pydantic import Field, model_validator
 
 from .errors import SpecError, UnservableSpecError
-from .fields import Rule, spec_field
+from .validation import Bool, Float, Int, OneOf, Quantity, Str, spec_type
 from .vllm_compat import check_vllm_engine
 
 ENGINE_KINDS = ("vllm", "builtin")
@@ -36,15 +40,17 @@ GPU_RESOURCE = "nvidia.com/gpu"
 MIN_KV_TOKENS = 256  # the least KV room a pool without maxModelLen may leave (one short turn)
 
 
-@dataclass(slots=True)
+@spec_type
 class ModelSpec:
-    name: str = spec_field(is_required=True, min_length=1, max_length=256)
-    source: str | None = spec_field(None, pattern=SOURCE_PATTERN, max_length=1024)
-    served_model_name: str | None = spec_field(None, min_length=1, max_length=256)
+    name: Annotated[Str, Field(min_length=1, max_length=256)]
+    source: Str | None = Field(default=None, pattern=SOURCE_PATTERN, max_length=1024)
+    served_model_name: Str | None = Field(default=None, min_length=1, max_length=256)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _has_source(self) -> ModelSpec:
         if not self.source:
             raise SpecError("source", f"a model source is required ({SOURCE_HELP})")
+        return self
 
     @property
     def scheme(self) -> str:
@@ -56,22 +62,24 @@ class ModelSpec:
         return self.served_model_name or self.name
 
 
-@dataclass(slots=True)
+@spec_type
 class EngineSpec:
-    kind: str = spec_field("vllm", enum=ENGINE_KINDS)
-    image: str | None = spec_field(None, min_length=1, max_length=512)
-    args: list[str] = spec_field(default_factory=list, max_items=64, items=Rule(max_length=1024))
-    runner: str = spec_field("torch", enum=RUNNERS)
-    profile: str | None = spec_field(None, pattern=NAME_PATTERN, max_length=63)
-    max_num_seqs: int = spec_field(256, minimum=1, maximum=65536)
-    max_num_batched_tokens: int = spec_field(8192, minimum=1, maximum=1048576)
-    max_model_len: int | None = spec_field(None, minimum=16, maximum=1048576)
-    block_size: int = spec_field(16, minimum=1, maximum=256)
-    enable_prefix_caching: bool = spec_field(True)
-    gpu_memory_utilization: float = spec_field(0.9, minimum=0, exclusive_minimum=True, maximum=1)
-    num_blocks: int | None = spec_field(None, minimum=2, maximum=16777216)
+    kind: Annotated[Str, OneOf(ENGINE_KINDS)] = "vllm"
+    image: Str | None = Field(default=None, min_length=1, max_length=512)
+    args: list[Annotated[Str, Field(max_length=1024)]] = Field(default_factory=list,
+                                                                 max_length=64)
+    runner: Annotated[Str, OneOf(RUNNERS)] = "torch"
+    profile: Str | None = Field(default=None, pattern=NAME_PATTERN, max_length=63)
+    max_num_seqs: Int = Field(default=256, ge=1, le=65536)
+    max_num_batched_tokens: Int = Field(default=8192, ge=1, le=1048576)
+    max_model_len: Int | None = Field(default=None, ge=16, le=1048576)
+    block_size: Int = Field(default=16, ge=1, le=256)
+    enable_prefix_caching: Bool = True
+    gpu_memory_utilization: Float = Field(default=0.9, gt=0, le=1)
+    num_blocks: Int | None = Field(default=None, ge=2, le=16777216)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _consistent(self) -> EngineSpec:
         if self.block_size not in BLOCK_SIZES:
             raise SpecError("blockSize", f"must be a power of two (1..256), got {self.block_size}")
         if self.runner == "simulated" and self.kind != "builtin":
@@ -101,70 +109,79 @@ class EngineSpec:
             known = ", ".join(contract.BUILTIN_PROFILES)
             raise UnservableSpecError("profile",
                                       f"unknown profile {self.profile!r}; known: {known}")
+        return self
 
     @property
     def is_builtin(self) -> bool:
         return self.kind == "builtin"
 
 
-@dataclass(slots=True)
+@spec_type
 class ReplicasSpec:
-    min: int = spec_field(1, minimum=0, maximum=1000)
-    max: int = spec_field(1, minimum=0, maximum=1000)
+    min: Int = Field(default=1, ge=0, le=1000)
+    max: Int = Field(default=1, ge=0, le=1000)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _min_within_max(self) -> ReplicasSpec:
         if self.max < 1:
             raise SpecError("max", f"must be >= 1, got {self.max}")
         if self.min > self.max:
             raise SpecError("min", f"must be <= max ({self.min} > {self.max})")
+        return self
 
 
-@dataclass(slots=True)
+@spec_type
 class ResourcesSpec:
-    requests: dict[str, str] | None = spec_field(None, max_items=16, items=Rule(is_quantity=True))
-    limits: dict[str, str] | None = spec_field(None, max_items=16, items=Rule(is_quantity=True))
+    requests: dict[Str, Quantity] | None = Field(default=None, max_length=16)
+    limits: dict[Str, Quantity] | None = Field(default=None, max_length=16)
 
 
-@dataclass(slots=True)
+@spec_type
 class Toleration:
-    key: str | None = spec_field(None, max_length=253)
-    operator: str = spec_field("Equal", enum=("Equal", "Exists"))
-    value: str | None = spec_field(None, max_length=63)
-    effect: str | None = spec_field(None, enum=("NoSchedule", "PreferNoSchedule", "NoExecute"))
-    toleration_seconds: int | None = spec_field(None, minimum=0)
+    key: Str | None = Field(default=None, max_length=253)
+    operator: Annotated[Str, OneOf(("Equal", "Exists"))] = "Equal"
+    value: Str | None = Field(default=None, max_length=63)
+    effect: Annotated[Str, OneOf(("NoSchedule", "PreferNoSchedule", "NoExecute"))] | None = None
+    toleration_seconds: Int | None = Field(default=None, ge=0)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _consistent(self) -> Toleration:
         if self.operator == "Exists" and self.value is not None:
             raise SpecError("value", "must be empty when operator is Exists")
         if self.operator == "Equal" and self.key is None:
             raise SpecError("key", "is required when operator is Equal")
         if self.toleration_seconds is not None and self.effect != "NoExecute":
             raise SpecError("tolerationSeconds", "only applies with effect NoExecute")
+        return self
 
 
-@dataclass(slots=True)
+@spec_type
 class RoleSpec:
-    replicas: ReplicasSpec = spec_field(default_factory=ReplicasSpec)
-    gpus: int = spec_field(0, minimum=0, maximum=16)
-    resources: ResourcesSpec | None = spec_field(None)
-    node_selector: dict[str, str] | None = spec_field(None, max_items=32, items=Rule(max_length=63))
-    tolerations: list[Toleration] | None = spec_field(None, max_items=32)
+    replicas: ReplicasSpec = Field(default_factory=ReplicasSpec)
+    gpus: Int = Field(default=0, ge=0, le=16)
+    resources: ResourcesSpec | None = None
+    node_selector: dict[Str, Annotated[Str, Field(max_length=63)]] | None = Field(
+        default=None, max_length=32)
+    tolerations: list[Toleration] | None = Field(default=None, max_length=32)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _one_gpu_setting(self) -> RoleSpec:
         limits = (self.resources.limits if self.resources else None) or {}
         if self.gpus > 0 and GPU_RESOURCE in limits:
             raise SpecError(
                 "gpus", f"set gpus or resources.limits[{GPU_RESOURCE}], not both"
             )
+        return self
 
 
-@dataclass(slots=True)
+@spec_type
 class TopologySpec:
-    unified: RoleSpec | None = spec_field(None)
-    prefill: RoleSpec | None = spec_field(None)
-    decode: RoleSpec | None = spec_field(None)
+    unified: RoleSpec | None = None
+    prefill: RoleSpec | None = None
+    decode: RoleSpec | None = None
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _one_mode(self) -> TopologySpec:
         split = self.prefill is not None or self.decode is not None
         if self.unified is not None and split:
             raise SpecError("unified", "cannot be combined with prefill/decode; choose one mode")
@@ -173,6 +190,7 @@ class TopologySpec:
         if split and (self.prefill is None or self.decode is None):
             missing = "decode" if self.decode is None else "prefill"
             raise SpecError(missing, "is required: prefill and decode come as a pair")
+        return self
 
     @property
     def is_disaggregated(self) -> bool:
@@ -188,69 +206,70 @@ class TopologySpec:
         return {name: role for name, role in pairs if role is not None}
 
 
-def _weight() -> Any:
-    return spec_field(None, minimum=0, maximum=100)
+Weight = Annotated[Float, Field(ge=0, le=100)]
 
 
-@dataclass(slots=True)
+@spec_type
 class WeightsSpec:
     """Scorer weights for cache-aware routing; unset ones keep the router's default."""
 
-    prefix: float | None = _weight()
-    queue: float | None = _weight()
-    kv: float | None = _weight()
-    session: float | None = _weight()
-    latency: float | None = _weight()
-    ucb: float | None = _weight()
-    slo: float | None = _weight()
+    prefix: Weight | None = None
+    queue: Weight | None = None
+    kv: Weight | None = None
+    session: Weight | None = None
+    latency: Weight | None = None
+    ucb: Weight | None = None
+    slo: Weight | None = None
 
 
-@dataclass(slots=True)
+@spec_type
 class ImbalanceSpec:
-    abs_threshold: int = spec_field(8, minimum=0, maximum=100000)
-    rel_threshold: float = spec_field(1.5, minimum=1, maximum=100)
+    abs_threshold: Int = Field(default=8, ge=0, le=100000)
+    rel_threshold: Float = Field(default=1.5, ge=1, le=100)
 
 
-@dataclass(slots=True)
+@spec_type
 class GatewaySpec:
     """Serve the pool behind a Gateway API Inference Extension gateway: the operator adds a
     GIE `inference.networking.k8s.io/v1` InferencePool over the engine pods and kvfleet's
     endpoint picker (`kvfleet router --epp-port`) as its Deployment and Service."""
 
-    kind: str = spec_field("gie", enum=GATEWAY_KINDS)
-    failure_mode: str = spec_field("FailClose", enum=GATEWAY_FAILURE_MODES)
+    kind: Annotated[Str, OneOf(GATEWAY_KINDS)] = "gie"
+    failure_mode: Annotated[Str, OneOf(GATEWAY_FAILURE_MODES)] = "FailClose"
 
 
-@dataclass(slots=True)
+@spec_type
 class KVSharingSpec:
     """Fleet-wide KV: builtin engines fetch a prompt's cached prefix from the peer that
     holds it when the router estimates that beats recomputing it (by `margin`); vLLM
     engines share KV through an LMCache server (Kubernetes only). Off by default until
     measured to help."""
 
-    enabled: bool = spec_field(False)
-    margin: float = spec_field(1.5, minimum=1, maximum=100)
+    enabled: Bool = False
+    margin: Float = Field(default=1.5, ge=1, le=100)
 
 
-@dataclass(slots=True)
+@spec_type
 class RoutingSpec:
-    policy: str = spec_field("cache-aware", enum=ROUTING_POLICIES)
-    weights: WeightsSpec | None = spec_field(None)
-    imbalance: ImbalanceSpec = spec_field(default_factory=ImbalanceSpec)
-    session_header: str = spec_field("x-session-id", pattern=HEADER_PATTERN, max_length=128)
-    replicas: int = spec_field(1, minimum=1, maximum=32)
-    pd_threshold_tokens: int = spec_field(128, minimum=0, maximum=1048576)
-    placement: str = spec_field("deployment", enum=ROUTER_PLACEMENTS)
-    prefix_mode: str = spec_field("approximate", enum=PREFIX_MODES)
-    gateway: GatewaySpec | None = spec_field(None)
-    kv_sharing: KVSharingSpec = spec_field(default_factory=KVSharingSpec)
+    policy: Annotated[Str, OneOf(ROUTING_POLICIES)] = "cache-aware"
+    weights: WeightsSpec | None = None
+    imbalance: ImbalanceSpec = Field(default_factory=ImbalanceSpec)
+    session_header: Str = Field(default="x-session-id", pattern=HEADER_PATTERN, max_length=128)
+    replicas: Int = Field(default=1, ge=1, le=32)
+    pd_threshold_tokens: Int = Field(default=128, ge=0, le=1048576)
+    placement: Annotated[Str, OneOf(ROUTER_PLACEMENTS)] = "deployment"
+    prefix_mode: Annotated[Str, OneOf(PREFIX_MODES)] = "approximate"
+    gateway: GatewaySpec | None = None
+    kv_sharing: KVSharingSpec = Field(default_factory=KVSharingSpec)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _some_weight(self) -> RoutingSpec:
         merged = self.effective_weights()
         if merged is not None and not any(merged.values()):
             raise UnservableSpecError(
                 "weights", "are all zero, so no scorer would count; leave them unset for the "
                 "router's defaults")
+        return self
 
     def effective_weights(self) -> dict[str, float] | None:
         """The spec's weights over the router's defaults (the router replaces the whole map),
@@ -258,69 +277,66 @@ class RoutingSpec:
         if self.weights is None:
             return None
         merged = dict(PolicyConfig().weights)
-        for name in self.weights.__slots__:
-            value = getattr(self.weights, name)
+        for f in dataclasses.fields(self.weights):
+            value = getattr(self.weights, f.name)
             if value is not None:
-                merged[name] = float(value)
+                merged[f.name] = float(value)
         return dict(sorted(merged.items()))
 
 
-def _target(maximum: float) -> dict[str, Any]:
-    # Autoscaling targets: open lower bound at 0, checked by CEL rules in the CRD.
-    return dict(minimum=0, exclusive_minimum=True, maximum=maximum, by_cel=True)
-
-
-@dataclass(slots=True)
+@spec_type
 class TargetsSpec:
-    waiting_per_replica: float = spec_field(2.0, **_target(10000))
-    kv_cache_usage: float = spec_field(0.8, **_target(1))
-    running_per_replica: float | None = spec_field(None, **_target(100000))
-    ttft_p90_seconds: float | None = spec_field(None, **_target(600))
-    itl_p90_seconds: float | None = spec_field(None, **_target(60))
-    prefill_tokens_per_second_per_replica: float | None = spec_field(
-        None, **_target(10000000)
-    )
+    """Autoscaling targets, each in (0, max]; the CRD checks these ranges with CEL rules."""
+
+    waiting_per_replica: Float = Field(default=2.0, gt=0, le=10000)
+    kv_cache_usage: Float = Field(default=0.8, gt=0, le=1)
+    running_per_replica: Float | None = Field(default=None, gt=0, le=100000)
+    ttft_p90_seconds: Float | None = Field(default=None, gt=0, le=600)
+    itl_p90_seconds: Float | None = Field(default=None, gt=0, le=60)
+    prefill_tokens_per_second_per_replica: Float | None = Field(default=None, gt=0,
+                                                                 le=10000000)
 
 
-@dataclass(slots=True)
+@spec_type
 class ScaleUpSpec:
-    stabilization_window_seconds: int = spec_field(0, minimum=0, maximum=3600)
-    max_step: int = spec_field(4, minimum=1, maximum=1000)
-    cooldown_seconds: int = spec_field(15, minimum=0, maximum=3600)
+    stabilization_window_seconds: Int = Field(default=0, ge=0, le=3600)
+    max_step: Int = Field(default=4, ge=1, le=1000)
+    cooldown_seconds: Int = Field(default=15, ge=0, le=3600)
 
 
-@dataclass(slots=True)
+@spec_type
 class ScaleDownSpec:
-    stabilization_window_seconds: int = spec_field(300, minimum=0, maximum=3600)
-    max_step: int = spec_field(1, minimum=1, maximum=1000)
-    cooldown_seconds: int = spec_field(60, minimum=0, maximum=3600)
+    stabilization_window_seconds: Int = Field(default=300, ge=0, le=3600)
+    max_step: Int = Field(default=1, ge=1, le=1000)
+    cooldown_seconds: Int = Field(default=60, ge=0, le=3600)
 
 
-@dataclass(slots=True)
+@spec_type
 class PanicSpec:
-    window_seconds: int = spec_field(6, minimum=1, maximum=600)
-    threshold: float = spec_field(2.0, minimum=1, maximum=100)
+    window_seconds: Int = Field(default=6, ge=1, le=600)
+    threshold: Float = Field(default=2.0, ge=1, le=100)
 
 
-@dataclass(slots=True)
+@spec_type
 class ScaleToZeroSpec:
-    enabled: bool = spec_field(False)
-    idle_seconds: int = spec_field(300, minimum=1, maximum=86400)
+    enabled: Bool = False
+    idle_seconds: Int = Field(default=300, ge=1, le=86400)
 
 
-@dataclass(slots=True)
+@spec_type
 class AutoscalingSpec:
-    enabled: bool = spec_field(True)
-    interval_seconds: int = spec_field(10, minimum=1, maximum=3600)
-    window_seconds: int = spec_field(60, minimum=1, maximum=3600)
-    targets: TargetsSpec = spec_field(default_factory=TargetsSpec)
-    scale_up: ScaleUpSpec = spec_field(default_factory=ScaleUpSpec)
-    scale_down: ScaleDownSpec = spec_field(default_factory=ScaleDownSpec)
-    panic: PanicSpec = spec_field(default_factory=PanicSpec)
-    drain_timeout_seconds: int = spec_field(120, minimum=0, maximum=86400)
-    scale_to_zero: ScaleToZeroSpec = spec_field(default_factory=ScaleToZeroSpec)
+    enabled: Bool = True
+    interval_seconds: Int = Field(default=10, ge=1, le=3600)
+    window_seconds: Int = Field(default=60, ge=1, le=3600)
+    targets: TargetsSpec = Field(default_factory=TargetsSpec)
+    scale_up: ScaleUpSpec = Field(default_factory=ScaleUpSpec)
+    scale_down: ScaleDownSpec = Field(default_factory=ScaleDownSpec)
+    panic: PanicSpec = Field(default_factory=PanicSpec)
+    drain_timeout_seconds: Int = Field(default=120, ge=0, le=86400)
+    scale_to_zero: ScaleToZeroSpec = Field(default_factory=ScaleToZeroSpec)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _consistent(self) -> AutoscalingSpec:
         if self.panic.window_seconds > self.window_seconds:
             raise SpecError(
                 "panic.windowSeconds",
@@ -328,17 +344,20 @@ class AutoscalingSpec:
             )
         if self.scale_to_zero.enabled and not self.enabled:
             raise SpecError("scaleToZero.enabled", "needs autoscaling enabled: true")
+        return self
 
 
-@dataclass(slots=True, kw_only=True)
+@spec_type
 class PoolSpec:
-    model: ModelSpec = spec_field(is_required=True)
-    engine: EngineSpec = spec_field(default_factory=EngineSpec)
-    topology: TopologySpec = spec_field(is_required=True)
-    routing: RoutingSpec = spec_field(default_factory=RoutingSpec)
-    autoscaling: AutoscalingSpec = spec_field(default_factory=AutoscalingSpec)
+    _: KW_ONLY
+    model: ModelSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    topology: TopologySpec
+    routing: RoutingSpec = Field(default_factory=RoutingSpec)
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="after")
+    def _consistent(self) -> PoolSpec:
         if self.model.scheme == "builtin" and self.engine.kind != "builtin":
             raise SpecError("model.source", "builtin:// models need engine.kind: builtin")
         builtin_name = (self.model.source or "").removeprefix("builtin://")
@@ -367,6 +386,7 @@ class PoolSpec:
         _check_kv_sharing(self)
         # vLLM pools: flags that vLLM version rejects, block sizes a CPU build cannot use.
         check_vllm_engine(self.engine)
+        return self
 
 
 def _check_kv_sharing(spec: PoolSpec) -> None:

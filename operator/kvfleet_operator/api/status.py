@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .fields import to_dict
+from pydantic import ConfigDict, with_config
+
+from .validation import camel, to_dict
+
+# Plain dataclasses (nothing to validate: the operator builds them); pydantic serialises them
+# for `to_dict` with the CRD's camelCase keys (last_transition_time -> lastTransitionTime).
+_CAMEL_KEYS = ConfigDict(alias_generator=camel)
 
 
 class ConditionType:
@@ -103,6 +109,7 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@with_config(_CAMEL_KEYS)
 @dataclass(slots=True)
 class Condition:
     type: str
@@ -117,6 +124,7 @@ class Condition:
         return self.status == TRUE
 
 
+@with_config(_CAMEL_KEYS)
 @dataclass(slots=True)
 class ScaleDecision:
     """One autoscaler decision for one role, and the signal values it was based on."""
@@ -129,6 +137,7 @@ class ScaleDecision:
     signals: dict[str, float] = field(default_factory=dict)
 
 
+@with_config(_CAMEL_KEYS)
 @dataclass(slots=True)
 class RoleStatus:
     desired_replicas: int = 0
@@ -142,6 +151,7 @@ class RoleStatus:
         return f"{self.ready_replicas}/{self.desired_replicas}"
 
 
+@with_config(_CAMEL_KEYS)
 @dataclass(slots=True)
 class PoolStatus:
     observed_generation: int = 0
