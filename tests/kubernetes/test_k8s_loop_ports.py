@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cluster_index import live
 from k8s_pools import example
 from kmock_shim import api
 from kubernetes.aio import client as kclient
@@ -74,12 +75,14 @@ class Kubelet:
             pods.append(pod)
 
 
-async def make_loop(cluster, client, clock, routers, scaler):
+async def make_loop(cluster, client, clock, routers, scaler, indexes=None):
+    """`indexes`: kopf's (default: a watch that never lags, `cluster_index.live`)."""
     body = cluster.obj(POOLS, NS, NAME)
     pool = parse_pool(body)
     events = KubeEventSink(client, pool)
     runtime = KubeReplicaRuntime(client, pool, image="img", options=BuildOptions(),
-                                 events=events, clock=clock)
+                                 events=events, clock=clock,
+                                 indexes=indexes if indexes is not None else live(cluster))
     store = PoolStatusStore(client, pool, body, events)
     loop = ControlLoop(pool, runtime=runtime, router=routers, metrics=FakeMetrics(),
                        store=store, events=events, clock=clock, scaler=scaler)

@@ -115,7 +115,7 @@ async def test_a_rollout_drains_each_replaced_pod_in_every_router_first(cluster,
 
     async def logged_patch(path, body):
         log.append(("open", path.split("/")[-2]))
-        await patch(path, body)
+        return await patch(path, body)
 
     routers.push, client.strategic_patch = logged_push, logged_patch
     kube = RollingCluster(cluster)

@@ -39,7 +39,7 @@ watched, else a Role per watched namespace. */}}
 # apply engine and router Deployments; read and set engine replicas
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 # apply the PDBs
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
@@ -55,7 +55,7 @@ watched, else a Role per watched namespace. */}}
 # observe replicas; drain and deletion-cost annotations; remove a victim the ReplicaSet kept
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "patch", "delete"]
+  verbs: ["list", "watch", "patch", "delete"]
 # open the kvfleet.io/routed readiness gate once a pod is routed
 - apiGroups: [""]
   resources: ["pods/status"]

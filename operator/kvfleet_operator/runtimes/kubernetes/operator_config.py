@@ -15,8 +15,6 @@ class OperatorConfig:
     - `retry_delay_s`: how long kopf waits before re-running a reconcile that hit an API
       error (an invalid spec is never retried until the spec changes).
     - `prometheus_url`: read engine metrics from this Prometheus instead of scraping pods.
-    - `list_cache_s`: the pools' loops share one list per collection for at most this long
-      (never longer than half a tick); 0: every loop lists for itself.
     - `metrics_port`: serve the operator's own `/metrics` (every pool's loop series) here,
       on all addresses; None: not served.
     """
@@ -27,11 +25,8 @@ class OperatorConfig:
     retry_delay_s: float = 10.0
     prometheus_url: str | None = None
     metrics_port: int | None = None
-    list_cache_s: float = 2.0
 
     def __post_init__(self) -> None:
-        if self.list_cache_s < 0:
-            raise ValueError("list_cache_s must be >= 0")
         if self.max_tick_s <= 0 or self.retry_delay_s <= 0:
             raise ValueError("max_tick_s and retry_delay_s must be > 0")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:

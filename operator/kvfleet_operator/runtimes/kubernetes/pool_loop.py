@@ -2,6 +2,13 @@
 `ControlLoop`, run until the pool goes away (kopf stops the daemon) or its spec changes
 (then the loop is rebuilt for the new spec, carrying its state over through the store).
 
+Nothing here polls. The loop reads the pool's Deployments and Pods from kopf's indexes
+(`ports/pool_index.py`); the daemon sleeps until one of: kopf stops it, its loop ends, or
+the reconcile handler wakes it (`wakeup`, an `asyncio.Event` per pool in kopf's memo, set
+after every create/update/resume of the pool). On a wake-up it rebuilds the loop when the
+spec or the generation changed (so `status.observedGeneration` follows the spec), and
+starts the loop once the handler has applied the pool's tokens.
+
 `pool_from_body` is the one place a kopf body becomes an `InferencePool`.
 """
 
@@ -9,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Mapping, MutableMapping
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -26,6 +33,7 @@ from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
 from kvfleet_operator.runtimes.kubernetes.operator_metrics import OperatorMetrics
 from kvfleet_operator.runtimes.kubernetes.ports.event_sink import KubeEventSink
 from kvfleet_operator.runtimes.kubernetes.ports.kube_client import ApiError, KubeClient
+from kvfleet_operator.runtimes.kubernetes.ports.pool_index import OwnWrites, PoolIndexes
 from kvfleet_operator.runtimes.kubernetes.ports.replica_runtime import KubeReplicaRuntime
 from kvfleet_operator.runtimes.kubernetes.ports.router_ports import PodRouterControl
 from kvfleet_operator.runtimes.kubernetes.ports.status_store import (
@@ -36,7 +44,6 @@ from kvfleet_operator.runtimes.kubernetes.ports.status_store import (
 from kvfleet_operator.runtimes.kubernetes.ports.tokens import read_token
 from kvfleet_operator.runtimes.metrics_sources import PrometheusMetrics, ScrapeMetrics
 
-POLL_S = 1.0  # how soon a loop sees its spec change (the reconcile handler applies it at once)
 CHECK_TOKENS = Tokens(admin="only-to-check-the-spec", engine="only-to-check-the-spec")
 REPORT_GRACE_S = 2.0  # after this, an invalid spec not shown in status is written again
 
@@ -54,8 +61,16 @@ def servable_pool(body: Mapping[str, Any], config: OperatorConfig) -> InferenceP
     return pool
 
 
-def generation_of(body: Mapping[str, Any]) -> Any:
-    return (body.get("metadata") or {}).get("generation")
+class Stopped(Protocol):
+    """kopf's `stopped` flag for a daemon (an `asyncio.Event` in tests)."""
+
+    def is_set(self) -> bool: ...
+    def wait(self) -> Awaitable[Any]: ...
+
+
+def built_from(body: Mapping[str, Any]) -> tuple[Any, Any]:
+    """What a loop is built from: a change of either rebuilds it."""
+    return (body.get("metadata") or {}).get("generation"), copy.deepcopy(body.get("spec"))
 
 
 def metrics_source(
@@ -67,54 +82,54 @@ def metrics_source(
     return ScrapeMetrics(session)
 
 
-async def _sleep_until(
-    done: Callable[[], bool], timeout_s: float | None = None,
+async def _until(
+    wakeup: asyncio.Event, stopped: Stopped, timeout_s: float | None = None,
     task: asyncio.Task[Any] | None = None,
 ) -> None:  # fmt: skip
-    """Until `done()` (checked every POLL_S), `task` ends, or `timeout_s` passes. Each of a
-    thousand pools polls, so the poll is slow; a loop that ends wakes us at once."""
-    waited = 0.0
-    while not done() and (timeout_s is None or waited < timeout_s):
-        step = POLL_S if timeout_s is None else min(POLL_S, timeout_s - waited)
-        if task is not None:
-            await asyncio.wait({task}, timeout=step)
-            if task.done():
-                return
-        else:
-            await asyncio.sleep(step)
-        waited += step
+    """Sleep until `wakeup` is set, kopf stops us, `task` ends or `timeout_s` passes."""
+    if wakeup.is_set() or stopped.is_set() or (task is not None and task.done()):
+        return
+    waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(wakeup.wait()),
+                                      asyncio.ensure_future(stopped.wait())}  # fmt: skip
+    try:
+        await asyncio.wait(waits | ({task} if task is not None else set()),
+                           timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+    finally:
+        for waiter in waits:
+            waiter.cancel()
 
 
 async def run_pool(
-    body: Mapping[str, Any], client: KubeClient, config: OperatorConfig,
-    stopped: Callable[[], bool], metrics: OperatorMetrics | None = None,
+    body: Mapping[str, Any], client: KubeClient, config: OperatorConfig, stopped: Stopped,
+    indexes: PoolIndexes, wakeup: asyncio.Event, metrics: OperatorMetrics | None = None,
     applied_tokens: MutableMapping[tuple[str, str], str] | None = None,
 ) -> None:  # fmt: skip
     """`body` is kopf's live view of the pool (it follows the object as it changes);
-    `metrics`, when given, gets this pool's series while its loop runs; `applied_tokens`,
-    the admin tokens the reconcile handler applied, spares polling the Secret until then."""
+    `indexes`, kopf's live indexes of every pool's Deployments and Pods; `wakeup`, set by
+    the reconcile handler after each create/update/resume; `metrics`, when given, gets this
+    pool's series while its loop runs; `applied_tokens`, the admin tokens the reconcile
+    handler applied, spares reading the Secret until then."""
     applied = applied_tokens if applied_tokens is not None else {}
     timeout = aiohttp.ClientTimeout(total=5.0)
+    own = OwnWrites()  # across rebuilds: the new loop sees what the old one just wrote
     async with aiohttp.ClientSession(timeout=timeout) as session:
         store: PoolStatusStore | None = None
         events: KubeEventSink | None = None
         key: tuple[str, str] | None = None
-        while not stopped():
-            generation = generation_of(body)
-
-            def changed(generation: Any = generation) -> bool:
-                return stopped() or generation_of(body) != generation
-
+        while not stopped.is_set():
+            wakeup.clear()  # a wake-up from here on is for what we build now, or later
+            built = built_from(body)
             try:
                 pool = servable_pool(body, config)
             except SpecError as exc:  # the reconcile handler reports it; wait for a new spec
-                await _sleep_until(changed, REPORT_GRACE_S)
-                if not changed() and not is_invalid_spec_reported(body):
+                await _until(wakeup, stopped, REPORT_GRACE_S)
+                if not wakeup.is_set() and not stopped.is_set() \
+                        and not is_invalid_spec_reported(body):  # fmt: skip
                     try:  # the last tick of the old spec's loop overwrote it
                         await write_invalid_spec(client, body, exc)
                     except ApiError:
                         pass  # the handler's own report stands; kopf retries that one
-                await _sleep_until(changed)
+                await _until(wakeup, stopped)
                 continue
             key = (pool.namespace, pool.name)
             token = applied.get(key)
@@ -122,10 +137,9 @@ async def run_pool(
                 try:
                     token = await read_token(client, pool.namespace, meta.admin_secret_name(pool))
                 except ApiError:
-                    token = None  # the API is having a moment: try again next tick
-            if token is None:  # the reconcile handler has not created it yet
-                await _sleep_until(lambda k=key: changed() or k in applied,  # type: ignore[misc]
-                                   config.max_tick_s)  # fmt: skip
+                    token = None  # the API is having a moment: try again after a tick
+            if token is None:  # the reconcile handler has not created it yet: it wakes us
+                await _until(wakeup, stopped, config.max_tick_s)
                 continue
             if events is None:
                 events = KubeEventSink(client, pool)
@@ -136,7 +150,7 @@ async def run_pool(
             tick_s = min(float(pool.spec.autoscaling.interval_seconds), config.max_tick_s)
             runtime = KubeReplicaRuntime(client, pool, image=config.image,
                                          options=config.options, events=events,
-                                         list_max_age_s=min(config.list_cache_s, tick_s / 2))
+                                         indexes=indexes, own_writes=own)  # fmt: skip
             series = metrics.for_pool(pool) if metrics is not None else None
             loop = ControlLoop(
                 pool, runtime=runtime,
@@ -153,7 +167,11 @@ async def run_pool(
             stop = asyncio.Event()
             task = asyncio.create_task(loop.run(stop, observed))
             try:
-                await _sleep_until(changed, task=task)
+                while True:
+                    await _until(wakeup, stopped, task=task)
+                    if stopped.is_set() or task.done() or built_from(body) != built:
+                        break
+                    wakeup.clear()  # a reconcile of the same spec (a retry): keep the loop
                 stop.set()
                 await task
             finally:  # cancelled by kopf: the loop goes with us, never orphaned

@@ -15,22 +15,17 @@ stay the plain dicts the `build_*` functions return.
 - `merge_patch`: JSON merge patches for what kvfleet does not own whole (pod annotations,
   the pool's status and its loop-state annotation); `strategic_patch` for a pod's status
   condition (kvfleet's readiness gate), merged by type beside the kubelet's.
-- `list(path, labels, max_age_s=...)`: with `max_age_s > 0` one cached list of the whole
-  collection (every kvfleet object in the namespace, `part-of=kvfleet`) answers every pool
-  for that long, filtered here (indexed by pool): with 1,000 pools the loops make a few
-  list calls per second in all instead of three per pool per tick. A caller that wrote
-  since its last list asks with `max_age_s=0` (`KubeReplicaRuntime` does), so a loop always
-  sees its own last change; others' changes reach it within `max_age_s`.
+- Writes return the API server's answer (the object as written, with its resourceVersion):
+  `KubeReplicaRuntime` keeps it until kopf's index shows that version (`pool_index.py`).
+  Nothing here lists: the pools' Deployments and Pods come from kopf's watches.
 - Errors are `ApiError(status, reason, message)` (status 0: no answer at all); nothing logs
   a request body (Secrets).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -40,15 +35,12 @@ from kubernetes.aio import client as kclient
 from kubernetes.aio import config as kconfig
 
 from kvfleet_operator.loop.ports import PortUnavailable
-from kvfleet_operator.runtimes.kubernetes.build.meta import POOL_LABEL
 
 FIELD_MANAGER = "kvfleet"
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"  # lists merge by key (conditions)
 TIMEOUT_S = 30.0
-SHARED_SELECTOR = "app.kubernetes.io/part-of=kvfleet"  # what a cached list fetches
-INDEX_LABEL = POOL_LABEL  # what a cached list is indexed by
 
 # apiVersion/kind -> plural, for the kinds kvfleet reads or writes.
 PLURALS: dict[str, str] = {
@@ -90,27 +82,6 @@ async def load_configuration() -> kclient.Configuration:
     return configuration
 
 
-class _Cached:
-    """One list of a collection, indexed by the pool label: every loop asks for its own
-    pool's objects, and a scan of every pool's objects per loop would be quadratic."""
-
-    __slots__ = ("by_pool", "items", "t")
-
-    def __init__(self, items: list[dict[str, Any]], t: float) -> None:
-        self.items, self.t = items, t
-        self.by_pool: dict[str | None, list[dict[str, Any]]] = {}
-        for item in items:
-            pool = ((item.get("metadata") or {}).get("labels") or {}).get(INDEX_LABEL)
-            self.by_pool.setdefault(pool, []).append(item)
-
-    def matching(self, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        candidates = self.by_pool.get(labels[INDEX_LABEL], []) if INDEX_LABEL in labels \
-            else self.items  # fmt: skip
-        return [item for item in candidates
-                if all(((item.get("metadata") or {}).get("labels") or {}).get(k) == v
-                       for k, v in labels.items())]  # fmt: skip
-
-
 PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
              "all_proxy", "NETRC")  # fmt: skip
 
@@ -129,8 +100,6 @@ class KubeClient:
             configuration.client_session_kwargs = {
                 **(getattr(configuration, "client_session_kwargs", None) or {}), **extra}
         self._api = kclient.ApiClient(configuration)
-        self._cached: dict[str, _Cached] = {}  # per collection path
-        self._fetching: dict[str, asyncio.Future[_Cached]] = {}
 
     async def close(self) -> None:
         await self._api.close()
@@ -164,37 +133,6 @@ class KubeClient:
             raise
         return found
 
-    async def list(
-        self, path: str, labels: Mapping[str, str], max_age_s: float = 0.0
-    ) -> list[dict[str, Any]]:
-        if max_age_s <= 0:
-            selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-            data = await self.request("GET", path, query={"labelSelector": selector})
-            return list(data.get("items") or [])
-        return (await self._shared(path, max_age_s)).matching(labels)
-
-    async def _shared(self, path: str, max_age_s: float) -> _Cached:
-        cached = self._cached.get(path)
-        if cached is not None and time.monotonic() - cached.t < max_age_s:
-            return cached
-        fetching = self._fetching.get(path)
-        if fetching is not None:  # one list in flight per collection, whoever asks
-            return await asyncio.shield(fetching)
-        future: asyncio.Future[_Cached] = asyncio.get_running_loop().create_future()
-        self._fetching[path] = future
-        try:
-            started = time.monotonic()
-            data = await self.request("GET", path, query={"labelSelector": SHARED_SELECTOR})
-            fresh = self._cached[path] = _Cached(list(data.get("items") or []), started)
-            future.set_result(fresh)
-            return fresh
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: waiters get it, nobody else must
-            raise
-        finally:
-            del self._fetching[path]
-
     async def create(self, obj: Mapping[str, Any]) -> None:
         """POST; a 409 (it exists already) counts as success."""
         meta = obj["metadata"]
@@ -205,27 +143,29 @@ class KubeClient:
             if exc.status != 409:
                 raise
 
-    async def apply(self, obj: Mapping[str, Any]) -> None:
+    async def apply(self, obj: Mapping[str, Any]) -> Any:
+        """The object as applied (the API server's answer)."""
         query = {"fieldManager": FIELD_MANAGER, "force": "true"}
         try:
-            await self.request("PATCH", path_of(obj), body=dict(obj), query=query,
-                               content_type=APPLY_PATCH)  # fmt: skip
-            return
+            return await self.request("PATCH", path_of(obj), body=dict(obj), query=query,
+                                      content_type=APPLY_PATCH)  # fmt: skip
         except ApiError as exc:
             if exc.status != 404:
                 raise
         await self.create(obj)
-        await self.request("PATCH", path_of(obj), body=dict(obj), query=query,
-                           content_type=APPLY_PATCH)  # fmt: skip
+        return await self.request("PATCH", path_of(obj), body=dict(obj), query=query,
+                                  content_type=APPLY_PATCH)  # fmt: skip
 
-    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> None:
-        await self.request("PATCH", path, body=dict(patch), content_type=MERGE_PATCH,
-                           query={"fieldManager": FIELD_MANAGER})  # fmt: skip
+    async def merge_patch(self, path: str, patch: Mapping[str, Any]) -> Any:
+        """The object as patched (the API server's answer)."""
+        return await self.request("PATCH", path, body=dict(patch), content_type=MERGE_PATCH,
+                                  query={"fieldManager": FIELD_MANAGER})  # fmt: skip
 
-    async def strategic_patch(self, path: str, patch: Mapping[str, Any]) -> None:
+    async def strategic_patch(self, path: str, patch: Mapping[str, Any]) -> Any:
         """A pod's status conditions merge by `type`, leaving the kubelet's own in place."""
-        await self.request("PATCH", path, body=dict(patch), content_type=STRATEGIC_PATCH,
-                           query={"fieldManager": FIELD_MANAGER})  # fmt: skip
+        return await self.request("PATCH", path, body=dict(patch),
+                                  content_type=STRATEGIC_PATCH,
+                                  query={"fieldManager": FIELD_MANAGER})  # fmt: skip
 
     async def post(self, path: str, body: Mapping[str, Any]) -> None:
         await self.request("POST", path, body=dict(body))

@@ -1,7 +1,10 @@
 """The loop's `ReplicaRuntime` port over Deployments and Pods.
 
-- `supervise()` lists the pool's engine Deployments and Pods (and router pods) once per
-  tick; `replicas()` answers from that (`pods.role_replicas`).
+- `supervise()` reads the pool's engine Deployments and Pods (and router pods) from kopf's
+  indexes (`pool_index.PoolIndexes`, fed by its watches: no API call) once per tick;
+  `replicas()` answers from that (`pods.role_replicas`). Each write's answer stands in for
+  the indexed object until the index shows it (`pool_index.OwnWrites`), so the loop always
+  sees its own last change and never acts twice on a view from before it.
 - `create` applies the role's Deployment (the full manifest from `build_engine_deployment`,
   server-side apply) with one more replica; the ReplicaSet starts the pod. A Deployment
   that went away is applied again (one not made yet is the reconcile handler's).
@@ -48,7 +51,6 @@ from kvfleet_operator.runtimes.kubernetes.build.placement import (
 from kvfleet_operator.runtimes.kubernetes.ports.kube_client import (
     ApiError,
     KubeClient,
-    collection_path,
     object_path,
 )
 from kvfleet_operator.runtimes.kubernetes.ports.pods import (
@@ -66,22 +68,32 @@ from kvfleet_operator.runtimes.kubernetes.ports.pods import (
     rollout_step,
     router_urls,
 )
+from kvfleet_operator.runtimes.kubernetes.ports.pool_index import (
+    OwnWrites,
+    PoolIndexes,
+    is_engine,
+    slim_deployment,
+    slim_pod,
+)
 
 
 class KubeReplicaRuntime:
     def __init__(
         self, client: KubeClient, pool: InferencePool, *, image: str, options: BuildOptions,
-        events: EventSink, clock: Callable[[], float] = time.time, list_max_age_s: float = 0.0,
+        events: EventSink, indexes: PoolIndexes, clock: Callable[[], float] = time.time,
+        own_writes: OwnWrites | None = None,
     ) -> None:  # fmt: skip
         self.client = client
         self.pool = pool
         self.image = image
         self.options = options
         self.events = events
+        self.indexes = indexes
         self.clock = clock
-        self.list_max_age_s = list_max_age_s  # > 0: lists shared with every pool's loop
-        self._wrote = True  # since the last list: then list afresh, to see our own change
+        # A rebuilt runtime (a spec change) passes the last one's on, so it sees its writes.
+        self.own = own_writes if own_writes is not None else OwnWrites()
         self.counts: dict[str, int | None] = {}  # each Deployment's spec.replicas (None: none)
+        self._deployments: dict[str, dict[str, Any]] = {}
         self._replicas: list[KubeReplica] = []
         self._pods: dict[str, dict[str, Any]] = {}
         self.router_urls: list[str] = []
@@ -92,16 +104,12 @@ class KubeReplicaRuntime:
     # --- observing ------------------------------------------------------------------------
 
     async def supervise(self) -> None:
-        pool, ns = self.pool, self.pool.namespace
-        max_age_s = 0.0 if self._wrote else self.list_max_age_s
-        self._wrote = False
-        deployments = await self.client.list(collection_path("apps/v1", "Deployment", ns),
-                                             meta.selector(pool, meta.ENGINE),
-                                             max_age_s)  # fmt: skip
-        by_name = {d["metadata"]["name"]: d for d in deployments}
-        pods = await self.client.list(collection_path("v1", "Pod", ns),
-                                      meta.selector(pool, meta.ENGINE),
-                                      max_age_s)  # fmt: skip
+        pool = self.pool
+        indexed_deployments, indexed_pods = self.indexes.read(pool.namespace, pool.name)
+        deployments = self.own.view("Deployment", indexed_deployments)
+        all_pods = self.own.view("Pod", indexed_pods)
+        by_name = self._deployments = {d["metadata"]["name"]: d for d in deployments}
+        pods = [p for p in all_pods if is_engine(p)]
         now = self.clock()
         self._pods = {p["metadata"]["name"]: p for p in pods}
         replicas: list[KubeReplica] = []
@@ -117,17 +125,17 @@ class KubeReplicaRuntime:
             self.counts[role] = count if isinstance(count, int) else None
             if found:
                 self._seen.add(role)
-            mine = [p for p in pods if (p["metadata"].get("labels") or {}).get(meta.ROLE_LABEL)
-                    == role]  # fmt: skip
-            await self._roll(role, found, mine)
+            names = [n for n, p in self._pods.items()
+                     if (p["metadata"].get("labels") or {}).get(meta.ROLE_LABEL) == role]
+            await self._roll(role, found, [self._pods[n] for n in names])
+            mine = [self._pods[n] for n in names]  # as `_roll` left them (its writes)
             replicas += role_replicas(role, name, self.counts[role], mine, engine_port(pool), now)
         self._replicas = replicas
         if is_sidecar(pool):
             self.router_urls = router_urls(pods, ROUTER_PORT)
         else:
-            routers = await self.client.list(collection_path("v1", "Pod", ns),
-                                             meta.selector(pool, meta.ROUTER),
-                                             max_age_s)  # fmt: skip
+            routers = [p for p in all_pods if (p["metadata"].get("labels") or {})
+                       .get(meta.COMPONENT_LABEL) == meta.ROUTER]  # fmt: skip
             self.router_urls = router_urls(routers, ROUTER_PORT)
         await self._check_victims(now)
 
@@ -140,7 +148,6 @@ class KubeReplicaRuntime:
             annotations: dict[str, str | None] = {REPLACED_ANNOTATION: _stamp(self.clock()),
                                                   DELETION_COST: DRAINING_COST}  # fmt: skip
             await self._annotate(name, annotations)
-            self._pods[name]["metadata"].setdefault("annotations", {}).update(annotations)
             self._say(ev.EventReason.REPLICA_DRAINING,
                       f"rollout: drain {name} before the Deployment replaces it")
         for name in step.to_open:
@@ -149,11 +156,18 @@ class KubeReplicaRuntime:
 
     async def _open_gate(self, name: str) -> None:
         """The pod is routed (and whatever it replaces drained): let it turn Ready."""
-        self._wrote = True
         path = object_path("v1", "Pod", self.pool.namespace, name) + "/status"
         condition = {"type": ROUTED_GATE, "status": "True",
                      "lastTransitionTime": _stamp(self.clock())}  # fmt: skip
-        await self.client.strategic_patch(path, {"status": {"conditions": [condition]}})
+        answer = await self.client.strategic_patch(path, {"status": {"conditions": [condition]}})
+        self._wrote_pod(name, answer)
+
+    def _wrote_pod(self, name: str, answer: Any) -> bool:
+        """Our write's answer is the pod from now on, here and until the index shows it."""
+        written = self.own.remember("Pod", answer, self._pods.get(name), slim_pod)
+        if written is not None and name in self._pods:
+            self._pods[name] = written
+        return written is not None
 
     def replicas(self) -> list[KubeReplica]:
         return list(self._replicas)
@@ -165,15 +179,15 @@ class KubeReplicaRuntime:
     # --- changing -------------------------------------------------------------------------
 
     async def _apply_count(self, role: str, count: int) -> None:
-        self._wrote = True
         count = max(0, count)
+        name = meta.engine_name(self.pool, role)
         if role in self.pool.spec.topology.roles():
-            await self.client.apply(build_engine_deployment(self.pool, role, count, self.image,
-                                                            self.options))  # fmt: skip
+            answer = await self.client.apply(build_engine_deployment(
+                self.pool, role, count, self.image, self.options))  # fmt: skip
         else:  # a role the spec dropped: nothing to build it from; only its count goes down
-            path = object_path("apps/v1", "Deployment", self.pool.namespace,
-                               meta.engine_name(self.pool, role))  # fmt: skip
-            await self.client.merge_patch(path, {"spec": {"replicas": count}})
+            path = object_path("apps/v1", "Deployment", self.pool.namespace, name)
+            answer = await self.client.merge_patch(path, {"spec": {"replicas": count}})
+        self.own.remember("Deployment", answer, self._deployments.get(name), slim_deployment)
         self.counts[role] = count
 
     async def create(self, spec: PoolSpec, plan: RolePlan) -> None:
@@ -187,9 +201,13 @@ class KubeReplicaRuntime:
                   f"scale {meta.engine_name(self.pool, plan.role)} to {count}")
 
     async def _annotate(self, name: str, annotations: dict[str, str | None]) -> None:
-        self._wrote = True
         path = object_path("v1", "Pod", self.pool.namespace, name)
-        await self.client.merge_patch(path, {"metadata": {"annotations": annotations}})
+        answer = await self.client.merge_patch(path, {"metadata": {"annotations": annotations}})
+        if not self._wrote_pod(name, answer) and name in self._pods:  # no object in the answer
+            pod = self._pods[name]
+            merged = {**(pod["metadata"].get("annotations") or {}), **annotations}
+            self._pods[name] = {**pod, "metadata": {**pod["metadata"], "annotations": {
+                k: v for k, v in merged.items() if v is not None}}}
 
     async def mark_draining(self, name: str) -> None:
         await self._annotate(name, {DRAINING_ANNOTATION: _stamp(self.clock()),
@@ -239,7 +257,6 @@ class KubeReplicaRuntime:
                 self._say(ev.EventReason.REPLICA_STOPPING,
                           f"the ReplicaSet kept victim {name}; deleting it", is_warning=True)
                 self._reported.add(name)
-            self._wrote = True
             try:
                 await self.client.request("DELETE", object_path("v1", "Pod",
                                           self.pool.namespace, name))  # fmt: skip
