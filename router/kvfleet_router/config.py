@@ -426,10 +426,10 @@ def _message(error: Any, root: type) -> str:
         return f"must be one of {ctx['allowed']}; got {value!r}"
     if kind == "string_too_short":
         return "must not be empty"
-    annotation, bounds = _field_type(root, error["loc"])
+    annotation, bounds = field_type(root, error["loc"])
     if annotation in (int, float):
         what = "an integer" if annotation is int else "a finite number"
-        return f"must be {what}{_range(bounds)}, got {_shown(value)}"
+        return f"must be {what}{bounds_text(bounds)}, got {shown(value, _type_name)}"
     expected = {"bool_type": "a boolean", "string_type": "a string", "list_type": "a list",
                 "dict_type": "a mapping", "dataclass_type": "a mapping"}
     if kind in expected:
@@ -437,16 +437,22 @@ def _message(error: Any, root: type) -> str:
     return str(error["msg"])  # pydantic's own words (a type this module has not met)
 
 
-def _field_type(root: Any, loc: tuple[int | str, ...]) -> tuple[Any, list[Any]]:
-    """The type `loc` ends at (without Optional and Annotated) and its constraints."""
+def field_type(
+    root: Any, loc: tuple[int | str, ...], alias: Any = None
+) -> tuple[Any, list[Any]]:
+    """The type `loc` ends at (without Optional and Annotated) and its constraints.
+    `alias(name)` is a field's key in the document where it differs from the Python name
+    (the InferencePool's camelCase keys); one implementation serves both configs."""
     annotation, meta = _unwrap(root, [])
     for part in loc:
         if part == "[key]":
             return str, []
         fields = getattr(annotation, "__pydantic_fields__", None)
-        if fields is not None and part in fields:
-            annotation, meta = _unwrap(fields[part].annotation, list(fields[part].metadata))
-        elif get_origin(annotation) in (list, dict):
+        info = None if fields is None else fields.get(part) or next(
+            (f for name, f in fields.items() if alias is not None and alias(name) == part), None)
+        if info is not None:
+            annotation, meta = _unwrap(info.annotation, list(info.metadata))
+        elif fields is None and get_origin(annotation) in (list, dict):
             annotation, meta = _unwrap(get_args(annotation)[-1], [])
         else:
             return None, []
@@ -465,13 +471,18 @@ def _unwrap(annotation: Any, meta: list[Any]) -> tuple[Any, list[Any]]:
             return annotation, meta
 
 
-def _range(meta: list[Any]) -> str:
+def bounds_text(meta: list[Any]) -> str:
+    """A field's numeric constraints as text: ` in [1, 256]`, ` in (0, 1]`, ` >= 1`, or ''."""
     low = next((m for m in meta if isinstance(m, at.Ge | at.Gt)), None)
     high = next((m.le for m in meta if isinstance(m, at.Le)), None)
-    if low is None or high is None:
+    if low is None and high is None:
         return ""
     is_open = isinstance(low, at.Gt)
-    low_value = low.gt if isinstance(low, at.Gt) else low.ge
+    low_value = low.gt if isinstance(low, at.Gt) else getattr(low, "ge", None)
+    if high is None:
+        return f" {'>' if is_open else '>='} {_num(low_value)}"
+    if low is None:
+        return f" <= {_num(high)}"
     return f" in {'(' if is_open else '['}{_num(low_value)}, {_num(high)}]"
 
 
@@ -479,9 +490,10 @@ def _num(value: Any) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any, type_name: Any) -> str:
+    """A bad value as a message shows it: numbers as written, anything else by its type."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        return _type_name(value)
+        return str(type_name(value))
     if isinstance(value, int) and abs(value) > 1e300:
         return f"an integer of {len(str(abs(value)))} digits"
     return repr(value) if isinstance(value, int) or not math.isfinite(value) else f"{value:g}"

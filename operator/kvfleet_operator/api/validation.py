@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import re
-from types import NoneType, UnionType
-from typing import Annotated, Any, TypeVar, Union, dataclass_transform, get_args, get_origin
+from types import NoneType
+from typing import Annotated, Any, TypeVar, dataclass_transform
 
-import annotated_types as at
+from kvfleet_router.config import bounds_text, field_type, shown
 from pydantic import (
     ConfigDict,
     Field,
@@ -32,7 +31,6 @@ from pydantic import (
     model_validator,
 )
 from pydantic.dataclasses import dataclass as pydantic_dataclass
-from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError, core_schema
 
 from .errors import SpecError, join_path
@@ -192,15 +190,15 @@ def _message(error: Any, root: type[Any]) -> str:
     if kind == "missing":
         return "required field is missing"
     if kind == "unexpected_keyword_argument":
-        owner, _ = _field_type(root, loc[:-1])
+        owner, _ = field_type(root, loc[:-1], camel)
         known = sorted(camel(f.name) for f in dataclasses.fields(owner)) \
             if dataclasses.is_dataclass(owner) else []  # fmt: skip
         return f"unknown field (known fields: {', '.join(known)})"
     if kind == "enum":
         return f"must be one of {ctx['allowed']}; got {value!r}"
     if kind == "quantity":
-        shown = repr(value) if isinstance(value, str) else type_name(value)
-        return f"must be a quantity (e.g. 4, 500m, 16Gi), got {shown}"
+        got = repr(value) if isinstance(value, str) else type_name(value)
+        return f"must be a quantity (e.g. 4, 500m, 16Gi), got {got}"
     if kind == "string_too_short":
         return "must not be empty"
     if kind == "string_too_long":
@@ -211,71 +209,15 @@ def _message(error: Any, root: type[Any]) -> str:
         return f"must have at most {ctx['max_length']} entries, got {len(value)}"
     if kind == "value_error":
         return str(ctx.get("error", error["msg"]))
-    annotation, meta = _field_type(root, loc)
+    annotation, meta = field_type(root, loc, camel)
     if annotation in (int, float):
         what = "an integer" if annotation is int else "a finite number"
-        return f"must be {what}{_bounds(meta)}, got {_shown(value)}"
+        return f"must be {what}{bounds_text(meta)}, got {shown(value, type_name)}"
     expected = {"bool_type": "a boolean", "string_type": "a string", "list_type": "an array",
                 "dict_type": "an object", "dataclass_type": "an object"}
     if kind in expected:
         return f"must be {expected[kind]}, got {type_name(value)}"
     return str(error["msg"])  # pydantic's own words, for a rule this module has not met
-
-
-def _field_type(root: Any, loc: tuple[int | str, ...]) -> tuple[Any, list[Any]]:
-    """The type `loc` ends at (Optional and Annotated taken off) and its constraints."""
-    annotation, meta = _unwrap(root, [])
-    for part in loc:
-        fields = getattr(annotation, "__pydantic_fields__", None)
-        if fields is not None:
-            info = fields.get(part) or next(
-                (f for name, f in fields.items() if camel(name) == part), None)
-            if info is None:
-                return None, []
-            annotation, meta = _unwrap(info.annotation, list(info.metadata))
-        elif get_origin(annotation) in (list, dict):
-            annotation, meta = _unwrap(get_args(annotation)[-1], [])
-        else:
-            return None, []
-    return annotation, meta
-
-
-def _unwrap(annotation: Any, meta: list[Any]) -> tuple[Any, list[Any]]:
-    while True:
-        if get_origin(annotation) is Annotated:
-            for item in annotation.__metadata__:
-                meta = [*meta, *(item.metadata if isinstance(item, FieldInfo) else [item])]
-            annotation = get_args(annotation)[0]
-        elif get_origin(annotation) in (Union, UnionType):
-            annotation = next(a for a in get_args(annotation) if a is not NoneType)
-        else:
-            return annotation, meta
-
-
-def _bounds(meta: list[Any]) -> str:
-    low = next((m for m in meta if isinstance(m, at.Ge | at.Gt)), None)
-    high = next((m.le for m in meta if isinstance(m, at.Le)), None)
-    if low is None and high is None:
-        return ""
-    is_open = isinstance(low, at.Gt)
-    low_value = low.gt if isinstance(low, at.Gt) else getattr(low, "ge", None)
-    if high is None:
-        return f" {'>' if is_open else '>='} {_num(low_value)}"
-    if low is None:
-        return f" <= {_num(high)}"
-    return f" in {'(' if is_open else '['}{_num(low_value)}, {_num(high)}]"
-
-
-def _num(value: Any) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{value:g}"
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return type_name(value)
-    if isinstance(value, int) and abs(value) > 1e300:
-        return f"an integer of {len(str(abs(value)))} digits"
-    return repr(value) if isinstance(value, int) or not math.isfinite(value) else f"{value:g}"
 
 
 def type_name(value: Any) -> str:
