@@ -11,9 +11,11 @@ from typing import Any
 
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.decide.reconcile import initial_replicas
-
 from kvfleet_operator.runtimes.kubernetes.build.configmap import build_router_configmap
-from kvfleet_operator.runtimes.kubernetes.build.deployment import build_engine_deployment, build_router_deployment
+from kvfleet_operator.runtimes.kubernetes.build.deployment import (
+    build_engine_deployment,
+    build_router_deployment,
+)
 from kvfleet_operator.runtimes.kubernetes.build.errors import UnservableSpec
 from kvfleet_operator.runtimes.kubernetes.build.gie_pool import gateway_children
 from kvfleet_operator.runtimes.kubernetes.build.lmcache_server import lmcache_children
@@ -21,8 +23,14 @@ from kvfleet_operator.runtimes.kubernetes.build.network_policy import build_netw
 from kvfleet_operator.runtimes.kubernetes.build.options import KVFLEET_IMAGE, BuildOptions, Tokens
 from kvfleet_operator.runtimes.kubernetes.build.pdb import build_engine_pdb, build_router_pdb
 from kvfleet_operator.runtimes.kubernetes.build.placement import is_sidecar
-from kvfleet_operator.runtimes.kubernetes.build.secret import build_admin_token_secret, build_engine_token_secret
-from kvfleet_operator.runtimes.kubernetes.build.service import build_engine_service, build_router_service
+from kvfleet_operator.runtimes.kubernetes.build.secret import (
+    build_admin_token_secret,
+    build_engine_token_secret,
+)
+from kvfleet_operator.runtimes.kubernetes.build.service import (
+    build_engine_service,
+    build_router_service,
+)
 
 
 def build_children(

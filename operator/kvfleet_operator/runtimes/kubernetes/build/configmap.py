@@ -9,8 +9,8 @@ import yaml
 
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.decide.router_config import build_router_config
-
 from kvfleet_operator.runtimes.kubernetes.build import meta
+
 ROUTER_CONFIG_KEY = "router.yaml"
 BOOTSTRAP_VERSION = 0
 # libyaml's emitter writes the same text ~3x faster; every reconcile of every pool builds this.

@@ -15,12 +15,15 @@ import json
 from typing import Any
 
 from kvfleet_operator.api.pool import InferencePool
-
 from kvfleet_operator.runtimes.kubernetes.build import meta
-from kvfleet_operator.runtimes.kubernetes.build.engine_pod import GRACE_MARGIN_S, STARTUP_BUDGET_S, engine_pod_template
+from kvfleet_operator.runtimes.kubernetes.build.engine_pod import (
+    GRACE_MARGIN_S,
+    STARTUP_BUDGET_S,
+    engine_pod_template,
+)
 from kvfleet_operator.runtimes.kubernetes.build.options import BuildOptions
-from kvfleet_operator.runtimes.kubernetes.ports.pods import TEMPLATE_HASH
 from kvfleet_operator.runtimes.kubernetes.build.router_pod import router_pod_template
+from kvfleet_operator.runtimes.kubernetes.ports.pods import TEMPLATE_HASH
 
 ROLLING = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
 REVISION_HISTORY = 3

@@ -24,16 +24,29 @@ from kvfleet_engine.contract import ENGINE_TOKEN_ENV
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.api.spec import GPU_RESOURCE, RoleSpec
 from kvfleet_operator.decide.engine_args import NIXL_SIDE_CHANNEL_PORT, engine_args, engine_env
-
 from kvfleet_operator.runtimes.kubernetes.build import meta
 from kvfleet_operator.runtimes.kubernetes.build.lmcache_server import lmcache_remote_url
 from kvfleet_operator.runtimes.kubernetes.build.model_source import model_volumes
 from kvfleet_operator.runtimes.kubernetes.build.options import VLLM_IMAGE, BuildOptions
-from kvfleet_operator.runtimes.kubernetes.build.placement import ENGINE_PORT, engine_port, engine_port_name, is_sidecar
-from kvfleet_operator.runtimes.kubernetes.ports.pods import ROUTED_GATE
-from kvfleet_operator.runtimes.kubernetes.build.router_pod import ROUTER_GRACE_S, router_container, router_volumes
+from kvfleet_operator.runtimes.kubernetes.build.placement import (
+    ENGINE_PORT,
+    engine_port,
+    engine_port_name,
+    is_sidecar,
+)
+from kvfleet_operator.runtimes.kubernetes.build.router_pod import (
+    ROUTER_GRACE_S,
+    router_container,
+    router_volumes,
+)
 from kvfleet_operator.runtimes.kubernetes.build.secret import TOKEN_KEY
-from kvfleet_operator.runtimes.kubernetes.build.security import cache_env, container_security_context, pod_security_context, scratch_volumes
+from kvfleet_operator.runtimes.kubernetes.build.security import (
+    cache_env,
+    container_security_context,
+    pod_security_context,
+    scratch_volumes,
+)
+from kvfleet_operator.runtimes.kubernetes.ports.pods import ROUTED_GATE
 
 HEALTH_PATH = "/health"
 GRACE_MARGIN_S = 30  # after the drain: vLLM's own shutdown, or the builtin engine's exit

@@ -15,11 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from kvfleet_operator.api.pool import InferencePool
-
 from kvfleet_operator.runtimes.kubernetes.build import meta
 from kvfleet_operator.runtimes.kubernetes.build.deployment import REVISION_HISTORY, ROLLING
 from kvfleet_operator.runtimes.kubernetes.build.placement import ROUTER_PORT
-from kvfleet_operator.runtimes.kubernetes.build.router_pod import router_container, router_pod_template
+from kvfleet_operator.runtimes.kubernetes.build.router_pod import (
+    router_container,
+    router_pod_template,
+)
 
 EPP = "epp"  # the picker pods' kvfleet.io/role
 EPP_APP = "kvfleet-epp"

@@ -21,7 +21,6 @@ from __future__ import annotations
 from typing import Any
 
 from kvfleet_operator.api.pool import InferencePool
-
 from kvfleet_operator.runtimes.kubernetes.build import meta
 from kvfleet_operator.runtimes.kubernetes.build.epp_pod import (
     EPP_PORT,

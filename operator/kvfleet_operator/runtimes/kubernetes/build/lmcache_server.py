@@ -19,10 +19,19 @@ from __future__ import annotations
 from typing import Any
 
 from kvfleet_operator.api.pool import InferencePool
-from kvfleet_operator.decide.lmcache import LMCACHE_PORT, is_lmcache, lmcache_server_args, lmcache_url
-
+from kvfleet_operator.decide.lmcache import (
+    LMCACHE_PORT,
+    is_lmcache,
+    lmcache_server_args,
+    lmcache_url,
+)
 from kvfleet_operator.runtimes.kubernetes.build import meta
-from kvfleet_operator.runtimes.kubernetes.build.security import cache_env, container_security_context, pod_security_context, scratch_volumes
+from kvfleet_operator.runtimes.kubernetes.build.security import (
+    cache_env,
+    container_security_context,
+    pod_security_context,
+    scratch_volumes,
+)
 
 KV_CACHE = "kv-cache"  # the component label of the LMCache pods
 LMCACHE_APP = "lmcache"

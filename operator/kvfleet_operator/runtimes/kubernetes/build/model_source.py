@@ -22,7 +22,6 @@ from typing import Any
 
 from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.decide.engine_args import MODEL_MOUNT
-
 from kvfleet_operator.runtimes.kubernetes.build.errors import UnservableSpec
 from kvfleet_operator.runtimes.kubernetes.build.options import BuildOptions
 

@@ -19,10 +19,13 @@ from typing import Any
 
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.decide.engine_args import is_precise_routing, kv_events_endpoints
-
 from kvfleet_operator.runtimes.kubernetes.build import meta
 from kvfleet_operator.runtimes.kubernetes.build.options import BuildOptions
-from kvfleet_operator.runtimes.kubernetes.build.placement import ROUTER_PORT, engine_port, is_sidecar
+from kvfleet_operator.runtimes.kubernetes.build.placement import (
+    ROUTER_PORT,
+    engine_port,
+    is_sidecar,
+)
 
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 

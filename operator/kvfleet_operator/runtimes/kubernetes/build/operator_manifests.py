@@ -14,8 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvfleet_operator.runtimes.kubernetes.build.options import KVFLEET_IMAGE, OPERATOR_NAMESPACE, OPERATOR_POD_LABELS
-from kvfleet_operator.runtimes.kubernetes.build.security import container_security_context, pod_security_context
+from kvfleet_operator.runtimes.kubernetes.build.options import (
+    KVFLEET_IMAGE,
+    OPERATOR_NAMESPACE,
+    OPERATOR_POD_LABELS,
+)
+from kvfleet_operator.runtimes.kubernetes.build.security import (
+    container_security_context,
+    pod_security_context,
+)
 
 NAME = "kvfleet-operator"
 LIVENESS_PORT = 8080

@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from kvfleet_operator.api.pool import InferencePool
-
 from kvfleet_operator.runtimes.kubernetes.build import meta
+
+
 def _pdb(metadata: dict[str, Any], match: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": metadata,
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": match},

@@ -11,12 +11,16 @@ from typing import Any
 from kvfleet_engine.contract import ENGINE_TOKEN_ENV
 
 from kvfleet_operator.api.pool import InferencePool
-
 from kvfleet_operator.runtimes.kubernetes.build import meta
 from kvfleet_operator.runtimes.kubernetes.build.configmap import ROUTER_CONFIG_KEY
 from kvfleet_operator.runtimes.kubernetes.build.placement import ROUTER_PORT
 from kvfleet_operator.runtimes.kubernetes.build.secret import TOKEN_KEY
-from kvfleet_operator.runtimes.kubernetes.build.security import cache_env, container_security_context, pod_security_context, scratch_volumes
+from kvfleet_operator.runtimes.kubernetes.build.security import (
+    cache_env,
+    container_security_context,
+    pod_security_context,
+    scratch_volumes,
+)
 
 CONFIG_DIR = "/etc/kvfleet/router"
 ADMIN_TOKEN_DIR = "/var/run/secrets/kvfleet/admin"

@@ -7,8 +7,8 @@ import base64
 from typing import Any
 
 from kvfleet_operator.api.pool import InferencePool
-
 from kvfleet_operator.runtimes.kubernetes.build import meta
+
 TOKEN_KEY = "token"
 
 

@@ -7,9 +7,13 @@ from typing import Any
 
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.decide.engine_args import NIXL_SIDE_CHANNEL_PORT
-
 from kvfleet_operator.runtimes.kubernetes.build import meta
-from kvfleet_operator.runtimes.kubernetes.build.placement import ROUTER_PORT, engine_port, engine_port_name, is_sidecar
+from kvfleet_operator.runtimes.kubernetes.build.placement import (
+    ROUTER_PORT,
+    engine_port,
+    engine_port_name,
+    is_sidecar,
+)
 
 
 def _port(name: str, port: int) -> dict[str, Any]:
