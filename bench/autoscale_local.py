@@ -15,6 +15,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from kvfleet_bench.readme import refresh_section
+
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "traces" / "azure_llm_2023_conv.csv"
 RESULTS = ROOT / "bench" / "results"
@@ -33,7 +35,9 @@ def main(argv: list[str]) -> int:
         "--json", str(RESULTS / "autoscale_local.json"),
         "--plot", str(RESULTS / "autoscale_local.png"),
     ]  # fmt: skip
-    return sim_main(args + argv)
+    rc = sim_main(args + argv)
+    refresh_section("autoscale_local", RESULTS / "autoscale_local.json")
+    return rc
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ Server and offline runs alternate level by level, for --rounds rounds, samples p
 
     python bench/engine_server.py                      # smollm2-135m, 1/16/64 streams
     python bench/engine_server.py --model tiny-random \\
-        --out bench/results/engine_server_tiny.json --update-readme
+        --out bench/results/engine_server_tiny.json
 """
 
 from __future__ import annotations
@@ -33,12 +33,11 @@ from typing import Any
 
 import aiohttp
 from kvfleet_bench.procs import free_port
+from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.stats import percentile
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "engine_server.json"
-README = ROOT / "README.md"
-MARK = "<!-- engine_server -->"  # the section sits between two of these (bench/README.md)
 
 
 @dataclass(slots=True)
@@ -220,21 +219,6 @@ def ratios(server: dict[str, Any], offline: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def markdown(reports: list[dict[str, Any]]) -> str:
-    """The README section: one block per results file (e.g. the real model and the tiny one)."""
-    lines = [MARK, "## Engine server: TTFT / ITL, and overhead over the offline engine", ""]
-    for report in reports:
-        lines += _report_lines(report) + [""]
-    lines += ["The server's cost per token (engine-thread hand-off, HTTP, JSON, and the client's "
-              "CPU) shows when steps are short (tiny-random) and hides behind the forward pass "
-              "when steps are long (SmolLM2).",
-              "The client runs on the same 2 cores as the server, so at high concurrency its "
-              "CPU counts against the server; the offline engine has no client. The machine is "
-              "shared and noisy (rounds differ by 10-50%): compare within one run, quote ratios.",
-              MARK]
-    return "\n".join(lines)
-
-
 def _report_lines(report: dict[str, Any]) -> list[str]:
     cfg = report["config"]
     lines = [
@@ -262,16 +246,6 @@ def _report_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def update_readme(section: str) -> None:
-    text = README.read_text() if README.exists() else "# Benchmarks\n"
-    parts = text.split(MARK)
-    if len(parts) >= 3:  # replace what lies between the first two markers
-        text = parts[0] + section + MARK.join(parts[2:])
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    README.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -286,7 +260,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads for both sides (OMP_NUM_THREADS); on a small shared "
                         "machine more threads than free cores make torch spin")
-    p.add_argument("--update-readme", action="store_true")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # before torch loads, here and in the server
@@ -336,9 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print("\n".join(_report_lines(report)))
-    if args.update_readme:  # every results file of this benchmark, this run's included
-        paths = sorted(RESULTS.parent.glob("engine_server*.json"))
-        update_readme(markdown([json.loads(path.read_text()) for path in paths]))
+    refresh_section("engine_server", args.out)
     return 0
 
 

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from kvfleet_bench import procs
 from kvfleet_bench.procs import BENCH_DIR as HERE
+from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.vllm_cpu import CACHE, VLLM_VENV, export_hf_folder, vllm_env
 from kvfleet_bench.workloads import AZURE_TRACE as TRACE
 from kvfleet_bench.workloads import Items, random_prompts, sized_engine, trace_lengths
@@ -427,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                      "warm-up and vLLM's prefix-cache reset outside"}
     args.out.write_text(json.dumps({"meta": meta, "runs": all_runs, "report": texts},
                                    indent=1))
+    refresh_section("engine_throughput", args.out)
     return 0
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 from kvfleet_bench import procs, routers, wrkload
 from kvfleet_bench.procs import RESULTS_DIR
+from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.report import write_report
 from kvfleet_bench.stats import spread as stat
 from kvfleet_router.epp.envoy_config import EnvoyOptions, envoy_bootstrap
@@ -306,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     md = markdown(result)
     write_report(Path(args.out), result, md)
     print(md)
+    refresh_section("epp_overhead", args.out)
     return 0
 
 

@@ -48,6 +48,7 @@ from typing import Any
 import yaml
 from kvfleet_bench.fleet_replay import Fleet, Replayed, Request, replay
 from kvfleet_bench.procs import REPO_DIR as ROOT
+from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.report import write_report
 from kvfleet_bench.stats import percentile
 
@@ -318,6 +319,7 @@ def main() -> int:
                                   "ttft_p90_speedup": ratio,
                                   "throughput_ratio": thr}, text)
     print(text)
+    refresh_section("kv_pool", args.out)
     return 0
 
 

@@ -46,6 +46,7 @@ import yaml
 from kvfleet_bench.kmock_shim import KubeShim
 from kvfleet_bench.procs import REPO_DIR as REPO
 from kvfleet_bench.procs import cpu_seconds, free_port
+from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.stats import spread
 
 NS = "bench"
@@ -316,6 +317,7 @@ def main() -> None:
     print(json.dumps(result["summary"], indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+        refresh_section("operator_scale", args.json)
     ok = all(r["num_pools_with_all_children"] == args.pools for r in runs)
     sys.exit(0 if ok else 1)
 

@@ -37,6 +37,7 @@ from kvfleet_bench import load_stats, loadgen, procs, routers
 from kvfleet_bench import traces as trace_mooncake
 from kvfleet_bench.prefix_cache import LRUPrefixCache
 from kvfleet_bench.procs import RESULTS_DIR
+from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.stats import percentile
 
 DEFAULT_TARGETS = [
@@ -434,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     out.with_suffix(".md").write_text(text + "\n")
     print(text)
     print(f"wrote {out} (+ .md, .png)")
+    refresh_section("router_cache_hits", out)
     return 0
 
 

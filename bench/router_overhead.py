@@ -36,6 +36,7 @@ from typing import Any
 
 from kvfleet_bench import loadgen, procs, routers, wrkload
 from kvfleet_bench.procs import RESULTS_DIR
+from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.stats import spread as stat
 
 DEFAULT_TARGETS = [
@@ -488,6 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(summary, args.level_list, out.with_suffix(".png"))
     print(text)
     print(f"wrote {out} (+ .md, .png)")
+    refresh_section("router_overhead", out)
     return 0
 
 

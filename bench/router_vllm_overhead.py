@@ -43,6 +43,7 @@ from typing import Any
 
 from kvfleet_bench import loadgen, procs, routers, vllm_cpu
 from kvfleet_bench.procs import RESULTS_DIR
+from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.report import write_report
 from kvfleet_bench.stats import percentile
 from kvfleet_bench.stats import spread as stat
@@ -344,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     md = markdown(result)
     write_report(Path(args.out), result, md)
     print(md)
+    refresh_section("router_vllm_overhead", args.out)
     return 0
 
 

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from kvfleet_bench.fleet_replay import TTFT_BOUNDS, Done, Fleet, Request, replay
+from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -383,6 +384,7 @@ def main(argv: list[str]) -> int:
     args.json.write_text(json.dumps(out, indent=1))
     print(summary(out))
     print(f"wrote {args.json}")
+    refresh_section("sim_fidelity", args.json)
     return 1 if out["over_tolerance"] else 0
 
 

@@ -42,6 +42,7 @@ from typing import Any
 
 import yaml
 from kvfleet_bench.procs import REPO_DIR as ROOT
+from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.report import write_report
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
@@ -283,6 +284,7 @@ def main() -> int:
                f"{args.sweep_policy} + peer fetch: {where}")
     print(text)
     print(f"wrote {out}, {out.with_suffix('.md')}, {out.with_suffix('.png')}")
+    refresh_section("sim_kv_pool", out)
     return 0
 
 

@@ -25,6 +25,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from kvfleet_bench.readme import refresh_section
+
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces"
 RESULTS = ROOT / "bench" / "results"
@@ -217,6 +219,7 @@ def main(argv: list[str]) -> int:
     (RESULTS / "sim_policies.json").write_text(json.dumps(compact(runs), indent=1))
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}", file=sys.stderr)
+    refresh_section("sim_policies", RESULTS / "sim_policies.json")
     return 0
 
 

