@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from kmock_shim import api, eventually, operator_running
-from kvfleet_operator.runtimes.kubernetes.ports.pool_index import WATCH_SELECTOR
+from kvfleet_operator.runtimes.kubernetes.ports.pool_index import DEPLOYMENT_SELECTOR, POD_SELECTOR
 from test_k8s_loop_ports import DEPLOYMENT, Kubelet
 from test_k8s_operator_kmock import NAME, NS, POOL_PATH, POOLS, count_ticks, pool_manifest
 
@@ -38,9 +38,9 @@ async def test_the_loop_reads_its_replicas_from_kopfs_index_not_by_listing(clust
         assert {p: len(reads(cluster, p)) for p in ("pods", "deployments")} == before
         # kopf's one list and its watch per kind, with kvfleet's selector for the API server
         # (kmock ignores it on watches; the index's label filter holds it there).
-        for plural in ("pods", "deployments"):
+        for plural, selector in (("pods", POD_SELECTOR), ("deployments", DEPLOYMENT_SELECTOR)):
             sent = reads(cluster, plural)
-            assert sent and all(r.params.get("labelSelector") == WATCH_SELECTOR for r in sent)
+            assert sent and all(r.params.get("labelSelector") == selector for r in sent)
             assert len([r for r in sent if r.params.get("watch") != "true"]) == 1
         # A pod leaving shows in status through the watch alone.
         pod = f"{DEPLOYMENT}-abc1"

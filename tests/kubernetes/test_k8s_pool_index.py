@@ -276,7 +276,9 @@ def test_nothing_is_left_of_the_list_cache():
 
     assert not hasattr(kube_client.KubeClient, "list")
     assert not hasattr(pool_loop, "POLL_S")
-    assert pool_index.WATCH_SELECTOR == "app.kubernetes.io/part-of=kvfleet,kvfleet.io/pool"
+    assert pool_index.POD_SELECTOR == "app.kubernetes.io/part-of=kvfleet,kvfleet.io/pool"
+    assert pool_index.DEPLOYMENT_SELECTOR == \
+        "app.kubernetes.io/part-of=kvfleet,kvfleet.io/pool,app.kubernetes.io/component=engine"
 
 
 # --- the API client's session --------------------------------------------------------------

@@ -15,7 +15,7 @@
   pool. kopf stops it before the pool goes (that is what its finalizer is for).
 - two indexes, `pool_deployments` (engine Deployments) and `pool_pods` (engine and router
   pods), keyed by (namespace, pool), over objects labelled
-  `app.kubernetes.io/part-of=kvfleet` with a `kvfleet.io/pool` label (the same selector goes
+  `app.kubernetes.io/part-of=kvfleet` with a `kvfleet.io/pool` label (the same selectors go
   to the API server with kopf's list and watch): the loops read their replicas from them
   (`ports/pool_index.py`) instead of listing every tick. kopf fills them before any pool
   handler runs.
@@ -54,8 +54,9 @@ from kvfleet_operator.runtimes.kubernetes.ports.kube_client import (
 )
 from kvfleet_operator.runtimes.kubernetes.ports.pool_children import apply_pool
 from kvfleet_operator.runtimes.kubernetes.ports.pool_index import (
+    DEPLOYMENT_SELECTOR,
     PART_OF_LABEL,
-    WATCH_SELECTOR,
+    POD_SELECTOR,
     PoolIndexes,
     index_key,
     is_engine,
@@ -76,7 +77,8 @@ METRICS_HOST = "0.0.0.0"  # noqa: S104 - Prometheus scrapes the operator's pod
 CANCEL_BACKOFF_S = 5.0  # a stopping loop finishes its tick (its `stopped` flag) before a cancel
 DEPLOYMENTS = ("apps", "v1", "deployments")
 PODS = ("", "v1", "pods")
-CHILD_LABELS: dict[str, Any] = {PART_OF_LABEL: meta.PART_OF, meta.POOL_LABEL: kopf.PRESENT}
+POD_LABELS: dict[str, Any] = {PART_OF_LABEL: meta.PART_OF, meta.POOL_LABEL: kopf.PRESENT}
+DEPLOYMENT_LABELS: dict[str, Any] = {**POD_LABELS, meta.COMPONENT_LABEL: meta.ENGINE}
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -87,8 +89,9 @@ def configure(settings: kopf.OperatorSettings) -> None:
     )  # fmt: skip
     settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING  # our own events say what happened
-    for group, version, plural in (DEPLOYMENTS, PODS):  # kvfleet's pool children only
-        settings.watching.label_selectors[group, version, plural] = WATCH_SELECTOR
+    # kvfleet's pool children only, filtered by the API server (and by kopf, for kmock)
+    settings.watching.label_selectors[DEPLOYMENTS] = DEPLOYMENT_SELECTOR
+    settings.watching.label_selectors[PODS] = POD_SELECTOR
 
 
 def wakeup_of(memo: Any, key: tuple[str, str]) -> asyncio.Event:
@@ -175,12 +178,13 @@ def register(
         finally:  # whatever came of it, the loop follows the spec kopf has just seen
             wakeup_of(memo, pool_key(body)).set()
 
-    @kopf.index(*DEPLOYMENTS, registry=registry, id="pool_deployments", labels=CHILD_LABELS)
+    @kopf.index(*DEPLOYMENTS, registry=registry, id="pool_deployments",
+                labels=DEPLOYMENT_LABELS)  # fmt: skip
     def pool_deployments(body: Any, namespace: Any, labels: Any, **_: Any) -> Any:
         key = index_key(namespace, labels)
         return {key: slim_deployment(body)} if key is not None and is_engine(body) else None
 
-    @kopf.index(*PODS, registry=registry, id="pool_pods", labels=CHILD_LABELS)
+    @kopf.index(*PODS, registry=registry, id="pool_pods", labels=POD_LABELS)
     def pool_pods(body: Any, namespace: Any, labels: Any, **_: Any) -> Any:
         key = index_key(namespace, labels)
         return {key: slim_pod(body)} if key is not None else None

@@ -33,8 +33,9 @@ from kvfleet_operator.runtimes.kubernetes.build.meta import (
 )
 
 PART_OF_LABEL = "app.kubernetes.io/part-of"
-# Sent with kopf's list and watch of Deployments and Pods (kopf's `label_selectors`).
-WATCH_SELECTOR = f"{PART_OF_LABEL}={PART_OF},{POOL_LABEL}"
+# Sent with kopf's list and watch of Pods and Deployments (kopf's `label_selectors`).
+POD_SELECTOR = f"{PART_OF_LABEL}={PART_OF},{POOL_LABEL}"
+DEPLOYMENT_SELECTOR = f"{POD_SELECTOR},{COMPONENT_LABEL}={ENGINE}"  # routers' are not read
 MAX_LAG_S = 60.0  # an own write the index has not shown by then is forgotten
 _METADATA = ("name", "namespace", "labels", "annotations", "resourceVersion",
              "creationTimestamp", "deletionTimestamp")  # fmt: skip
