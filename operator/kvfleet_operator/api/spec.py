@@ -13,11 +13,11 @@ from dataclasses import KW_ONLY
 from typing import Annotated
 
 from kvfleet_engine import contract
-from kvfleet_router.config import PREFIX_MODES, PolicyConfig
+from kvfleet_router.config import PREFIX_MODES, OneOf, PolicyConfig
 from pydantic import Field, model_validator
 
 from .errors import SpecError, UnservableSpecError
-from .validation import Bool, Float, Int, OneOf, Quantity, Str, spec_type
+from .validation import Bool, Float, Int, Quantity, Str, spec_type
 from .vllm_compat import check_vllm_engine
 
 ENGINE_KINDS = ("vllm", "builtin")

@@ -54,27 +54,6 @@ def camel(name: str) -> str:
     return head + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class OneOf:
-    """A string field's allowed values: checked, and the `enum` of the JSON Schema."""
-
-    values: tuple[str, ...]
-
-    def __get_pydantic_core_schema__(self, source: Any,
-                                     handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
-        def check(value: str) -> str:
-            if value not in self.values:
-                raise PydanticCustomError("enum", "must be one of {allowed}",
-                                          {"allowed": ", ".join(self.values)})
-            return value
-
-        return core_schema.no_info_after_validator_function(check, handler(source))
-
-    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema,
-                                     handler: GetJsonSchemaHandler) -> dict[str, Any]:
-        return {**handler(schema), "enum": list(self.values)}
-
-
 class _QuantityRule:
     """A Kubernetes quantity: an integer or a string like 500m or 16Gi, kept as a string."""
 
