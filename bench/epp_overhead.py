@@ -39,13 +39,13 @@ from kvfleet_bench import procs, routers, wrkload
 from kvfleet_bench.procs import RESULTS_DIR
 from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.report import write_report
+from kvfleet_bench.sections.epp_overhead import TARGETS, results_markdown
 from kvfleet_bench.stats import spread as stat
 from kvfleet_router.epp.envoy_config import EnvoyOptions, envoy_bootstrap
 
 ENVOY_BIN = Path(sys.executable).with_name("envoy")
 KVFLEET = [str(routers.KVFLEET_BIN)] if routers.KVFLEET_BIN.exists() else [
     sys.executable, "-m", "kvfleet_operator.cli.main"]
-TARGETS = ("direct", "router", "gateway", "floor")
 # 1 connection; ~320 req/s offered over 64 and over 512 connections (below what Envoy and
 # the picker sharing one core carry, so these stay unsaturated); 64 and 512 closed loops
 DEFAULT_LEVELS = "1:0,64:200,512:1600,64:0,512:0"
@@ -206,56 +206,6 @@ def summarise(runs: dict[str, dict[str, list[dict]]], levels: list[str]) -> dict
     return out
 
 
-def fmt(s: dict[str, float], digits: int = 2) -> str:
-    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
-
-
-def stream_words(result: dict) -> str:
-    tokens, delay = result.get("max_tokens", 8), result.get("token_delay_ms", 0.0)
-    if delay > 0:
-        return f"responses of {tokens} tokens streamed {delay:g} ms apart"
-    return f"responses of {tokens} tokens in one write"
-
-
-def markdown(result: dict) -> str:
-    levels, summary = result["levels"], result["summary"]
-    lines = [f"Run: `{result['command']}`, started {result['started']}, {result['reps']} "
-             f"repetitions x {result['duration_s']:g} s per level (+{result['warmup_s']:g} s "
-             f"unmeasured warm-up), policy {result['policy']}, pinned: {result['pinned']}, "
-             f"{stream_words(result)}, "
-             f"load average at start {result['loadavg']} on {result['num_cpus']} cores. "
-             "Cells: median (min–max) over repetitions.", ""]
-    lines += ["Data-plane CPU per request, µs: the router alone; the picker (EPP) and Envoy of "
-              "the gateway path; the no-op ext_proc (grpcio floor) behind the same Envoy; and "
-              "the picker / router ratio per repetition:", "",
-              "| level | router | picker (EPP) | Envoy (with EPP) | no-op ext_proc | "
-              "picker / router |", "|---|---|---|---|---|---|"]
-    for key in levels:
-        r, g, f = summary["router"][key], summary["gateway"][key], summary["floor"][key]
-        lines.append(f"| {key} | {fmt(r['router_cpu_us_per_req'], 0)} | "
-                     f"{fmt(g['epp_cpu_us_per_req'], 0)} | {fmt(g['envoy_cpu_us_per_req'], 0)} | "
-                     f"{fmt(f['epp_cpu_us_per_req'], 0)} | {fmt(g['epp_vs_router_cpu'])} |")
-    lines += ["", "Added latency, ms, target minus direct in the same repetition, p50 / p99 "
-              "(direct: absolute):", "",
-              "| target | " + " | ".join(levels) + " |", "|---|" + "---|" * len(levels)]
-    for target in TARGETS:
-        cells = []
-        for key in levels:
-            row = summary[target][key]
-            if target == "direct":
-                cells.append(f"{fmt(row['p50_ms'])} / {fmt(row['p99_ms'])}")
-            else:
-                cells.append(f"{fmt(row['added_p50_ms'])} / {fmt(row['added_p99_ms'])}")
-        lines.append(f"| {target} | " + " | ".join(cells) + " |")
-    lines += ["", "Requests per second (errors in all repetitions):", "",
-              "| target | " + " | ".join(levels) + " |", "|---|" + "---|" * len(levels)]
-    for target in TARGETS:
-        cells = [f"{fmt(summary[target][k]['rps'], 0)} ({summary[target][k]['num_errors']})"
-                 for k in levels]
-        lines.append(f"| {target} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     ok, why = wrkload.available()
@@ -304,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         "load": "wrk " + wrkload.version(), "runs": runs,
         "summary": summarise(runs, args.level_list),
     }
-    md = markdown(result)
+    md = results_markdown(result)
     write_report(Path(args.out), result, md)
     print(md)
     refresh_section("epp_overhead", args.out)

@@ -50,6 +50,7 @@ from kvfleet_bench.fleet_replay import Fleet, Replayed, Request, replay
 from kvfleet_bench.procs import REPO_DIR as ROOT
 from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.report import write_report
+from kvfleet_bench.sections.kv_pool import results_table
 from kvfleet_bench.stats import percentile
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
@@ -229,27 +230,6 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    out = ["| routing | requests | prefix tokens reused: local / fetched (of looked up) "
-           "| TTFT p50 / p90 (ms) | output tok/s | KV moved (MB) | hints attached / asked "
-           "| fetch outcomes | failed |", "|" + "---|" * 9]
-    for r in rows:
-        q = max(1.0, r["prefix_tokens_queried"])
-        hints = r["hints"]
-        outcomes = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r["fetches"].items())) or "-"
-        asked = sum(hints.values())
-        out.append(
-            f"| {r['config']} | {r['num_requests']} "
-            f"| {r['prefix_tokens_local'] / q:.1%} / {r['prefix_tokens_fetched'] / q:.1%} "
-            f"({r['prefix_tokens_local']:,.0f} / {r['prefix_tokens_fetched']:,.0f} of "
-            f"{r['prefix_tokens_queried']:,.0f}) "
-            f"| {r['ttft_p50_s'] * 1000:.0f} / {r['ttft_p90_s'] * 1000:.0f} "
-            f"| {r['output_tokens_per_s']:.1f} | {r['bytes_moved'] / 1e6:.1f} "
-            f"| {hints.get('attached', 0):.0f} / {asked:.0f} | {outcomes} "
-            f"| {r['num_failed']} |")
-    return "\n".join(out)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", choices=sorted(MODELS), default="smollm2-135m")
@@ -310,7 +290,7 @@ def main() -> int:
         f"{args.max_prompt_tokens}, outputs <= {args.max_tokens}; {args.rounds} rounds "
         f"alternating; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after. "
         f"An unbounded cache pooled over the fleet would reuse {ceiling:.1%} of prompt tokens.",
-        table(rows),
+        results_table(rows),
         f"TTFT p90 {base['config']} / {fetch['config']}: {ratio:.2f}x (target >= 1.3x); output "
         f"throughput with fetch / without: {thr:.3f}x (target >= 1).",
     ])

@@ -38,6 +38,7 @@ from kvfleet_bench import traces as trace_mooncake
 from kvfleet_bench.prefix_cache import LRUPrefixCache
 from kvfleet_bench.procs import RESULTS_DIR
 from kvfleet_bench.readme import refresh_section
+from kvfleet_bench.sections.router_cache_hits import results_markdown
 from kvfleet_bench.stats import percentile
 
 DEFAULT_TARGETS = [
@@ -291,54 +292,6 @@ def compare(results: dict[str, dict]) -> dict[str, Any]:
     return out
 
 
-def markdown(result: dict[str, Any]) -> str:
-    meta, res = result["meta"], result["results"]
-    git = meta.get("git", {})
-    dirty = (f"; router/ differed from that commit in the working tree (diff sha1 "
-             f"{git['router_diff_sha1']})" if git.get("router_tree_differs") else
-             "; router/ clean at that commit")
-    lines = [f"Run: `{meta['command'].strip()}`, started {meta['started_utc']}, "
-             f"{meta['reps']} repetitions, {meta['trace_shape'].get('num_requests', '?')} requests "
-             f"replayed at x{meta['speedup']:g}, {meta['num_backends']} backends x "
-             f"{meta['cache_blocks_per_backend']} blocks; routers "
-             f"{'at defaults' if not meta['router_options'] else meta['router_options']}; "
-             f"commit {git.get('commit', '?')[:10]} (router: {git.get('router_last_commit', '?')})"
-             f"{dirty}. Pooled-cache ceiling {result['pooled_cache_hit_fraction']:.3f}. Cells: "
-             "median (min–max) over repetitions.", "",
-             "| target | hit fraction | backends per shared prefix | imbalance, 1 s windows: "
-             "mean / max | latency p50 / p99 (ms) | errors |", "|---|---|---|---|---|---|"]
-
-    def cell(r: dict, k: str, digits: int) -> str:
-        lo, hi = r["spread"][k]
-        v = r["imbalance"][k] if k.startswith("window_") else r[k]
-        return f"{v:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
-
-    for t, r in res.items():
-        lines.append(f"| {t} | {cell(r, 'hit_fraction', 3)} | "
-                     f"{cell(r, 'mean_backends_per_shared_prefix', 2)} | "
-                     f"{cell(r, 'window_mean', 2)} / {cell(r, 'window_max', 2)} | "
-                     f"{r['latency_p50_ms']:.0f} / {r['latency_p99_ms']:.0f} | "
-                     f"{r['num_errors']} |")
-    lines.append("")
-    lines.append("Per repetition (hit fraction, window max imbalance): " + "; ".join(
-        f"{t} " + ", ".join(f"({x['hit_fraction']:.3f}, {x['imbalance']['window_max']:.2f})"
-                            for x in r["reps"]) for t, r in res.items()) + ".")
-    cmp_ = result.get("comparison", {})
-    for t, c in cmp_.items():
-        if not isinstance(c, dict):
-            continue
-        d = c["hit_fraction_diff_per_rep"]
-        verdict = ("higher in every repetition" if c["is_hit_fraction_higher_every_rep"] else
-                   "lower in every repetition" if c["is_hit_fraction_lower_every_rep"] else
-                   "not consistently higher or lower")
-        lines.append(f"kvfleet:cache-aware vs {t}: hit fraction difference per repetition "
-                     f"{', '.join(f'{x:+.3f}' for x in d)} ({verdict}; ranges "
-                     f"{'overlap' if c['hit_fraction_ranges_overlap'] else 'do not overlap'}); "
-                     f"window-max imbalance difference "
-                     f"{', '.join(f'{x:+.2f}' for x in c['window_max_imbalance_diff_per_rep'])}.")
-    return "\n".join(lines)
-
-
 def plot(results: dict[str, dict], reference: float, path: Path) -> None:
     import matplotlib
 
@@ -431,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(result, indent=1))
     if not args.no_plot and results:
         plot(results, reference, out.with_suffix(".png"))
-    text = markdown(result)
+    text = results_markdown(result)
     out.with_suffix(".md").write_text(text + "\n")
     print(text)
     print(f"wrote {out} (+ .md, .png)")

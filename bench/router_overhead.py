@@ -37,6 +37,7 @@ from typing import Any
 from kvfleet_bench import loadgen, procs, routers, wrkload
 from kvfleet_bench.procs import RESULTS_DIR
 from kvfleet_bench.readme import refresh_section
+from kvfleet_bench.sections.router_overhead import results_markdown
 from kvfleet_bench.stats import spread as stat
 
 DEFAULT_TARGETS = [
@@ -318,88 +319,6 @@ def plot(summary: dict, levels: list[str], path: Path) -> None:
     plt.close(fig)
 
 
-def fmt(s: dict[str, float], digits: int = 1) -> str:
-    if s["median"] != s["median"]:
-        return "—"
-    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
-
-
-def markdown(result: dict) -> str:
-    """The README's result tables, from a result JSON."""
-    meta, head, lat = result["meta"], result["headline"], result["latency"]
-    levels = meta["levels"]
-    paced = [k for k in levels if is_paced(k)]
-    targets = list(lat)
-    lines = [f"Run: `{meta['command'].strip()}`, started {meta['started_utc']}, "
-             f"{meta['reps']} repetitions x {meta['duration_s']:g} s per level "
-             f"(+{meta['warmup_s']:g} s unmeasured warm-up each), load side {meta['load']}, "
-             f"pinned: {meta['is_pinned']}, load average at start "
-             f"{', '.join(f'{x:.1f}' for x in meta['machine']['loadavg'])} on "
-             f"{meta['machine']['num_cpus']} cores. Cells: median (min–max) over repetitions.",
-             "",
-             f"Router CPU per request at {head['level']} (connections:think ms, about "
-             f"{lat['direct'][head['level']]['rps']['median']:.0f} req/s offered):", "",
-             "| router | CPU µs/req | implied one-core ceiling (req/s) | CPU vs cheapest peer "
-             "(per-rep ratio) | achieved req/s | router core use |",
-             "|---|---|---|---|---|---|"]
-    ratios = head.get("cpu_ratio_to_cheapest_peer", {})
-    for t in targets:
-        if t == "direct":
-            continue
-        row = lat[t][head["level"]]
-        ratio = ""
-        if t in ratios:
-            r = ratios[t]
-            ratio = f"{r['median']:.2f}x ({r['min']:.2f}–{r['max']:.2f})"
-        lines.append(f"| {t} | {fmt(row['router_cpu_us_per_req'], 0)} | "
-                     f"{head['implied_one_core_rps'].get(t, float('nan')):.0f} | {ratio} | "
-                     f"{fmt(row['rps'], 0)} | {fmt(row['router_util'], 2)} |")
-    same = head.get("cpu_ratio_same_policy", {})
-    if same:
-        lines += ["", "Same policy, CPU per request ratio (per repetition, median (min–max)): "
-                  + "; ".join(f"{k} {v['median']:.2f}x ({v['min']:.2f}–{v['max']:.2f})"
-                              for k, v in same.items()) + "."]
-    lines += ["", "Added latency at the paced (unsaturated) levels, ms, target minus direct in "
-              "the same repetition, p50 / p99:", "",
-              "| target | " + " | ".join(paced) + " |", "|---|" + "---|" * len(paced)]
-    for t in targets:
-        if t == "direct":
-            cells = [f"{fmt(lat[t][k]['p50_ms'], 2)} / {fmt(lat[t][k]['p99_ms'], 2)} (absolute)"
-                     for k in paced]
-        else:
-            cells = [f"{fmt(lat[t][k]['added_p50_ms'], 2)} / {fmt(lat[t][k]['added_p99_ms'], 2)}"
-                     for k in paced]
-        lines.append(f"| {t} | " + " | ".join(cells) + " |")
-    lines += ["", "Per level: req/s, router CPU µs/req and router core use (medians):", "",
-              "| target | " + " | ".join(levels) + " |", "|---|" + "---|" * len(levels)]
-    for t in targets:
-        cells = []
-        for k in levels:
-            row = lat[t][k]
-            cell = f"{row['rps']['median']:.0f}/s"
-            if t != "direct":
-                cell += (f", {row['router_cpu_us_per_req']['median']:.0f} µs, "
-                         f"{row['router_util']['median']:.2f}")
-            if row["num_errors"]:
-                cell += f", {row['num_errors']} errors"
-            cells.append(cell)
-        lines.append(f"| {t} | " + " | ".join(cells) + " |")
-    streams = result["streams"]
-    if streams:
-        lines += ["", f"{meta['streams']} concurrent streams ({meta['stream_tokens']} tokens, "
-                  f"{meta['stream_token_delay_ms']:g} ms apart), one run each:", "",
-                  "| target | ok | errors | peak open | router peak RSS (MB) | "
-                  "stream p50 / p99 (s) | router CPU (s) | listen drops |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for t, st in streams.items():
-            rss = f"{st['peak_rss_mb']:.0f}" if t != "direct" else "—"
-            lines.append(f"| {t} | {st['num_ok']} | {st['num_errors']} | {st['peak_open']} | "
-                         f"{rss} | {st['latency_p50_ms'] / 1000:.1f} / "
-                         f"{st['latency_p99_ms'] / 1000:.1f} | {st['router_cpu_s']:.1f} | "
-                         f"{st['listen_drops']} |")
-    return "\n".join(lines)
-
-
 def machine_info() -> dict[str, Any]:
     model = ""
     for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -415,7 +334,7 @@ def render(path: Path) -> int:
     head_level = result.get("headline", {}).get("level", HEADLINE_LEVEL)
     result.update(summarise(result["runs"], result["streams"], meta["levels"], head_level))
     path.write_text(json.dumps(result, indent=1))
-    text = markdown(result)
+    text = results_markdown(result)
     path.with_suffix(".md").write_text(text + "\n")
     print(text)
     return 0
@@ -483,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    text = markdown(result)
+    text = results_markdown(result)
     out.with_suffix(".md").write_text(text + "\n")
     if not args.no_plot:
         plot(summary, args.level_list, out.with_suffix(".png"))

@@ -45,6 +45,7 @@ from kvfleet_bench import loadgen, procs, routers, vllm_cpu
 from kvfleet_bench.procs import RESULTS_DIR
 from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.report import write_report
+from kvfleet_bench.sections.router_vllm_overhead import results_markdown
 from kvfleet_bench.stats import percentile
 from kvfleet_bench.stats import spread as stat
 
@@ -161,10 +162,6 @@ async def run_cell(base: str, model: str, mode: str, conc: int, texts: list[str]
     return out
 
 
-def fmt(s: dict[str, float], digits: int = 1) -> str:
-    return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
-
-
 def cell_key(backend: str, path: str, conc: int, mode: str) -> str:
     return f"{backend}-{path}/c{conc}/{mode}"
 
@@ -192,51 +189,6 @@ def summarise(runs: dict[str, list[dict]], args) -> list[dict]:
     return rows
 
 
-def markdown(result: dict) -> str:
-    sides = result["conformance"]
-    names = list(sides)
-    lines = [f"Run: `{result['command']}`, started {result['started']}, {result['rounds']} rounds "
-             f"x {result['requests']} requests per cell, max_tokens {result['max_tokens']} (EOS "
-             f"ignored, temperature 0), policy {result['policy']}, pinned: {result['pinned']}, "
-             f"load average at start {result['loadavg']} on {result['num_cpus']} cores.", "",
-             "Conformance (bench/openai_conformance.py, `openai` " + result["openai_version"]
-             + "), pass / FAIL per side:", "",
-             "| case | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    for i, case in enumerate(sides[names[0]]):
-        cells = [("pass" if sides[n][i]["is_ok"] else "**FAIL**") for n in names]
-        lines.append(f"| {case['name']} | " + " | ".join(cells) + " |")
-    lines += ["", "Observed per case (where the sides differ, every side is listed):", ""]
-    for i, case in enumerate(sides[names[0]]):
-        seen = {n: sides[n][i]["observed"] for n in names}
-        if len(set(seen.values())) == 1:
-            lines.append(f"- {case['name']}: all sides: {seen[names[0]]}")
-        else:
-            lines.append(f"- {case['name']}: " + "; ".join(f"**{n}**: {v}"
-                                                            for n, v in seen.items()))
-    lines += ["", "Added latency of kvfleet's router, ms (router − direct, same backend, same "
-              "round), and its CPU per request; median (min–max) over rounds. Percentiles are "
-              f"over the {result['requests']} requests of a cell (p99 is their slowest). "
-              "Completions are not streamed, so their TTFT is the total. Router CPU: its "
-              "process over the cell / requests; 'of which not idle' subtracts what the same "
-              "router used during the same round's direct cell (idle: health and /metrics "
-              "polling; about as long). Engine CPU: the direct cell's engine process tree.", "",
-              "| backend | conc | mode | direct TTFT p50 | added TTFT p50 | added TTFT p99 | "
-              "direct total p50 | added total p50 | added total p99 | router CPU µs/req | "
-              "of which not idle | engine CPU ms/req | errors |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in result["summary"]:
-        is_stream = row["mode"] == "chat-stream"
-        ttft = [fmt(row["direct_ttft_p50_ms"]), fmt(row["added_ttft_p50_ms"]),
-                fmt(row["added_ttft_p99_ms"])] if is_stream else ["—", "—", "—"]
-        lines.append(f"| {row['backend']} | {row['concurrency']} | {row['mode']} | "
-                     + " | ".join(ttft) + f" | {fmt(row['direct_p50_ms'])} | "
-                     f"{fmt(row['added_p50_ms'])} | {fmt(row['added_p99_ms'])} | "
-                     f"{fmt(row['router_cpu_us_per_req'], 0)} | "
-                     f"{fmt(row['router_net_cpu_us_per_req'], 0)} | "
-                     f"{fmt(row['engine_cpu_ms_per_req'], 0)} | {row['errors']} |")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.from_json:
@@ -247,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         args.levels = result["levels"]
         result["summary"] = summarise(result["runs"], args)
         Path(args.from_json).write_text(json.dumps(result, indent=1))
-        md = markdown(result)
+        md = results_markdown(result)
         Path(args.from_json).with_suffix(".md").write_text(md)
         print(md)
         return 0
@@ -342,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_command": vllm_cmd, "kvfleet_engine_command": eng_cmd,
         "conformance": conformance, "runs": runs, "summary": summarise(runs, args),
     }
-    md = markdown(result)
+    md = results_markdown(result)
     write_report(Path(args.out), result, md)
     print(md)
     refresh_section("router_vllm_overhead", args.out)

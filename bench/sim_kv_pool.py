@@ -44,6 +44,7 @@ import yaml
 from kvfleet_bench.procs import REPO_DIR as ROOT
 from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.report import write_report
+from kvfleet_bench.sections.sim_kv_pool import comparison_table, gain_line, sweep_table
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
 POOL = ROOT / "sim" / "pools" / "h100-llama3-8b-16.yaml"
@@ -135,58 +136,6 @@ def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
             out[k] = statistics.median(r[k] for r in rows)
     out["seeds"] = rows
     return out
-
-
-def comparison_table(rows: list[dict[str, Any]]) -> str:
-    out = ["| routing | requests | prefix tokens reused: local / fetched (of looked up) "
-           "| TTFT p50 / p90 (ms) | output tok/s | KV moved (GB) | hints attached / asked "
-           "| guard-balanced (attached) | fetch outcomes | imbalance mean | failed |",
-           "|" + "---|" * 11]
-    for r in rows:
-        hints = r["hints"]
-        outcomes = ", ".join(f"{k} {v}" for k, v in r["fetches"].items()) or "-"
-        asked = sum(hints.values())
-        by = r["hints_by_decision"]
-        balanced = sum(v for k, v in by.items() if k.startswith("balanced/"))
-        guard = f"{balanced} ({by.get('balanced/attached', 0)})" if asked else "-"
-        q = max(1, r["prefix_tokens_queried"])
-        out.append(
-            f"| {r['case']} | {r['num_requests']} "
-            f"| {r['prefix_tokens_local'] / q:.1%} / {r['prefix_tokens_fetched'] / q:.1%} "
-            f"({r['prefix_tokens_local']:,} / {r['prefix_tokens_fetched']:,} of "
-            f"{r['prefix_tokens_queried']:,}) "
-            f"| {r['ttft_p50_s'] * 1000:.0f} / {r['ttft_p90_s'] * 1000:.0f} "
-            f"| {r['output_tokens_per_s']:,.0f} | {r['bytes_moved'] / 1e9:.1f} "
-            f"| {hints.get('attached', 0) if asked else '-'} / {asked or '-'} | {guard} "
-            f"| {outcomes} "
-            f"| {r['imbalance_mean']:.2f} | {r['num_failed']} |")
-    return "\n".join(out)
-
-
-def gain_line(policy: str, off: dict[str, Any], on: dict[str, Any]) -> str:
-    per_seed = ", ".join(f"{a['ttft_p90_s'] / b['ttft_p90_s']:.2f}"
-                         for a, b in zip(off["seeds"], on["seeds"], strict=True))
-    p90 = off["ttft_p90_s"] / on["ttft_p90_s"]
-    p50 = off["ttft_p50_s"] / on["ttft_p50_s"]
-    thr = on["output_tokens_per_s"] / off["output_tokens_per_s"]
-    return (f"- {policy}: TTFT p90 without / with fetch {p90:.2f}x (per seed: {per_seed}), "
-            f"p50 {p50:.2f}x; output throughput with / without {thr:.3f}x")
-
-
-def sweep_table(base: dict[str, Any], rows: list[dict[str, Any]]) -> str:
-    out = [f"| GB/s | TTFT p90 with fetch / without ({base['ttft_p90_s'] * 1000:.0f} ms) "
-           "| TTFT p50 ratio | fetched share of reuse | hints attached / recompute-cheaper "
-           "| fetch outcomes | mean fetch (ms) |", "|" + "---|" * 7]
-    for r in rows:
-        reused = r["prefix_tokens_local"] + r["prefix_tokens_fetched"]
-        outcomes = ", ".join(f"{k} {v}" for k, v in r["fetches"].items()) or "-"
-        out.append(
-            f"| {r['gbytes_per_s']:g} | {r['ttft_p90_s'] / base['ttft_p90_s']:.3f} "
-            f"| {r['ttft_p50_s'] / base['ttft_p50_s']:.3f} "
-            f"| {r['prefix_tokens_fetched'] / reused if reused else 0:.1%} "
-            f"| {r['hints'].get('attached', 0)} / {r['hints'].get('recompute-cheaper', 0)} "
-            f"| {outcomes} | {r['fetch_mean_s'] * 1000:.1f} |")
-    return "\n".join(out)
 
 
 def plot_sweep(path: Path, base: dict[str, Any], rows: list[dict[str, Any]],

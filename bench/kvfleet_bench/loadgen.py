@@ -32,7 +32,7 @@ import aiohttp
 from aiohttp.client_proto import ResponseHandler
 
 from kvfleet_bench import procs
-from kvfleet_bench.stats import percentile
+from kvfleet_bench.stats import LoadStats, percentile
 
 DONE_MARK = b"data: [DONE]"
 TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", 0)  # Linux only
@@ -49,15 +49,8 @@ class RequestResult:
 
 
 @dataclass(slots=True)
-class ClosedLoopStats:
+class ClosedLoopStats(LoadStats):
     concurrency: int
-    duration_s: float
-    num_ok: int
-    num_errors: int
-    errors: dict[str, int]
-    rps: float
-    p50_ms: float
-    p99_ms: float
     ttft_p50_ms: float
     ttft_p99_ms: float
 

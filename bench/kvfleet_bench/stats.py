@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 
 def percentile(values: Iterable[float], q: float, empty: float = math.nan) -> float:
@@ -38,3 +39,15 @@ def spread(values: Iterable[float]) -> dict[str, float]:
     if not clean:
         return {"median": math.nan, "min": math.nan, "max": math.nan}
     return {"median": statistics.median(clean), "min": min(clean), "max": max(clean)}
+
+
+@dataclass(slots=True)
+class LoadStats:
+    """What one measured load run did, whichever load side drove it (loadgen.py, wrk)."""
+    duration_s: float
+    num_ok: int
+    num_errors: int
+    errors: dict[str, int]  # by kind
+    rps: float  # completed requests per second
+    p50_ms: float
+    p99_ms: float

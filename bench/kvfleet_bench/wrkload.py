@@ -22,6 +22,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from kvfleet_bench import procs
+from kvfleet_bench.stats import LoadStats
 
 SHIM_SRC = Path(__file__).with_name("quickack.c")
 CACHE = procs.BENCH_DIR / ".cache"
@@ -83,17 +84,10 @@ end
 
 
 @dataclass(slots=True)
-class WrkStats:
+class WrkStats(LoadStats):
     connections: int
     think_ms: float
-    duration_s: float
-    num_ok: int
-    num_errors: int
-    errors: dict[str, int]
-    rps: float
-    p50_ms: float
     p90_ms: float
-    p99_ms: float
     mean_ms: float
 
 
@@ -149,7 +143,9 @@ def run(urls: list[str], connections: int, think_ms: float, duration_s: float,
     errors = {k: int(d[k]) for k in ("connect", "read", "write", "status", "timeout") if d[k]}
     dur = d["duration_us"] / 1e6
     num_ok = int(d["requests"]) - int(d["status"])
-    return WrkStats(connections, think_ms, dur, num_ok, sum(errors.values()), errors,
-                    num_ok / dur if dur else 0.0, d["p50_us"] / 1e3, d["p90_us"] / 1e3,
-                    d["p99_us"] / 1e3, d["mean_us"] / 1e3)
+    return WrkStats(connections=connections, think_ms=think_ms, duration_s=dur, num_ok=num_ok,
+                    num_errors=sum(errors.values()), errors=errors,
+                    rps=num_ok / dur if dur else 0.0, p50_ms=d["p50_us"] / 1e3,
+                    p90_ms=d["p90_us"] / 1e3, p99_ms=d["p99_us"] / 1e3,
+                    mean_ms=d["mean_us"] / 1e3)
 

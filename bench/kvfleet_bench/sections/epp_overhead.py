@@ -11,7 +11,7 @@ FILES = ("epp_overhead_stream", *(f"epp_overhead_tokens_{n}" for n in TOKEN_VARI
          "epp_overhead")
 TARGETS = ("direct", "router", "gateway", "floor")
 
-# the run tables are those bench/epp_overhead.py writes beside its JSON (its `markdown`)
+# the run tables are also those bench/epp_overhead.py writes beside its JSON and prints
 
 
 def fmt(s: dict[str, float], digits: int = 2) -> str:
@@ -25,7 +25,8 @@ def stream_words(result: dict) -> str:
     return f"responses of {tokens} tokens in one write"
 
 
-def _markdown(result: dict) -> str:
+def results_markdown(result: dict) -> str:
+    """A run's tables, from its result JSON (also what the script writes as .md)."""
     levels, summary = result["levels"], result["summary"]
     lines = [f"Run: `{result['command']}`, started {result['started']}, {result['reps']} "
              f"repetitions x {result['duration_s']:g} s per level (+{result['warmup_s']:g} s "
@@ -98,10 +99,10 @@ def render_epp_overhead(results: dict[str, Any]) -> str:
                 "tests/epp/test_epp_bench_smoke.py")]
     if "epp_overhead_stream" in results:
         out += ["", "**Streamed answers** (`bench/results/epp_overhead_stream.json`):", "",
-                _markdown(results["epp_overhead_stream"]).rstrip("\n")]
+                results_markdown(results["epp_overhead_stream"]).rstrip("\n")]
     out += ["", "**The crossover**: the closed loop `64:0`, CPU per request by answer length "
                 "(the token variants and the streamed run):", "", _crossover(results)]
     if "epp_overhead" in results:
         out += ["", "**Answers in one write** (`bench/results/epp_overhead.json`):", "",
-                _markdown(results["epp_overhead"]).rstrip("\n")]
+                results_markdown(results["epp_overhead"]).rstrip("\n")]
     return "\n".join(out)

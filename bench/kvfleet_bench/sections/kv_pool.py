@@ -9,10 +9,11 @@ from kvfleet_bench.sections._fmt import code
 FILES = ("kv_pool", "kv_pool_c8", "kv_pool_c12_probe", "kv_pool_c16_probe")
 P90_TARGET = 1.3  # the issue's target for TTFT p90 without / with peer fetch
 
-# the table is the one bench/kv_pool.py writes beside its JSON (its `table`)
+# the table is also the one bench/kv_pool.py writes beside its JSON
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
+def results_table(rows: list[dict[str, Any]]) -> str:
+    """A run's table, one row per config (also what the script writes as .md)."""
     out = ["| routing | requests | prefix tokens reused: local / fetched (of looked up) "
            "| TTFT p50 / p90 (ms) | output tok/s | KV moved (MB) | hints attached / asked "
            "| fetch outcomes | failed |", "|" + "---|" * 9]
@@ -48,7 +49,7 @@ def _one(stem: str, r: dict[str, Any]) -> str:
     if "reuse_ceiling" in r:
         head += (f" An unbounded cache pooled over the fleet would reuse "
                  f"{r['reuse_ceiling']:.1%} of prompt tokens.")
-    lines = [head, "", _table(rows), ""]
+    lines = [head, "", results_table(rows), ""]
     words = [f"TTFT p90 {rows[0]['config']} / {rows[1]['config']}: "
              f"{r['ttft_p90_speedup']:.2f}x (target >= {P90_TARGET:g}x); output throughput with "
              f"fetch / without: {r['throughput_ratio']:.3f}x"]

@@ -8,10 +8,11 @@ from kvfleet_bench.sections._fmt import code
 
 FILES = ("router_cache_hits", "router_cache_hits_2139")
 
-# the tables are those bench/router_cache_hits.py writes beside its JSON (its `markdown`)
+# the tables are also those bench/router_cache_hits.py writes beside its JSON and prints
 
 
-def _markdown(result: dict[str, Any]) -> str:
+def results_markdown(result: dict[str, Any]) -> str:
+    """A run's tables, from its result JSON (also what the script writes as .md)."""
     meta, res = result["meta"], result["results"]
     git = meta.get("git", {})
     dirty = (f"; router/ differed from that commit in the working tree (diff sha1 "
@@ -67,7 +68,7 @@ def render_router_cache_hits(results: dict[str, Any]) -> str:
     for stem, result in results.items():
         errors = {t: [x.get("errors") or {} for x in r["reps"]]
                   for t, r in result["results"].items()}
-        out += ["", f"**`bench/results/{stem}.json`**:", "", _markdown(result)]
+        out += ["", f"**`bench/results/{stem}.json`**:", "", results_markdown(result)]
         failed = {t: e for t, e in errors.items() if any(e)}
         if failed:
             out += ["", "Errors by repetition: " + "; ".join(

@@ -8,7 +8,7 @@ from kvfleet_bench.sections._fmt import code
 
 FILES = ("router_overhead", "router_overhead_cache_aware")
 
-# the tables are those bench/router_overhead.py writes beside its JSON (its `markdown`)
+# the tables are also those bench/router_overhead.py writes beside its JSON and prints
 
 
 def fmt(s: dict[str, float], digits: int = 1) -> str:
@@ -17,7 +17,8 @@ def fmt(s: dict[str, float], digits: int = 1) -> str:
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
 
-def _markdown(result: dict) -> str:
+def results_markdown(result: dict) -> str:
+    """A run's result tables, from its result JSON (also what the script writes as .md)."""
     meta, head, lat = result["meta"], result["headline"], result["latency"]
     levels = meta["levels"]
     paced = [k for k in levels if lat["direct"][k]["is_paced"]]
@@ -104,5 +105,5 @@ def render_router_overhead(results: dict[str, Any]) -> str:
     for stem, result in results.items():
         out += ["", f"**`bench/results/{stem}.json`** (machine: "
                     f"{result['meta']['machine']['cpu'] or 'not recorded'}):", "",
-                _markdown(result)]
+                results_markdown(result)]
     return "\n".join(out)

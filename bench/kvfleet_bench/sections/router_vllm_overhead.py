@@ -8,14 +8,15 @@ from kvfleet_bench.sections._fmt import code
 
 FILES = ("router_vllm_overhead",)
 
-# the tables are those bench/router_vllm_overhead.py writes beside its JSON (its `markdown`)
+# the tables are also those bench/router_vllm_overhead.py writes beside its JSON and prints
 
 
 def fmt(s: dict[str, float], digits: int = 1) -> str:
     return f"{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
 
 
-def _markdown(result: dict) -> str:
+def results_markdown(result: dict) -> str:
+    """A run's tables, from its result JSON (also what the script writes as .md)."""
     sides = result["conformance"]
     names = list(sides)
     lines = [f"Run: `{result['command']}`, started {result['started']}, {result['rounds']} rounds "
@@ -69,7 +70,7 @@ def render_router_vllm_overhead(results: dict[str, Any]) -> str:
              ".venv/bin/python bench/router_vllm_overhead.py --quick    # 1 round"),
         "", f"Served as `{result['model']}`; vLLM: `{_command(result['vllm_command'])}`; "
             f"kvfleet: `{_command(result['kvfleet_engine_command'])}`.", "",
-        _markdown(result).rstrip("\n")])
+        results_markdown(result).rstrip("\n")])
 
 
 def _command(argv: list[str]) -> str:
