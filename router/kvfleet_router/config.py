@@ -26,7 +26,7 @@ policy:
   ttft_ref_s: 0.5                # reward = ttft_ref / (ttft_ref + ttft), in (0, 1]
   slo: {prefill_s_per_token: 0.0005, decode_s_per_token: 0.02, ewma_alpha: 0.2}
 session: {header: x-session-id, use_user_field: true, load_factor: 1.25}
-prefix: {block_bytes: 64, max_blocks_per_endpoint: 20000, chars_per_token: 4.0}
+prefix: {block_bytes: 64, max_blocks_per_endpoint: 65536, chars_per_token: 4.0}
 saturation: {max_waiting: 0, max_kv_usage: 0.98}    # 0 disables max_waiting
 queue: {max_size: 256, timeout_s: 5.0, retry_after_s: 1}
 health: {probe_interval_s: 2.0, probe_timeout_s: 1.0, eject_after_errors: 3,
@@ -250,7 +250,11 @@ class SessionConfig:
 @config_type
 class PrefixConfig:
     block_bytes: Int = Field(default=64, ge=1, le=1 << 20)
-    max_blocks_per_endpoint: Int = Field(default=20000, ge=1, le=10_000_000)
+    # The approximate index must remember at least what an engine's KV cache holds: a
+    # prefix it forgot first is placed anew by load, so a conversation the engine still
+    # caches spreads over backends (bench/README.md, "Router prefix affinity"). 65536 x 64 B
+    # is 4 MiB of prompt text, about 1M tokens (one large GPU's cache), ~13 MB of index.
+    max_blocks_per_endpoint: Int = Field(default=65536, ge=1, le=10_000_000)
     # prompt tokens from text, no tokenizer
     chars_per_token: Float = Field(default=4.0, ge=0.1, le=64)
 

@@ -6,7 +6,7 @@ hashes, plus a reverse map hash -> endpoints so a lookup costs O(prompt blocks).
 * Approximate (`ApproxPrefixIndex`): the router hashes the prompt's UTF-8 bytes in fixed
   chunks of `block_bytes` into a chain h_k = H(h_{k-1}, chunk_k) (only full chunks), and
   records the chain for the endpoint it picked. No tokenizer on the hot path.
-      idx = ApproxPrefixIndex(block_bytes=64, max_blocks_per_endpoint=20000)
+      idx = ApproxPrefixIndex(block_bytes=64, max_blocks_per_endpoint=65536)
       hashes = idx.hash_text(prompt_text)
       matched = idx.match(hashes)          # {endpoint: leading blocks matched}
       idx.record("e0", hashes)             # after picking e0
@@ -141,7 +141,7 @@ class ChainIndex:
 
 
 class ApproxPrefixIndex(ChainIndex):
-    def __init__(self, block_bytes: int = 64, max_blocks_per_endpoint: int = 20000) -> None:
+    def __init__(self, block_bytes: int = 64, max_blocks_per_endpoint: int = 65536) -> None:
         super().__init__(max_blocks_per_endpoint)
         if block_bytes < 1:
             raise ValueError("block_bytes must be >= 1")
