@@ -23,8 +23,11 @@ policy:
   override_header: x-kvfleet-policy
   imbalance: {abs_threshold: 8, rel_threshold: 1.5}   # cache-aware's load guard
   ucb_c: 1.0                     # UCB1 exploration constant
+  load_factor: 1.25              # bounded load of latency/ucb/slo/prefix-cache/least-kv
   ttft_ref_s: 0.5                # reward = ttft_ref / (ttft_ref + ttft), in (0, 1]
-  slo: {prefill_s_per_token: 0.0005, decode_s_per_token: 0.02, ewma_alpha: 0.2}
+  slo: {prefill_s_per_token: 0.0005, decode_s_per_token: 0.02, ewma_alpha: 0.2,
+        ttft_s: 2.0, tpot_s: 0.05,   # targets unless the request's headers set them
+        headroom: 0.2, min_samples: 32, forget: 0.995, output_tokens_prior: 256}
 session: {header: x-session-id, use_user_field: true, load_factor: 1.25}
 prefix: {block_bytes: 64, max_blocks_per_endpoint: 65536, chars_per_token: 4.0}
 saturation: {max_waiting: 0, max_kv_usage: 0.98}    # 0 disables max_waiting
@@ -208,6 +211,16 @@ class SloConfig:
     prefill_s_per_token: Float = Field(default=0.0005, gt=0, le=10)  # prior for alpha
     decode_s_per_token: Float = Field(default=0.02, gt=0, le=60)  # prior for beta
     ewma_alpha: Float = Field(default=0.2, gt=0, le=1)
+    # The predictive `slo` policy (perf_model.py): targets when the request carries none
+    # (x-kvfleet-slo-ttft-ms / x-kvfleet-slo-tpot-ms), the headroom a prediction must
+    # leave under them, the perf model's evidence rule and forgetting, and the output
+    # length assumed before any answer from the model or session was seen.
+    ttft_s: Float = Field(default=2.0, gt=0, le=HOUR_S)
+    tpot_s: Float = Field(default=0.05, gt=0, le=60)
+    headroom: Float = Field(default=0.2, ge=0, le=0.9)
+    min_samples: Int = Field(default=32, ge=1, le=1_000_000)
+    forget: Float = Field(default=0.995, gt=0.5, le=1)
+    output_tokens_prior: Float = Field(default=256.0, ge=1, le=1_000_000)
 
 
 def _default_weights() -> dict[str, float]:
@@ -228,6 +241,9 @@ class PolicyConfig:
     override_header: Str = Field(default="x-kvfleet-policy", min_length=1)
     imbalance: ImbalanceConfig = Field(default_factory=ImbalanceConfig)
     ucb_c: Float = Field(default=1.0, ge=0, le=100)
+    # latency / ucb / slo / prefix-cache / least-kv choose only among endpoints whose load with this
+    # request stays <= ceil(load_factor * fair share) (filters.py, `bounded-load`)
+    load_factor: Float = Field(default=1.25, ge=1, le=100)
     ttft_ref_s: Float = Field(default=0.5, gt=0, le=HOUR_S)
     slo: SloConfig = Field(default_factory=SloConfig)
 

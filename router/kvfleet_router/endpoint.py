@@ -12,6 +12,7 @@ from kvfleet_router.breaker import CircuitBreaker
 from kvfleet_router.config import EndpointConfig, HealthConfig
 from kvfleet_router.ewma import Ewma
 from kvfleet_router.peer_measure import PeerMeasure, PeerTotals
+from kvfleet_router.perf_model import EndpointPerf, Mape, OutputLengths
 
 __all__ = ["EndpointState", "Ewma", "Signals"]
 
@@ -55,6 +56,12 @@ class EndpointState:
     num_ucb_pulls: int = 0
     ucb_reward_sum: float = 0.0
     peer_measure: PeerMeasure = field(default_factory=PeerMeasure)  # peer_measure.py
+    # perf_model.py: the endpoint's learned TTFT/TPOT statistics, its output lengths per
+    # model and session, and the error of what was predicted for it (the router's metric)
+    perf: EndpointPerf = field(default_factory=EndpointPerf)
+    output_lengths: OutputLengths = field(default_factory=OutputLengths)
+    ttft_mape: Mape = field(default_factory=Mape)
+    tpot_mape: Mape = field(default_factory=Mape)
 
     @classmethod
     def from_config(cls, cfg: EndpointConfig, health: HealthConfig | None = None,

@@ -16,6 +16,10 @@ kvfleet_router_in_flight{endpoint}                 router-side in-flight request
 kvfleet_router_imbalance                           (max load - min load) / mean load,
                                                    load = in-flight / capacity, active endpoints
 kvfleet_router_config_version                      the config version in force
+kvfleet_router_perf_model_mape{role,target}        the perf model's mean absolute percentage
+                                                   error (target ttft | tpot), over what was
+                                                   predicted for finished streams (0 before)
+kvfleet_router_perf_model_samples{role,target}     the finished streams that error is over
 """
 
 from __future__ import annotations
@@ -54,6 +58,28 @@ class _LiveCollector(Collector):
                                 value=self._queue_len())
         yield GaugeMetricFamily("kvfleet_router_config_version", "config version",
                                 value=core.cfg.version)
+        yield from perf_model_error(core)
+
+
+def perf_model_error(core: RouterCore):  # type: ignore[no-untyped-def]
+    """The perf model's MAPE per role and target, summed over the endpoints' trackers."""
+    mape = GaugeMetricFamily("kvfleet_router_perf_model_mape",
+                             "perf model mean absolute percentage error (fraction)",
+                             labels=["role", "target"])
+    samples = GaugeMetricFamily("kvfleet_router_perf_model_samples",
+                                "predictions the perf model MAPE is over",
+                                labels=["role", "target"])
+    sums: dict[tuple[str, str], list[float]] = {}
+    for e in core.registry.all_endpoints():
+        for target, m in (("ttft", e.ttft_mape), ("tpot", e.tpot_mape)):
+            acc = sums.setdefault((e.role, target), [0.0, 0.0])
+            acc[0] += m.sum_abs_pct
+            acc[1] += m.num_samples
+    for (role, target), (total, n) in sorted(sums.items()):
+        mape.add_metric([role, target], total / n if n else 0.0)
+        samples.add_metric([role, target], n)
+    yield mape
+    yield samples
 
 
 class RouterMetrics:

@@ -70,6 +70,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="the router's random seed")
     p.add_argument("--prefix-mode", choices=("approximate", "precise"), default=None,
                    help="override the endpoints' prefix index mode (default: the pool's)")
+    p.add_argument("--replica-profile", action="append", default=None, metavar="PROFILE",
+                   help="repeatable: cost profiles (name or .json path) the replicas take "
+                        "in turn, in creation order (default: the pool's engine.profile)")
     p.add_argument("--kv-gbytes-per-s", type=float, default=50.0,
                    help="P/D: the prefill-to-decode KV link, GB/s")  # fmt: skip
     p.add_argument("--kv-latency-ms", type=float, default=2.0,
@@ -180,9 +183,10 @@ def format_table(summaries: list[Summary], ttft_slo: float, itl_slo: float) -> s
     head = (
         f"| run | SLO met (TTFT<={ttft_slo:g}s, ITL<={itl_slo * 1000:g}ms) | prefix hit "
         "| TTFT p50 / p90 / p99 (ms) | ITL p50 / p90 / p99 (ms) | E2E p50 / p90 / p99 (s) "
-        "| imbalance mean / p90 | replica-s | mean / max replicas | scale events | failed |"
+        "| imbalance mean / p90 | replica-s | mean / max replicas | scale events | failed "
+        "| max share | perf MAPE TTFT / TPOT |"
     )
-    rows = [head, "|" + "---|" * 11]
+    rows = [head, "|" + "---|" * 13]
     for s in summaries:
         rows.append(
             f"| {s.name} | {s.slo_attainment:.1%} | {s.prefix_hit_rate:.1%} "
@@ -191,9 +195,13 @@ def format_table(summaries: list[Summary], ttft_slo: float, itl_slo: float) -> s
             f"| {s.e2e_p50_s:.1f} / {s.e2e_p90_s:.1f} / {s.e2e_p99_s:.1f} "
             f"| {s.imbalance_mean:.2f} / {s.imbalance_p90:.2f} | {s.replica_seconds:.0f} "
             f"| {s.mean_replicas:.2f} / {s.max_replicas} | {s.num_scale_events} "
-            f"| {s.num_failed} |"
+            f"| {s.num_failed} | {s.max_share:.2f} | {_mape(s.ttft_mape, s.tpot_mape)} |"
         )
     return "\n".join(rows)
+
+
+def _mape(*values: float | None) -> str:
+    return " / ".join("-" if v is None else f"{v:.0%}" for v in values)
 
 
 def format_peer_table(summaries: list[Summary]) -> str:
@@ -271,7 +279,8 @@ def settings_of(args: argparse.Namespace) -> SimSettings:
                        kv_bytes_per_s=args.kv_gbytes_per_s * 1e9,
                        kv_latency_s=args.kv_latency_ms / 1000,
                        peer_bytes_per_s=args.peer_gbytes_per_s * 1e9,
-                       peer_latency_s=args.peer_latency_ms / 1000)  # fmt: skip
+                       peer_latency_s=args.peer_latency_ms / 1000,
+                       replica_profiles=tuple(args.replica_profile or ()))  # fmt: skip
 
 
 def _fail(exc: Exception) -> int:

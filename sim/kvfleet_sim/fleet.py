@@ -96,6 +96,9 @@ class SimSettings:
     # NIC by default, the engines' HTTP KV export rather than an RDMA engine
     peer_bytes_per_s: float = 12.5e9
     peer_latency_s: float = 0.002
+    # Replicas of mixed speed: the cost profiles replicas take in turn, in creation order
+    # (replica k runs replica_profiles[k mod len]); empty: every replica the pool's profile.
+    replica_profiles: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.startup_s < 0 or self.scrape_interval_s <= 0 or self.tick_s <= 0:
@@ -127,6 +130,8 @@ class SimResult:
     role_timeline: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     num_prefill_legs: int = 0  # P/D: requests that took a separate prefill leg
     peer: PeerStats | None = None  # routing.kvSharing: hints and fetches, measured
+    # the router's perf model, measured: ((sum |err|/actual, n) for TTFT, the same for TPOT)
+    perf_error: tuple[tuple[float, int], tuple[float, int]] = ((0.0, 0), (0.0, 0))
 
 
 def engine_config(pool: InferencePool) -> EngineConfig:
@@ -164,7 +169,8 @@ class FleetSim:
         self.heap: list[tuple[float, int, str, str]] = []
         self.order = 0
         self.runtime = SimRuntime(self.config, self.spec.engine.profile or "", settings.startup_s,
-                                  settings.measure_from_s, self.clock, self.push)  # fmt: skip
+                                  settings.measure_from_s, self.clock, self.push,
+                                  settings.replica_profiles)  # fmt: skip
         self.router = SimRouter(settings.seed, settings.sees_router_queue, settings.prefix_mode)
         self.router.on_config = lambda: self.dispatch(self.clock.t)
         self.events = SimEvents(self.clock)
@@ -183,6 +189,7 @@ class FleetSim:
         self.serving: dict[str, EndpointState] = {}  # request id -> the endpoint it holds
         self.routed: dict[str, Routed] = {}  # request id -> its routing decision (feedback)
         self.prefix_at_start: tuple[int, int] | None = None  # engines' counters at warm-up end
+        self.perf_at_start: tuple[tuple[float, int], tuple[float, int]] | None = None
         self.is_pd = self.spec.topology.is_disaggregated
         self.handoff: Handoff | None = None
         if self.is_pd:
@@ -287,10 +294,21 @@ class FleetSim:
             shift = dataclasses.replace
             finished = [shift(f, first_token=f.first_token + hop, finished=f.finished + hop)
                         for f in finished]  # fmt: skip
+        (ta, tn), (pa, pn) = self.perf_error()
+        (ta0, tn0), (pa0, pn0) = self.perf_at_start or ((0.0, 0), (0.0, 0))
         return SimResult(finished, gaps, self.timeline, lifetimes,
                          end, len(scale), num_clipped, scale, self.imbalance,
                          (queried - q0, hit - h0), self.router.core.prefix_hit_ratio, roles,
-                         self.role_timeline, self.num_prefill_legs, self.peer_stats())
+                         self.role_timeline, self.num_prefill_legs, self.peer_stats(),
+                         ((ta - ta0, tn - tn0), (pa - pa0, pn - pn0)))
+
+    def perf_error(self) -> tuple[tuple[float, int], tuple[float, int]]:
+        """The router's perf-model error trackers summed over its endpoints so far."""
+        eps = self.router.core.registry.all_endpoints()
+        return ((sum(e.ttft_mape.sum_abs_pct for e in eps),
+                 sum(e.ttft_mape.num_samples for e in eps)),
+                (sum(e.tpot_mape.sum_abs_pct for e in eps),
+                 sum(e.tpot_mape.num_samples for e in eps)))
 
     def prefix_counters(self) -> tuple[int, int]:
         """Prompt tokens looked up in, and found in, every engine's prefix cache so far."""
@@ -506,6 +524,7 @@ class FleetSim:
         load-imbalance sample over the endpoints taking requests."""
         if self.prefix_at_start is None and t >= self.settings.measure_from_s:
             self.prefix_at_start = self.prefix_counters()
+            self.perf_at_start = self.perf_error()
             if self.fetches is not None:
                 self.peer_at_start = self.fetches.stats.copy()
         loads: dict[str, list[float]] = {}

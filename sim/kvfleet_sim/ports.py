@@ -61,9 +61,11 @@ class SimClock:
 
 class SimRuntime:
     def __init__(self, config: EngineConfig, profile: str, startup_s: float, measure_from_s: float,
-                 clock: SimClock, schedule: Callable[[float, str, str], None]) -> None:  # fmt: skip
+                 clock: SimClock, schedule: Callable[[float, str, str], None],
+                 profiles: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.config = config
         self.profile = profile
+        self.profiles = profiles  # mixed speeds: replica k takes profiles[k mod len]
         self.startup_s = startup_s
         self.measure_from_s = measure_from_s
         self.clock = clock
@@ -88,7 +90,9 @@ class SimRuntime:
         ready_at = now if self.is_provisioned_before_start else now + self.startup_s
         name = f"{plan.role}-{self._next_id}"
         self._next_id += 1
-        replica = SimReplica(name, self.config, self.profile, now, ready_at, self.measure_from_s,
+        profile = self.profiles[(self._next_id - 1) % len(self.profiles)] if self.profiles \
+            else self.profile  # fmt: skip
+        replica = SimReplica(name, self.config, profile, now, ready_at, self.measure_from_s,
                              role=plan.role)  # fmt: skip
         replica.state = "ready" if ready_at <= now else "starting"
         self.by_name[name] = replica

@@ -56,6 +56,12 @@ class Summary:
     num_scale_events: int
     duration_s: float
     peer: dict[str, Any] | None = None  # routing.kvSharing only (`peer_summary`)
+    # the busiest replica's measured requests / the fair share (total / max replicas)
+    max_share: float = 0.0
+    # the router's perf model (perf_model.py): mean absolute percentage error of the TTFT
+    # and TPOT predicted for measured streams (None: nothing was predicted)
+    ttft_mape: float | None = None
+    tpot_mape: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -118,6 +124,12 @@ def summarize(
     span = end_s - start_s
     queried, hit = result.prefix_tokens
     imbalance = sorted(v for t, v in result.imbalance if start_s <= t < end_s)
+    per_replica: dict[str, int] = {}
+    for f in measured:
+        per_replica[f.replica] = per_replica.get(f.replica, 0) + 1
+    max_replicas = max((p for t, p, _ in result.timeline if start_s <= t < end_s), default=0)
+    fair = n / max(max_replicas, len(per_replica), 1)
+    (ttft_abs, ttft_n), (tpot_abs, tpot_n) = result.perf_error
     return Summary(
         name=name,
         num_requests=n,
@@ -139,9 +151,12 @@ def summarize(
         replica_seconds=seconds,
         replica_seconds_by_role=dict(sorted(by_role.items())),
         mean_replicas=seconds / span if span > 0 else math.nan,
-        max_replicas=max((p for t, p, _ in result.timeline if start_s <= t < end_s), default=0),
+        max_replicas=max_replicas,
         num_scale_events=sum(1 for t, _ in result.reasons if start_s <= t < end_s),
         duration_s=span,
         peer=peer_summary(result.peer, result.prefix_tokens) if result.peer is not None \
         else None,  # fmt: skip
+        max_share=max(per_replica.values(), default=0) / fair if fair else 0.0,
+        ttft_mape=ttft_abs / ttft_n if ttft_n else None,
+        tpot_mape=tpot_abs / tpot_n if tpot_n else None,
     )

@@ -71,7 +71,9 @@ def test_slo_learns_both_rates_from_streams():
     assert e.prefill_s_per_token.value == pytest.approx(0.5 / 100)  # 400 chars = 100 tokens
     assert e.decode_s_per_token.value == pytest.approx(0.4 / 4)
     assert e.ttft.value == pytest.approx(0.5) and e.num_ucb_pulls == 1
-    assert e.ucb_reward_sum == pytest.approx(0.5 / (0.5 + 0.5))
+    # reward per unit of work: 0.5 s over 1 + 0.1 uncached ktokens + 0 queued ahead
+    assert e.ucb_reward_sum == pytest.approx(0.5 / (0.5 + 0.5 / 1.1))
+    assert e.perf.ttft.num_samples == 1 and e.perf.tpot.num_samples == 1
 
 
 def test_router_process_learns_latency_from_real_exchanges(procs, tmp_path):

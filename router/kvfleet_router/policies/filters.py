@@ -10,10 +10,17 @@ Each factory takes the RouterConfig and returns `f(endpoints, ctx) -> endpoints`
 * saturation:   drop e if in_flight >= capacity, or engine waiting >= max_waiting (when > 0,
                 fresh scrape only), or KV usage >= max_kv_usage (fresh scrape only; at the
                 limit is saturated, so even max_kv_usage 1.0 drops a full endpoint).
+* bounded-load: consistent hashing with bounded loads, capacity-relative: keep e if
+                q_e + 1 <= ceil(load_factor * (Q + 1) * capacity_e / C), q = queue depth
+                (in-flight + foreign load), Q and C their sums over the candidates; none
+                kept: the least loaded (q / capacity). What the learned and affinity
+                policies (latency, ucb, slo, prefix-cache) choose among, so no score can
+                send one endpoint more than load_factor x its fair share (+1 request).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from kvfleet_router.breaker import CLOSED
@@ -74,12 +81,32 @@ def saturation(cfg: RouterConfig) -> Filter:
     return keep
 
 
+def bounded_load(cfg: RouterConfig) -> Filter:
+    factor = cfg.policy.load_factor
+
+    def keep(eps: list[EndpointState], ctx: RouteContext) -> list[EndpointState]:
+        if len(eps) < 2:
+            return eps
+        depths = [e.queue_depth() for e in eps]
+        total_cap = sum(e.capacity for e in eps)
+        share = factor * (sum(depths) + 1) / total_cap
+        kept = [e for e, q in zip(eps, depths, strict=True)
+                if q + 1 <= math.ceil(share * e.capacity - 1e-9)]
+        if kept:
+            return kept
+        i = min(range(len(eps)), key=lambda k: depths[k] / eps[k].capacity)
+        return [eps[i]]
+
+    return keep
+
+
 FILTERS: dict[str, Callable[[RouterConfig], Filter]] = {
     "healthy": healthy,
     "not-draining": not_draining,
     "role": role,
     "model": model,
     "saturation": saturation,
+    "bounded-load": bounded_load,
 }
 
 # Eligibility first; an empty result after "saturation" alone means "queue, then 429".

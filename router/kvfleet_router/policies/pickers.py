@@ -7,6 +7,9 @@ a counter).
 * power-of-two:    sample two distinct candidates uniformly, keep the higher score.
 * weighted-random: P(i) = s_i / sum(s); uniform when every score is 0.
 * round-robin:     i = k mod n for the k-th decision (scores ignored).
+* slo-tiered:      weighted-random among the scores above 0.5, weight s_i - 0.5 (the `slo`
+                   scorer's endpoints predicted to meet the SLO, by headroom); none above
+                   0.5: max (the least late).
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ def pick_weighted_random(scores: Sequence[float], rng: random.Random) -> int:
     return len(scores) - 1
 
 
+def pick_slo_tiered(scores: Sequence[float], rng: random.Random) -> int:
+    above = [(i, s - 0.5) for i, s in enumerate(scores) if s > 0.5]
+    if not above:
+        return pick_max(scores, rng)
+    j = pick_weighted_random([w for _, w in above], rng)
+    return above[j][0]
+
+
 class RoundRobin:
     def __init__(self) -> None:
         self.num_decisions = 0
@@ -57,4 +68,5 @@ PICKERS: dict[str, Callable[[], Picker]] = {
     "power-of-two": lambda: pick_power_of_two,
     "weighted-random": lambda: pick_weighted_random,
     "round-robin": RoundRobin,
+    "slo-tiered": lambda: pick_slo_tiered,
 }

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from kvfleet_router.config import RouterConfig
 from kvfleet_router.endpoint import EndpointState
-from kvfleet_router.policies.context import RouteContext
+from kvfleet_router.policies.context import RouteContext, load_snapshot
 from kvfleet_router.policies.filters import ELIGIBILITY, FILTERS, Filter
 from kvfleet_router.policies.guard import is_imbalanced
 from kvfleet_router.policies.pickers import PICKERS, Picker
@@ -46,10 +46,11 @@ class Decision:
 
 class Policy:
     def __init__(self, name: str, cfg: RouterConfig, weights: dict[str, float],
-                 picker: str, use_guard: bool = False) -> None:
+                 picker: str, use_guard: bool = False, is_bounded: bool = False) -> None:
         self.name = name
         self.eligibility: list[Filter] = [FILTERS[f](cfg) for f in ELIGIBILITY]
         self.saturation: Filter = FILTERS["saturation"](cfg)
+        self.bound: Filter | None = FILTERS["bounded-load"](cfg) if is_bounded else None
         self.scorers: list[tuple[float, Scorer]] = [
             (w, SCORERS[s](cfg)) for s, w in weights.items() if w > 0]
         self.scores_prefix = weights.get("prefix", 0) > 0  # reads ctx.peer_credit
@@ -69,6 +70,8 @@ class Policy:
         candidates = self.saturation(candidates, ctx)
         if not candidates:
             return Decision(None, "saturated")
+        if self.bound is not None:
+            candidates = self.bound(candidates, ctx)
         reason = "picked"
         if self.guard is not None and is_imbalanced(
                 [e.queue_depth() for e in candidates], self.guard.abs_threshold,
@@ -78,7 +81,12 @@ class Policy:
         else:
             totals = self.combined_scores(candidates, ctx)
         i = self.picker(totals, ctx.rng)
-        return Decision(candidates[i], reason, totals[i])
+        e = candidates[i]
+        ctx.chosen_load = load_snapshot(e, ctx.uncached_tokens(e.name))
+        if ctx.predictions:
+            ctx.predicted_ttft_s, ctx.predicted_tpot_s = ctx.predictions.get(
+                e.name, (None, None))
+        return Decision(e, reason, totals[i])
 
     def combined_scores(self, candidates: list[EndpointState], ctx: RouteContext) -> list[float]:
         totals = [0.0] * len(candidates)
@@ -87,21 +95,22 @@ class Policy:
         return totals
 
 
-def _fixed(weights: dict[str, float], picker: str | None = None,
-           ) -> Callable[[str, RouterConfig], Policy]:
-    return lambda name, cfg: Policy(name, cfg, weights, picker or cfg.policy.picker)
+def _fixed(weights: dict[str, float], picker: str | None = None, use_guard: bool = False,
+           is_bounded: bool = False) -> Callable[[str, RouterConfig], Policy]:
+    return lambda name, cfg: Policy(name, cfg, weights, picker or cfg.policy.picker,
+                                    use_guard=use_guard, is_bounded=is_bounded)
 
 
 POLICIES: dict[str, Callable[[str, RouterConfig], Policy]] = {
     "round-robin": _fixed({}, "round-robin"),
     "random": _fixed({}, "weighted-random"),
     "least-request": _fixed({"queue": 1.0}),
-    "least-kv": _fixed({"kv": 1.0, "queue": 0.01}),
-    "prefix-cache": _fixed({"prefix": 1.0, "queue": 0.01}),
+    "least-kv": _fixed({"kv": 1.0, "queue": 0.01}, is_bounded=True),
+    "prefix-cache": _fixed({"prefix": 1.0, "queue": 0.01}, use_guard=True, is_bounded=True),
     "session": _fixed({"session": 1.0, "queue": 0.01}),
-    "latency": _fixed({"latency": 1.0}),
-    "ucb": _fixed({"ucb": 1.0}),
-    "slo": _fixed({"slo": 1.0}),
+    "latency": _fixed({"latency": 1.0, "queue": 1.0}, is_bounded=True),
+    "ucb": _fixed({"ucb": 1.0, "queue": 1.0}, is_bounded=True),
+    "slo": _fixed({"slo": 1.0}, "slo-tiered", is_bounded=True),
     "cache-aware": lambda name, cfg: Policy(name, cfg, cfg.policy.weights, cfg.policy.picker,
                                             use_guard=True),
 }

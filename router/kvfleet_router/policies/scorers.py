@@ -17,13 +17,26 @@ min-max(x) below means (max - x) / (max - min) over the candidates, 1.0 for all 
            ceil(load_factor * (total in-flight + 1) / n) scores 1 (one already at the cap
            is skipped), the rest 0; all at the cap: the first. No session key: 0 for all
            (neutral).
-* latency: min-max of the TTFT EWMA; endpoints without samples score 1 (explore them).
-* ucb:     UCB1 over TTFT: u_i = Q_i + c * sqrt(ln t / n_i), Q_i = mean reward with
-           reward = ttft_ref / (ttft_ref + ttft), t = sum of n_i; n_i = 0 -> 1.0; finite
-           u_i are min-max normalised (higher u -> 1).
-* slo:     estimated completion T_i = alpha_i * uncached_prompt_i + beta_i * expected_output,
-           alpha_i / beta_i = EWMAs of seconds per prefill / decode token (priors from
-           config until measured), expected_output = max_tokens; score = min-max of T_i.
+* latency: ttft_ref / (ttft_ref + predicted TTFT) of this request on endpoint i, from the
+           perf model (perf_model.py: TTFT as a linear function of uncached prompt
+           ktokens u, u x queued-ahead w, w, running r and KV usage, per endpoint once it
+           has `slo.min_samples` answers, the role's pooled fit otherwise; only streams
+           teach it, so before any the time-to-first-byte EWMA stands in); 1.0 while
+           nothing is known. The `latency` preset adds the queue scorer and the
+           bounded-load filter.
+* ucb:     UCB1 over TTFT per unit of work: u_i = Q_i + c * sqrt(ln t / n_i), Q_i = mean
+           reward, reward = ttft_ref / (ttft_ref + ttft / work), work = 1 + uncached
+           ktokens + requests queued ahead at the decision; n_i = 0 -> 1.0; u_i capped at
+           1 (absolute, not min-max). The preset explores only inside the bounded-load set
+           and adds the queue scorer.
+* slo:     predicted TTFT and TPOT (the perf model; priors alpha x uncached x (1 + w) and
+           beta until anything is learned) against the request's SLO targets
+           (ctx.slo_ttft_s / slo_tpot_s, else policy.slo.ttft_s / tpot_s): endpoints that
+           meet both with `headroom` to spare score 0.5 + 0.5 x their headroom (the TTFT
+           and TPOT headrooms weighted by the request's predicted prefill / decode share,
+           output tokens from the session's or model's history), the others
+           0.49 x (1 - headroom) / lateness; the `slo-tiered` picker draws at random among
+           those above 0.5, weighted by the excess, else takes the least late.
 """
 
 from __future__ import annotations
@@ -34,7 +47,8 @@ from collections.abc import Callable, Sequence
 
 from kvfleet_router.config import RouterConfig
 from kvfleet_router.endpoint import EndpointState
-from kvfleet_router.policies.context import RouteContext
+from kvfleet_router.perf_model import RoleModel, tpot_features, ttft_features
+from kvfleet_router.policies.context import RouteContext, load_snapshot
 
 Scorer = Callable[[list[EndpointState], RouteContext], list[float]]
 
@@ -111,20 +125,41 @@ def session(cfg: RouterConfig) -> Scorer:
     return score
 
 
+def role_model(cfg: RouterConfig) -> RoleModel:
+    slo_cfg = cfg.policy.slo
+    return RoleModel(min_samples=slo_cfg.min_samples, forget=slo_cfg.forget)
+
+
+def predict_ttft(model: RoleModel, e: EndpointState, ctx: RouteContext) -> float | None:
+    snap = load_snapshot(e, ctx.uncached_tokens(e.name))
+    return model.predict_ttft(e.perf, ttft_features(
+        snap.uncached_tokens, snap.num_waiting, snap.num_running, snap.kv_usage))
+
+
 def latency(cfg: RouterConfig) -> Scorer:
+    """ttft_ref / (ttft_ref + predicted TTFT of this request there); 1.0 while unknown."""
+    model, ref = role_model(cfg), cfg.policy.ttft_ref_s
+
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
-        known = [e.ttft.value for e in eps if e.ttft.value is not None]
-        if not known:
-            return [1.0] * len(eps)
-        ranked = lower_is_better(known)
-        it = iter(ranked)
-        return [1.0 if e.ttft.value is None else next(it) for e in eps]
+        model.refresh([e.perf for e in eps])
+        out = []
+        for e in eps:
+            pred = predict_ttft(model, e, ctx)
+            if pred is None:  # no streamed answer anywhere: the first-byte EWMA
+                pred = e.ttft.value
+            out.append(1.0 if pred is None else ref / (ref + pred))
+        return out
 
     return score
 
 
 def ucb_reward(ttft_s: float, ttft_ref_s: float) -> float:
     return ttft_ref_s / (ttft_ref_s + max(0.0, ttft_s))
+
+
+def ucb_work(uncached_tokens: float, num_waiting: float) -> float:
+    """Units of work a TTFT paid for: 1 + uncached ktokens + requests queued ahead."""
+    return 1.0 + max(0.0, uncached_tokens) / 1000.0 + max(0.0, num_waiting)
 
 
 def ucb_values(pulls: Sequence[int], reward_sums: Sequence[float], c: float) -> list[float]:
@@ -144,29 +179,73 @@ def ucb(cfg: RouterConfig) -> Scorer:
 
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
         values = ucb_values([e.num_ucb_pulls for e in eps], [e.ucb_reward_sum for e in eps], c)
-        finite = [v for v in values if v != math.inf]
-        if not finite:
-            return [1.0] * len(eps)
-        hi, lo = max(finite), min(finite)
-        span = hi - lo
-        return [1.0 if v == math.inf else (1.0 if span <= 1e-12 else (v - lo) / span)
-                for v in values]
+        return [min(1.0, v) for v in values]
 
     return score
 
 
-def slo_estimate(e: EndpointState, ctx: RouteContext, prior_prefill: float,
-                 prior_decode: float) -> float:
-    alpha = e.prefill_s_per_token.value if e.prefill_s_per_token.value is not None \
-        else prior_prefill
-    beta = e.decode_s_per_token.value if e.decode_s_per_token.value is not None \
-        else prior_decode
-    return alpha * ctx.uncached_tokens(e.name) + beta * ctx.request.max_tokens
+def request_output_tokens(eps: list[EndpointState], ctx: RouteContext, prior: float) -> float:
+    """Output tokens expected: the session's history, else the model's (mean over the
+    candidates that saw it), else `prior`; at most the request's max_tokens when the
+    body bounds it."""
+    info = ctx.request
+    predicted: float | None = None
+    if info.session_key:
+        for e in eps:
+            got = e.output_lengths.by_session.get(info.session_key)
+            if got is not None:
+                predicted = got
+                break
+    if predicted is None:
+        key = info.model or ""
+        seen = [v for e in eps if (v := e.output_lengths.by_model.get(key)) is not None]
+        predicted = sum(seen) / len(seen) if seen else prior
+    body = info.body
+    if "max_tokens" in body or "max_completion_tokens" in body:
+        return min(float(info.max_tokens), predicted)
+    return predicted
 
 
 def slo(cfg: RouterConfig) -> Scorer:
-    p, d = cfg.policy.slo.prefill_s_per_token, cfg.policy.slo.decode_s_per_token
-    return lambda eps, ctx: lower_is_better([slo_estimate(e, ctx, p, d) for e in eps])
+    """Predicted TTFT and TPOT of this request on each endpoint against the SLO targets.
+
+    Meets (both predictions <= (1 - headroom) x target): 0.5 + 0.5 * h, with
+    h = (1 - f) * (1 - ttft / T_ttft) + f * (1 - tpot / T_tpot) and f the request's
+    predicted decode share out * tpot / (ttft + out * tpot). Misses: 0.49 * (1 - headroom)
+    / lateness, lateness = max(ttft / T_ttft, tpot / T_tpot). The `slo-tiered` picker then
+    draws among the endpoints above 0.5, weighted by the score above it, else takes the
+    least late."""
+    model = role_model(cfg)
+    s = cfg.policy.slo
+    prior_a, prior_b, margin = s.prefill_s_per_token, s.decode_s_per_token, 1.0 - s.headroom
+
+    def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
+        model.refresh([e.perf for e in eps])
+        t_ttft = ctx.slo_ttft_s or s.ttft_s
+        t_tpot = ctx.slo_tpot_s or s.tpot_s
+        out_tokens = request_output_tokens(eps, ctx, s.output_tokens_prior)
+        scores = []
+        for e in eps:
+            snap = load_snapshot(e, ctx.uncached_tokens(e.name))
+            ttft = model.predict_ttft(e.perf, ttft_features(
+                snap.uncached_tokens, snap.num_waiting, snap.num_running, snap.kv_usage))
+            if ttft is None:  # nothing learned anywhere yet: the priors, queue included
+                ttft = prior_a * snap.uncached_tokens * (1.0 + snap.num_waiting)
+            tpot = model.predict_tpot(e.perf, tpot_features(snap.num_in_flight + 1,
+                                                            snap.kv_usage))
+            if tpot is None:
+                tpot = prior_b
+            ctx.predictions[e.name] = (ttft, tpot)
+            lateness = max(ttft / t_ttft, tpot / t_tpot)
+            if lateness <= margin:
+                f = out_tokens * tpot / (ttft + out_tokens * tpot)
+                h = (1 - f) * (1 - ttft / t_ttft) + f * (1 - tpot / t_tpot)
+                scores.append(0.5 + 0.5 * min(1.0, max(1e-6, h)))
+            else:
+                scores.append(0.49 * margin / lateness if margin > 0 else 0.49 / lateness)
+        return scores
+
+    return score
 
 
 SCORERS: dict[str, Callable[[RouterConfig], Scorer]] = {

@@ -1,0 +1,238 @@
+"""The online performance model: predicted TTFT and time per output token (TPOT) of one
+request on one endpoint, learned from the fleet's own finished requests.
+
+Pure: no I/O, no clock, no imports beyond the standard library, so the autoscaler can
+ask the same model "how many replicas meet the SLO" (it would need an import-contract
+entry in pyproject.toml to do so; the module is kept ready for it).
+
+Two small linear models, each fitted by exponentially forgotten ridge least squares over
+sufficient statistics (`LinearStats`: X'X and X'y times `forget` before each sample, so
+old evidence fades with a half-life of ln 2 / (1 - forget) samples):
+
+* TTFT (s) = w . [1, u, u*w_q, w_q, r, kv]    u   = uncached prompt tokens / 1000
+                                            w_q = requests queued ahead (not yet running)
+                                            r   = requests running, kv = KV usage 0-1
+  i.e. seconds per uncached token as a linear function of the queue (u*w_q), plus the
+  queue's own wait, the running set's and the KV pressure's.
+* TPOT (s) = v . [1, n, kv]                n   = requests in flight (the decode batch)
+
+Per endpoint where the evidence suffices (`min_samples`), per role otherwise: the role's
+model is the sum of its endpoints' statistics (`LinearStats.merged`), so it needs no state
+of its own, survives config pushes, and a slower replica keeps its own coefficients;
+in between, the two predictions are blended by the endpoint's evidence
+(n / (n + min_samples / 4) on its own fit), so a replica's own speed shows after a few
+answers.
+Predictions are clamped to at least `floor_s`.
+
+`OutputLengths` predicts a request's output tokens where the request does not bound it:
+an EWMA per session, else per model, else a prior.
+
+`Mape` tracks the predictor's mean absolute percentage error (the router's metric and
+the simulator's report).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+TTFT_DIM = 6
+TPOT_DIM = 3
+
+
+def ttft_features(uncached_tokens: float, num_waiting: float, num_running: float,
+                  kv_usage: float) -> tuple[float, ...]:
+    u = max(0.0, uncached_tokens) / 1000.0
+    w = max(0.0, num_waiting)
+    return (1.0, u, u * w, w, max(0.0, num_running), min(1.0, max(0.0, kv_usage)))
+
+
+def tpot_features(num_in_flight: float, kv_usage: float) -> tuple[float, ...]:
+    return (1.0, max(0.0, num_in_flight), min(1.0, max(0.0, kv_usage)))
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """Gaussian elimination with partial pivoting on a small dense system."""
+    n = len(b)
+    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    for col in range(n):
+        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
+        if abs(m[piv][col]) < 1e-18:
+            return None
+        m[col], m[piv] = m[piv], m[col]
+        p = m[col][col]
+        for r in range(col + 1, n):
+            f = m[r][col] / p
+            if f:
+                row, top = m[r], m[col]
+                for c in range(col, n + 1):
+                    row[c] -= f * top[c]
+    x = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        s = m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))
+        x[r] = s / m[r][r]
+    return x
+
+
+@dataclass(slots=True)
+class LinearStats:
+    """Forgetting least squares over sufficient statistics; `weights()` solves lazily."""
+
+    dim: int
+    forget: float = 0.995
+    ridge: float = 1e-3
+    xtx: list[list[float]] = field(default_factory=list)
+    xty: list[float] = field(default_factory=list)
+    num_samples: int = 0
+    _weights: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.xtx:
+            self.xtx = [[0.0] * self.dim for _ in range(self.dim)]
+            self.xty = [0.0] * self.dim
+
+    def add(self, x: Sequence[float], y: float) -> None:
+        lam = self.forget
+        for i in range(self.dim):
+            xi = x[i]
+            row = self.xtx[i]
+            for j in range(self.dim):
+                row[j] = lam * row[j] + xi * x[j]
+            self.xty[i] = lam * self.xty[i] + xi * y
+        self.num_samples += 1
+        self._weights = None
+
+    def weights(self) -> list[float] | None:
+        if self.num_samples == 0:
+            return None
+        if self._weights is None:
+            a = [[v + (self.ridge if i == j else 0.0) for j, v in enumerate(row)]
+                 for i, row in enumerate(self.xtx)]
+            self._weights = _solve(a, self.xty)
+        return self._weights
+
+    def predict(self, x: Sequence[float]) -> float | None:
+        w = self.weights()
+        if w is None:
+            return None
+        return sum(wi * xi for wi, xi in zip(w, x, strict=True))
+
+    @classmethod
+    def merged(cls, parts: Iterable[LinearStats], dim: int, forget: float,
+               ridge: float) -> LinearStats:
+        out = cls(dim, forget, ridge)
+        for p in parts:
+            if p.num_samples == 0:
+                continue
+            for i in range(dim):
+                row, prow = out.xtx[i], p.xtx[i]
+                for j in range(dim):
+                    row[j] += prow[j]
+                out.xty[i] += p.xty[i]
+            out.num_samples += p.num_samples
+        return out
+
+
+@dataclass(slots=True)
+class EndpointPerf:
+    """One endpoint's learned TTFT and TPOT statistics (kept on its EndpointState)."""
+
+    ttft: LinearStats = field(default_factory=lambda: LinearStats(TTFT_DIM))
+    tpot: LinearStats = field(default_factory=lambda: LinearStats(TPOT_DIM))
+
+    def learn_ttft(self, x: Sequence[float], ttft_s: float) -> None:
+        self.ttft.add(x, ttft_s)
+
+    def learn_tpot(self, x: Sequence[float], tpot_s: float) -> None:
+        self.tpot.add(x, tpot_s)
+
+
+@dataclass(slots=True)
+class RoleModel:
+    """The role's pooled model over its endpoints' statistics, refitted when stale."""
+
+    min_samples: int = 32
+    refit_every: int = 16
+    forget: float = 0.995
+    ridge: float = 1e-3
+    floor_s: float = 1e-4
+    _ttft: LinearStats | None = None
+    _tpot: LinearStats | None = None
+    _seen: int = -1
+
+    def refresh(self, perfs: Sequence[EndpointPerf]) -> None:
+        total = sum(p.ttft.num_samples + p.tpot.num_samples for p in perfs)
+        if self._seen >= 0 and abs(total - self._seen) < self.refit_every:
+            return
+        self._seen = total
+        self._ttft = LinearStats.merged((p.ttft for p in perfs), TTFT_DIM, self.forget,
+                                        self.ridge)
+        self._tpot = LinearStats.merged((p.tpot for p in perfs), TPOT_DIM, self.forget,
+                                        self.ridge)
+
+    def _predict(self, own: LinearStats, pooled: LinearStats | None,
+                 x: Sequence[float]) -> float | None:
+        """The endpoint's own fit once it has `min_samples`; before that its own and the
+        role's pooled fit blended by evidence, n / (n + min_samples / 4) on its own."""
+        n = own.num_samples
+        mine = own.predict(x) if n else None
+        if n >= self.min_samples or pooled is None or pooled.num_samples == 0:
+            y = mine
+        else:
+            theirs = pooled.predict(x)
+            if mine is None or theirs is None:
+                y = theirs if mine is None else mine
+            else:
+                k = self.min_samples / 4
+                y = (n * mine + k * theirs) / (n + k)
+        return None if y is None else max(self.floor_s, y)
+
+    def predict_ttft(self, perf: EndpointPerf, x: Sequence[float]) -> float | None:
+        return self._predict(perf.ttft, self._ttft, x)
+
+    def predict_tpot(self, perf: EndpointPerf, x: Sequence[float]) -> float | None:
+        return self._predict(perf.tpot, self._tpot, x)
+
+
+@dataclass(slots=True)
+class OutputLengths:
+    """Predicted output tokens: EWMA per session, else per model, else `prior`."""
+
+    prior: float = 256.0
+    alpha: float = 0.2
+    max_keys: int = 10000
+    by_session: dict[str, float] = field(default_factory=dict)
+    by_model: dict[str, float] = field(default_factory=dict)
+
+    def predict(self, model: str | None, session: str | None) -> float:
+        if session and session in self.by_session:
+            return self.by_session[session]
+        return self.by_model.get(model or "", self.prior)
+
+    def learn(self, model: str | None, session: str | None, num_tokens: float) -> None:
+        for table, key in ((self.by_model, model or ""), (self.by_session, session)):
+            if key is None:
+                continue
+            old = table.get(key)
+            if old is None and len(table) >= self.max_keys:
+                table.pop(next(iter(table)))  # oldest key first (insertion order)
+            table[key] = num_tokens if old is None else (
+                self.alpha * num_tokens + (1 - self.alpha) * old)
+
+
+@dataclass(slots=True)
+class Mape:
+    """Mean absolute percentage error of predictions against what happened."""
+
+    num_samples: int = 0
+    sum_abs_pct: float = 0.0
+
+    def add(self, predicted: float, actual: float) -> None:
+        if actual <= 0:
+            return
+        self.num_samples += 1
+        self.sum_abs_pct += abs(predicted - actual) / actual
+
+    @property
+    def value(self) -> float:
+        return self.sum_abs_pct / self.num_samples if self.num_samples else 0.0
