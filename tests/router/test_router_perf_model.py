@@ -1,0 +1,155 @@
+"""The online performance model (perf_model.py) and the predictive `slo` policy on it.
+
+`test_predictor_learns_each_endpoint_through_the_router` fails when the predictor stops
+learning (`EndpointPerf.learn_ttft` / `learn_tpot` a no-op, or `scorers_feedback.learn`
+no longer feeding them): its predictions then stay None or the role's, and the slower
+replica is not predicted slower.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from kvfleet_router.config import RouterConfig
+from kvfleet_router.feedback import HealthFeedback
+from kvfleet_router.metrics import RouterMetrics
+from kvfleet_router.perf_model import (
+    TTFT_DIM,
+    EndpointPerf,
+    LinearStats,
+    Mape,
+    OutputLengths,
+    RoleModel,
+    ttft_features,
+)
+from kvfleet_router.policies.pickers import pick_slo_tiered
+from kvfleet_router.proxy import Outcome
+from kvfleet_router.request_info import RequestInfo
+from kvfleet_router.router_core import RouterCore
+
+
+def true_ttft(u_tokens: float, waiting: float, speed: float) -> float:
+    """Seconds: a fixed cost, prefill per ktoken, and each queued request's wait."""
+    u = u_tokens / 1000
+    return speed * (0.02 + 0.03 * u + 0.01 * u * waiting + 0.2 * waiting)
+
+
+def test_linear_stats_recover_a_linear_law():
+    rng = random.Random(1)
+    stats = LinearStats(TTFT_DIM)
+    for _ in range(400):
+        u, w = rng.uniform(0, 8000), rng.randint(0, 6)
+        stats.add(ttft_features(u, w, rng.randint(0, 20), rng.random()), true_ttft(u, w, 1.0))
+    for u, w in ((500, 0), (4000, 3), (8000, 6)):
+        got = stats.predict(ttft_features(u, w, 5, 0.5))
+        assert got == pytest.approx(true_ttft(u, w, 1.0), rel=0.02)
+
+
+def test_forgetting_follows_a_change():
+    stats = LinearStats(TTFT_DIM, forget=0.95)
+    x = ttft_features(1000, 0, 0, 0)
+    for _ in range(200):
+        stats.add(x, 0.1)
+    for _ in range(100):
+        stats.add(x, 0.3)  # the replica slowed down
+    assert stats.predict(x) == pytest.approx(0.3, rel=0.02)
+
+
+def test_role_model_blends_own_and_pooled_evidence():
+    fast, slow = EndpointPerf(), EndpointPerf()
+    x = ttft_features(2000, 1, 2, 0.1)
+    for _ in range(200):
+        fast.learn_ttft(x, 0.1)
+    for _ in range(4):
+        slow.learn_ttft(x, 0.4)
+    model = RoleModel(min_samples=32)
+    model.refresh([fast, slow])
+    pooled = (200 * 0.1 + 4 * 0.4) / 204
+    k = 32 / 4
+    assert model.predict_ttft(slow, x) == pytest.approx((4 * 0.4 + k * pooled) / (4 + k),
+                                                        rel=0.05)
+    assert model.predict_ttft(fast, x) == pytest.approx(0.1, rel=0.01)  # its own fit
+
+
+def test_output_lengths_and_mape():
+    lengths = OutputLengths(prior=100)
+    assert lengths.predict("m", "s") == 100
+    lengths.learn("m", None, 50)
+    assert lengths.predict("m", "s") == 50
+    lengths.learn("m", "s", 400)
+    assert lengths.predict("m", "s") == 400 and lengths.predict("m", "t") == pytest.approx(120)
+    mape = Mape()
+    mape.add(1.1, 1.0)
+    mape.add(0.5, 1.0)
+    assert mape.value == pytest.approx(0.3)
+
+
+def two_speed_core(ttft_s: float = 2.0) -> tuple[RouterCore, HealthFeedback]:
+    cfg = RouterConfig.from_dict({
+        "endpoints": [{"name": n, "url": f"http://127.0.0.1:{9000 + i}", "capacity": 64}
+                      for i, n in enumerate(["fast", "slow"])],
+        "policy": {"name": "slo", "slo": {"min_samples": 16, "ttft_s": ttft_s}}})
+    core = RouterCore(cfg, rng=random.Random(3))
+    return core, HealthFeedback(RouterMetrics(lambda: core, lambda: 0), lambda: core.cfg)
+
+
+def teach(core: RouterCore, feedback: HealthFeedback, n: int) -> None:
+    """n requests per endpoint, with queues of 0-3 ahead, answered per `true_ttft`."""
+    rng = random.Random(5)
+    for i in range(n):
+        for name, speed in (("fast", 1.0), ("slow", 2.0)):
+            e = next(x for x in core.registry.endpoints if x.name == name)
+            waiting = rng.randint(0, 3)
+            e.num_in_flight += waiting  # requests ahead of this one
+            chars = rng.randint(400, 16000)
+            info = RequestInfo(prompt_text=f"{i}{name}" + "x" * chars, max_tokens=32)
+            routed = core.route(info, "unified", now=float(i), allowed=frozenset({name}))
+            core.start(routed)
+            ttft = true_ttft(chars / 4, waiting, speed)
+            tpot = speed * (0.006 + 0.0004 * (waiting + 1))
+            feedback.exchange_done(e, routed, Outcome(ttft, ttft + 31 * tpot, 32, True),
+                                   now=float(i))
+            core.finish(e)
+            e.num_in_flight -= waiting
+
+
+def test_predictor_learns_each_endpoint_through_the_router():
+    core, feedback = two_speed_core()
+    teach(core, feedback, 60)
+    eps = {e.name: e for e in core.registry.endpoints}
+    assert eps["fast"].perf.ttft.num_samples == 60
+    eps["fast"].num_in_flight = eps["slow"].num_in_flight = 2
+    routed = core.route(RequestInfo(prompt_text="q" * 8000, max_tokens=32), "unified", 100.0)
+    fast_ttft, fast_tpot = routed.ctx.predictions["fast"]
+    slow_ttft, slow_tpot = routed.ctx.predictions["slow"]
+    assert fast_ttft == pytest.approx(true_ttft(2000, 2, 1.0), rel=0.1)
+    assert slow_ttft == pytest.approx(true_ttft(2000, 2, 2.0), rel=0.1)
+    assert slow_tpot == pytest.approx(2 * fast_tpot, rel=0.15)
+    # what was predicted is scored: later predictions are close, so the MAPE is small
+    assert eps["fast"].ttft_mape.num_samples > 0 and eps["fast"].ttft_mape.value < 0.2
+    text = RouterMetrics(lambda: core, lambda: 0).render().decode()
+    assert 'kvfleet_router_perf_model_mape{role="unified",target="ttft"}' in text
+
+
+def test_slo_policy_spreads_among_endpoints_that_meet_and_else_takes_the_least_late():
+    core, feedback = two_speed_core()
+    teach(core, feedback, 60)
+    picks = [core.route(RequestInfo(prompt_text=f"{i}" + "q" * 4000, max_tokens=32),
+                        "unified", 200.0).decision.endpoint.name for i in range(200)]
+    # both meet a 2 s TTFT with headroom: weighted random by headroom, not argmax
+    assert 0 < picks.count("slow") < picks.count("fast"), picks.count("slow")
+    # a 0.5 s target: 25k tokens meet it nowhere (0.77 s / 1.54 s); the least late wins
+    core, feedback = two_speed_core(ttft_s=0.5)
+    teach(core, feedback, 60)
+    strict_picks = {core.route(RequestInfo(prompt_text=f"{i}" + "z" * 100000, max_tokens=32),
+                               "unified", 300.0).decision.endpoint.name for i in range(20)}
+    assert strict_picks == {"fast"}
+
+
+def test_slo_tiered_picker():
+    rng = random.Random(0)
+    assert pick_slo_tiered([0.3, 0.45, 0.1], rng) == 1  # none meets: the least late
+    got = [pick_slo_tiered([0.9, 0.6, 0.2], rng) for _ in range(2000)]
+    assert got.count(2) == 0
+    assert got.count(0) / got.count(1) == pytest.approx(4.0, rel=0.2)  # by excess over 0.5
