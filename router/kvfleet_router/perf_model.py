@@ -5,8 +5,8 @@ Pure: no I/O, no clock, no imports beyond the standard library, so the autoscale
 ask the same model "how many replicas meet the SLO" (it would need an import-contract
 entry in pyproject.toml to do so; the module is kept ready for it).
 
-Two small linear models, each fitted by exponentially forgotten ridge least squares over
-sufficient statistics (`LinearStats`: X'X and X'y times `forget` before each sample, so
+Two small linear models, each fitted by exponentially forgotten ridge least squares on
+relative error (each sample weighted 1 / y^2, `relative_weight`) over sufficient statistics (`LinearStats`: X'X and X'y times `forget` before each sample, so
 old evidence fades with a half-life of ln 2 / (1 - forget) samples):
 
 * TTFT (s) = w . [1, u, u*w_q, w_q, r, kv]    u   = uncached prompt tokens / 1000
@@ -91,10 +91,10 @@ class LinearStats:
             self.xtx = [[0.0] * self.dim for _ in range(self.dim)]
             self.xty = [0.0] * self.dim
 
-    def add(self, x: Sequence[float], y: float) -> None:
+    def add(self, x: Sequence[float], y: float, weight: float = 1.0) -> None:
         lam = self.forget
         for i in range(self.dim):
-            xi = x[i]
+            xi = x[i] * weight
             row = self.xtx[i]
             for j in range(self.dim):
                 row[j] = lam * row[j] + xi * x[j]
@@ -141,10 +141,16 @@ class EndpointPerf:
     tpot: LinearStats = field(default_factory=lambda: LinearStats(TPOT_DIM))
 
     def learn_ttft(self, x: Sequence[float], ttft_s: float) -> None:
-        self.ttft.add(x, ttft_s)
+        self.ttft.add(x, ttft_s, relative_weight(ttft_s))
 
     def learn_tpot(self, x: Sequence[float], tpot_s: float) -> None:
-        self.tpot.add(x, tpot_s)
+        self.tpot.add(x, tpot_s, relative_weight(tpot_s))
+
+
+def relative_weight(y: float, floor_s: float = 0.005) -> float:
+    """1 / y^2 (y at least `floor_s`): least squares on relative error, so a 50 ms TTFT
+    counts as much as a 5 s one (what the MAPE, and an SLO, care about)."""
+    return 1.0 / max(floor_s, y) ** 2
 
 
 @dataclass(slots=True)
