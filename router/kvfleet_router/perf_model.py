@@ -6,8 +6,9 @@ ask the same model "how many replicas meet the SLO" (it would need an import-con
 entry in pyproject.toml to do so; the module is kept ready for it).
 
 Two small linear models, each fitted by exponentially forgotten ridge least squares on
-relative error (each sample weighted 1 / y^2, `relative_weight`) over sufficient statistics (`LinearStats`: X'X and X'y times `forget` before each sample, so
-old evidence fades with a half-life of ln 2 / (1 - forget) samples):
+relative error (each sample weighted 1 / y^2, `relative_weight`) over sufficient
+statistics (`LinearStats`: X'X and X'y times `forget` before each sample, so old evidence
+fades with a half-life of ln 2 / (1 - forget) samples):
 
 * TTFT (s) = w . [1, u, u*w_q, w_q, r, kv]    u   = uncached prompt tokens / 1000
                                             w_q = requests queued ahead (not yet running)
