@@ -123,6 +123,42 @@ def run_section(section: tuple[str, str, str, list[str]], index: int) -> tuple[l
     return lines, result
 
 
+AZURE_RATE = "8"  # 4 replicas at 8x the trace's rate: loaded, so routing decides
+
+
+def azure_routing(quick: bool) -> list[tuple[str, str, str, list[str]]]:
+    """Every policy on two Azure conversation slices (the first tuned on, the second
+    held out), and the latency-learning policies on a pool of two speeds."""
+    conv = str(TRACES / "azure_llm_2023_conv.csv")
+    dur = "120" if quick else "300"
+    out = []
+    for start, which in (("900", "training"), ("2400", "held-out")):
+        out.append((
+            f"Routing policies on the Azure conversation trace ({which} slice, 4 replicas, "
+            f"{AZURE_RATE}x rate)",
+            f"Every policy on `sim/pools/fidelity-4.yaml` (4 replicas fixed), the trace at "
+            f"{AZURE_RATE}x its rate so the replicas queue; the {which} slice.", "compare",
+            ["--trace", conv, "--start-s", start, "--warmup-s", "120", "--duration-s", dur,
+             "--compress", "1", "--rate", AZURE_RATE, "--pool", "sim/pools/fidelity-4.yaml",
+             "--scaler", "fixed-max", *sum((["--policy", p] for p in ROUTING), [])],
+        ))  # fmt: skip
+    out.append((
+        "Predictive SLO routing on a pool of two speeds (Azure conversation)",
+        "The 4-replica pool with every other replica at half speed "
+        "(`--replica-profile h100-llama3-8b --replica-profile "
+        "sim/pools/profiles/h100-llama3-8b-half-speed.json`); the perf model learns each "
+        "replica's own coefficients. `perf MAPE`: the router's predictions of TTFT and TPOT "
+        "against what each measured request got.", "compare",
+        ["--trace", conv, "--start-s", "900", "--warmup-s", "120", "--duration-s", dur,
+         "--compress", "1", "--rate", AZURE_RATE, "--pool", "sim/pools/fidelity-4.yaml",
+         "--scaler", "fixed-max", "--replica-profile", "h100-llama3-8b",
+         "--replica-profile", "sim/pools/profiles/h100-llama3-8b-half-speed.json",
+         *sum((["--policy", p] for p in ("slo", "least-request", "cache-aware", "latency",
+                                         "ucb", "round-robin")), [])],
+    ))  # fmt: skip
+    return out
+
+
 def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     """(title, what it shows, `kvfleet sim` command, its arguments)."""
     moon = str(TRACES / "mooncake_conversation.jsonl")
@@ -137,6 +173,13 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         [*m_slice, "--pool", UNIFIED, "--scaler", "fixed-max",
          *sum((["--policy", p] for p in ROUTING), [])],
     ), (
+        "Routing policies on a held-out Mooncake slice (16 replicas, approximate index)",
+        "The same policies on trace time no default was tuned on (the slice above is the "
+        "one the defaults were chosen on): 20 minutes later in the trace.", "compare",
+        ["--trace", moon, "--start-s", "2100", "--warmup-s", "300", "--duration-s", dur,
+         "--compress", "1", "--pool", UNIFIED, "--scaler", "fixed-max",
+         *sum((["--policy", p] for p in ROUTING), [])],
+    ), *azure_routing(quick), (
         "Cache-aware routing with the precise index (KV events)",
         "The same slice with every endpoint in `precise` mode (the router's index fed from "
         "the engines' BlockStored/BlockRemoved events).", "compare",
