@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kvfleet_bench.sections.engine_server import render_engine_server
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "engine_server.py"
 
@@ -31,12 +32,7 @@ def test_engine_server_bench_smoke(tmp_path, monkeypatch):
             assert level[side]["num_errors"] == 0 and level[side]["num_requests"] == 6
             assert level[side]["ttft_p50_ms"] > 0 and level[side]["itl_p50_ms"] > 0
         assert set(level["ratio"]) == {"wall", "ttft_p50", "itl_p50"}
-    section = bench.markdown([report, report])
-    assert section.count("<!-- engine_server -->") == 2
-    readme = tmp_path / "README.md"
-    readme.write_text("# B\n\n<!-- other -->\nx\n<!-- other -->\n")
-    monkeypatch.setattr(bench, "README", readme)
-    bench.update_readme(section)
-    bench.update_readme(section)  # idempotent: replaces its own section
-    text = readme.read_text()
-    assert text.count("<!-- engine_server -->") == 2 and "<!-- other -->\nx\n" in text
+    # its README section renders from the results it wrote (bench/kvfleet_bench/sections)
+    section = render_engine_server({"engine_server": report, "engine_server_tiny": report})
+    assert section.count("| streams | mode |") == 2
+    assert "tiny-random" in section

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kvfleet_bench import fleet_replay
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench"
@@ -42,19 +43,18 @@ def _bench_module(name: str):
     spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # sim_fidelity imports fleet_replay by this name
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
 @pytest.fixture(scope="module")
 def fidelity():
-    _bench_module("fleet_replay")
     return _bench_module("sim_fidelity")
 
 
 def test_figures_gaps_and_pairs_are_what_they_say(fidelity):
-    done_cls = sys.modules["fleet_replay"].Done
+    done_cls = fleet_replay.Done
     live = [done_cls(0.0, 0.10, 0.5, 10, "", 0), done_cls(1.0, 1.30, 2.0, 10, "", 1)]
     sim = [done_cls(0.0, 0.08, 0.4, 10, "a", 0), done_cls(1.0, 1.20, 1.9, 10, "b", 1)]
     f_live, f_sim = fidelity.figures(live, 0, [1, 1]), fidelity.figures(sim, 0, [1, 1])

@@ -62,7 +62,7 @@ def test_cache_aware_beats_round_robin_on_hit_rate_with_the_approximate_index():
 
 
 @needs_trace
-def test_precise_index_mirrors_every_engine_cache_and_finds_more():
+def test_precise_index_mirrors_every_engine_cache_and_finds_hits():
     sim, precise = replay("cache-aware", "precise")
     core = sim.router.core
     num_filled = 0
@@ -74,10 +74,12 @@ def test_precise_index_mirrors_every_engine_cache_and_finds_more():
     # Not a vacuous match: most engines cached blocks (under this light load affinity may
     # leave one idle: every Mooncake prompt shares its first block).
     assert num_filled >= len(sim.runtime.by_name) - 2, num_filled
-    _, approx = replay("cache-aware")
-    # The approximate index is bounded (20,000 blocks of 8 token ids per endpoint), the
-    # engines' caches are not as small: exact knowledge finds clearly more hits.
-    assert precise.prefix_hit_rate > approx.prefix_hit_rate + 0.02, (precise, approx)
+    # Routing on exact knowledge finds the turns round-robin misses. (It no longer beats the
+    # approximate index: at 65,536 blocks per endpoint that one forgets nothing the engines
+    # still cache, and on this slice it finds a little more, since it also steers new
+    # prompts to where their first blocks were sent.)
+    _, rr = replay("round-robin")
+    assert precise.prefix_hit_rate > rr.prefix_hit_rate + 0.02, (precise, rr)
 
 
 def test_pushes_go_through_the_config_store():
