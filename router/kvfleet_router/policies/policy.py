@@ -8,7 +8,7 @@ Named policies (POLICIES) are fixed mixes; only `cache-aware` reads `policy.weig
 * round-robin:   no scorers, round-robin picker.
 * random:        no scorers, weighted-random picker (uniform).
 * least-request: queue.
-* least-kv:      kv + queue (the kv score is one scrape old; the live queue keeps it
+* least-kv:      kv + 4 queue (the kv score is one scrape old; the live queue keeps it
                  current), inside bounded-load.
 * prefix-cache:  prefix + 0.01 queue (tie-break), inside bounded-load and behind the guard.
 * session:       session + 0.01 queue (the session scorer bounds its own load).
@@ -108,7 +108,7 @@ POLICIES: dict[str, Callable[[str, RouterConfig], Policy]] = {
     "round-robin": _fixed({}, "round-robin"),
     "random": _fixed({}, "weighted-random"),
     "least-request": _fixed({"queue": 1.0}),
-    "least-kv": _fixed({"kv": 1.0, "queue": 1.0}, is_bounded=True),
+    "least-kv": _fixed({"kv": 1.0, "queue": 4.0}, is_bounded=True),
     "prefix-cache": _fixed({"prefix": 1.0, "queue": 0.01}, use_guard=True, is_bounded=True),
     "session": _fixed({"session": 1.0, "queue": 0.01}),
     "latency": _fixed({"latency": 1.0, "queue": 1.0}, is_bounded=True),
