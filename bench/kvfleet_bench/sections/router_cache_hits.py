@@ -7,7 +7,8 @@ from typing import Any
 from kvfleet_bench.sections._fmt import code
 
 # the training slice first, then held-out ones (another trace, later slices, 8 backends)
-FILES = ("router_cache_hits", "router_cache_hits_2139", "router_cache_hits_skip4000")
+FILES = ("router_cache_hits", "router_cache_hits_2139", "router_cache_hits_skip4000",
+         "router_cache_hits_skip8000", "router_cache_hits_8backends")
 
 # the tables are also those bench/router_cache_hits.py writes beside its JSON and prints
 
