@@ -6,6 +6,7 @@ which must add `kv_transfer_params`, so it keeps the parsed dict too).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,10 @@ from kvfleet_engine.contract.http_limits import JSONRejected, strict_loads
 from kvfleet_router.errors import RequestError
 
 PRIORITY_HEADER = "x-kvfleet-priority"
+# A request's own SLO targets, in milliseconds (the `slo` policy's; the config's otherwise).
+SLO_TTFT_HEADER = "x-kvfleet-slo-ttft-ms"
+SLO_TPOT_HEADER = "x-kvfleet-slo-tpot-ms"
+MAX_SLO_MS = 3_600_000.0  # an hour: anything longer is not a latency target
 
 
 @dataclass(slots=True)
@@ -26,6 +31,8 @@ class RequestInfo:
     priority: int = 0  # lower runs first, as in vLLM
     is_stream: bool = False
     max_tokens: int = 16
+    slo_ttft_s: float | None = None  # SLO_TTFT_HEADER, in seconds
+    slo_tpot_s: float | None = None  # SLO_TPOT_HEADER, in seconds
     body: dict[str, Any] = field(default_factory=dict)
 
     def estimated_prompt_tokens(self, chars_per_token: float) -> int:
@@ -107,4 +114,21 @@ def parse_request(raw: bytes, path: str, headers: Any, session_header: str,
         info.priority = int(priority)
     except (TypeError, ValueError):
         raise RequestError("priority must be an integer", param="priority") from None
+    info.slo_ttft_s = _slo_target(headers, SLO_TTFT_HEADER)
+    info.slo_tpot_s = _slo_target(headers, SLO_TPOT_HEADER)
     return info
+
+
+def _slo_target(headers: Any, name: str) -> float | None:
+    """A header's milliseconds as seconds; None when absent. In (0, MAX_SLO_MS]."""
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        ms = float(raw)
+    except (TypeError, ValueError):
+        ms = math.nan
+    if not 0 < ms <= MAX_SLO_MS:  # also refuses NaN
+        raise RequestError(f"header {name} must be a number of milliseconds in "
+                           f"(0, {MAX_SLO_MS:.0f}], got {str(raw)[:40]!r}", param=name)
+    return ms / 1000.0

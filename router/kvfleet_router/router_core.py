@@ -141,7 +141,8 @@ class RouterCore:
         hashes = self.approx.hash_bytes(prompt_bytes(info))
         ctx = RouteContext(request=info, role=role, now=now, rng=self.rng,
                            num_prompt_tokens=info.estimated_prompt_tokens(
-                               self.cfg.prefix.chars_per_token))
+                               self.cfg.prefix.chars_per_token),
+                           slo_ttft_s=info.slo_ttft_s, slo_tpot_s=info.slo_tpot_s)
         by_size: dict[int, tuple[list[int], dict[str, int]]] = {}
         ctx.prefix_fraction = self.prefix_fractions(info, hashes, endpoints, by_size)
         if self.cfg.kv_sharing.enabled and by_size and policy.scores_prefix:

@@ -48,3 +48,40 @@ def test_bad_bodies_are_400(body, path, param):
     with pytest.raises(RequestError) as err:
         parse(body, path)
     assert err.value.status == 400 and err.value.param == param
+
+
+BODY = {"model": "m", "prompt": "hi"}
+
+
+def test_slo_headers_become_seconds_and_are_optional():
+    info = parse(BODY, headers={"x-kvfleet-slo-ttft-ms": "250", "x-kvfleet-slo-tpot-ms": "40.5"})
+    assert (info.slo_ttft_s, info.slo_tpot_s) == (0.25, 0.0405)
+    assert (parse(BODY).slo_ttft_s, parse(BODY).slo_tpot_s) == (None, None)
+
+
+@pytest.mark.parametrize("value,is_ok", [
+    ("0", False), ("1e-9", True), ("-5", False), ("3600000", True), ("3600000.5", False),
+    ("nan", False), ("inf", False), ("fast", False), ("", False),
+])
+def test_slo_header_range_at_its_bounds(value, is_ok):
+    headers = {"x-kvfleet-slo-ttft-ms": value}
+    if is_ok:
+        assert parse(BODY, headers=headers).slo_ttft_s == float(value) / 1000
+    else:
+        with pytest.raises(RequestError) as err:
+            parse(BODY, headers=headers)
+        assert err.value.param == "x-kvfleet-slo-ttft-ms"
+        assert "(0, 3600000]" in str(err.value)
+
+
+def test_a_requests_slo_reaches_the_routing_context():
+    from kvfleet_router.config import RouterConfig
+    from kvfleet_router.router_core import RouterCore
+
+    cfg = RouterConfig.from_dict({"endpoints": [{"name": "a", "url": "http://127.0.0.1:1"}],
+                                  "policy": {"name": "slo"}})
+    core = RouterCore(cfg)
+    info = parse(BODY, headers={"x-kvfleet-slo-ttft-ms": "300", "x-kvfleet-slo-tpot-ms": "20"})
+    routed = core.route(info, "unified", now=0.0)
+    assert (routed.ctx.slo_ttft_s, routed.ctx.slo_tpot_s) == (0.3, 0.02)
+    assert routed.decision.endpoint is not None and routed.decision.endpoint.name == "a"
