@@ -470,3 +470,18 @@ def test_engine_queue_outlasts_the_router_capacity():
     args = engine_args(p.spec, "unified")
     admitted = p.spec.engine.max_num_seqs + int(flag(args, "--max-queue"))
     assert admitted > capacity(p.spec) >= p.spec.engine.max_num_seqs
+
+
+@pytest.mark.parametrize("targets,expected", [
+    ({}, None),
+    ({"ttftP90Seconds": 0.5}, {"ttft_s": 0.5}),
+    ({"ttftP90Seconds": 1.5, "itlP90Seconds": 0.04}, {"ttft_s": 1.5, "tpot_s": 0.04}),
+])
+def test_the_pools_latency_targets_are_the_slo_policys(targets, expected):
+    p = pool(autoscaling={"targets": targets} if targets else None,
+             routing={"policy": "slo"})
+    config = reconcile(p, Observed(), now=0.0, wall=WALL).router_config
+    assert config["policy"].get("slo") == expected
+    parsed = RouterConfig.from_dict(config).policy.slo  # the router takes them as they are
+    assert parsed.ttft_s == (expected or {}).get("ttft_s", 2.0)
+    assert parsed.tpot_s == (expected or {}).get("tpot_s", 0.05)

@@ -58,6 +58,13 @@ def build_router_config(
     }
     if (w := r.effective_weights()) is not None:
         policy["weights"] = w
+    # The pool's latency targets are the predictive `slo` policy's too (a request's own
+    # x-kvfleet-slo-* headers still win): one SLO for the autoscaler and the router.
+    targets = spec.autoscaling.targets
+    slo = {k: float(v) for k, v in (("ttft_s", targets.ttft_p90_seconds),
+                                    ("tpot_s", targets.itl_p90_seconds)) if v is not None}
+    if slo:
+        policy["slo"] = slo
     config: dict[str, Any] = {
         "version": version,
         "endpoints": [
