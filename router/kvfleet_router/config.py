@@ -289,6 +289,14 @@ class QueueConfig:
     retry_after_s: Int = Field(default=1, ge=0, le=HOUR_S)
 
 
+def _at_least(obj: _C, high: str, low: str) -> _C:
+    """A cross-field rule: field `high` is not below field `low`."""
+    hi, lo = getattr(obj, high), getattr(obj, low)
+    if hi < lo:
+        raise ConfigError(f"{high}: must be >= {low} ({hi:g} < {lo:g})")
+    return obj
+
+
 @config_type
 class HealthConfig:
     probe_interval_s: Float = Field(default=2.0, ge=0.1, le=HOUR_S)
@@ -299,10 +307,7 @@ class HealthConfig:
 
     @model_validator(mode="after")
     def _max_over_base(self) -> HealthConfig:
-        if self.eject_max_s < self.eject_base_s:
-            raise ConfigError(f"eject_max_s: must be >= eject_base_s ({self.eject_max_s:g} < "
-                              f"{self.eject_base_s:g})")
-        return self
+        return _at_least(self, "eject_max_s", "eject_base_s")
 
 
 @config_type
@@ -312,10 +317,7 @@ class SignalsConfig:
 
     @model_validator(mode="after")
     def _stale_over_poll(self) -> SignalsConfig:
-        if self.stale_after_s < self.poll_interval_s:
-            raise ConfigError(f"stale_after_s: must be >= poll_interval_s "
-                              f"({self.stale_after_s:g} < {self.poll_interval_s:g})")
-        return self
+        return _at_least(self, "stale_after_s", "poll_interval_s")
 
 
 @config_type
