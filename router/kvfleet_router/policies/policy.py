@@ -15,11 +15,11 @@ Named policies (POLICIES) are fixed mixes; only `cache-aware` reads `policy.weig
 * latency:       latency + queue, inside bounded-load.
 * ucb:           ucb + queue, exploring inside bounded-load.
 * slo:           slo with the slo-tiered picker, inside bounded-load.
-No learned or affinity scorer runs without a load term or bound (filters.bounded_load: at
-most load_factor x an endpoint's capacity-relative fair share, + 1).
 * cache-aware:   sum(weights[s] * s) over prefix/queue/kv (config weights); when the
                  imbalance guard trips it scores by queue only and reports
                  is_balanced_by_load (the router still records the prompt's prefix).
+No learned or affinity scorer runs without a load term or bound (filters.bounded_load: at
+most load_factor x an endpoint's capacity-relative fair share, + 1).
 """
 
 from __future__ import annotations
