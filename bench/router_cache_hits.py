@@ -343,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         per_rep: dict[str, list[dict]] = {t: [] for t in targets}
         try:
             for rep in range(args.reps):
-                for target in targets:
+                # the order alternates by repetition, so no target always runs first
+                for target in targets if rep % 2 == 0 else targets[::-1]:
                     per_rep[target].append(run_target(target, requests, args, urls, workdir))
                     r = per_rep[target][-1]
                     imb = r["imbalance"]
