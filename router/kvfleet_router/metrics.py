@@ -15,6 +15,11 @@ kvfleet_router_peer_hint_blocks_total            KV blocks named in attached pee
 kvfleet_router_in_flight{endpoint}                 router-side in-flight requests
 kvfleet_router_imbalance                           (max load - min load) / mean load,
                                                    load = in-flight / capacity, active endpoints
+kvfleet_router_load_imbalance{role}                (max q - min q) / mean q over the endpoints a
+                                                   request of that role may go to (healthy,
+                                                   accepting), q = queue depth (in-flight +
+                                                   foreign load); 0 when the mean is 0 or
+                                                   fewer than two (`load_imbalance`)
 kvfleet_router_config_version                      the config version in force
 kvfleet_router_perf_model_mape{role,target}        the perf model's mean absolute percentage
                                                    error (target ttft | tpot), over what was
@@ -24,6 +29,8 @@ kvfleet_router_perf_model_samples{role,target}     the finished streams that err
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -31,16 +38,22 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvfleet_router.peer_hint import REASONS as PEER_HINT_REASONS
+from kvfleet_router.policies.context import RouteContext
+from kvfleet_router.policies.filters import ELIGIBILITY, FILTERS
 from kvfleet_router.policies.guard import imbalance_ratio
 from kvfleet_router.router_core import RouterCore
+
+_NO_RNG = random.Random(0)  # filters draw nothing; spares seeding one per scrape
 
 
 class _LiveCollector(Collector):
     """Values computed at scrape time from the live registry."""
 
-    def __init__(self, core: Callable[[], RouterCore], queue_len: Callable[[], int]) -> None:
+    def __init__(self, core: Callable[[], RouterCore], queue_len: Callable[[], int],
+                 clock: Callable[[], float]) -> None:
         self._core = core
         self._queue_len = queue_len
+        self._clock = clock
 
     def collect(self):  # type: ignore[no-untyped-def]
         core = self._core()
@@ -52,6 +65,12 @@ class _LiveCollector(Collector):
         active = [e.load for e in core.registry.endpoints if not e.is_draining]
         yield GaugeMetricFamily("kvfleet_router_imbalance", "(max-min)/mean of in-flight/capacity",
                                 value=imbalance_ratio(active))
+        by_role = GaugeMetricFamily("kvfleet_router_load_imbalance",
+                                    "(max-min)/mean of queue depth over a role's eligible "
+                                    "endpoints", labels=["role"])
+        for role, value in load_imbalance(core, self._clock()).items():
+            by_role.add_metric([role], value)
+        yield by_role
         yield GaugeMetricFamily("kvfleet_router_prefix_hit_ratio",
                                 "estimated prefix hit ratio", value=core.prefix_hit_ratio)
         yield GaugeMetricFamily("kvfleet_router_queue_length", "waiting requests",
@@ -59,6 +78,25 @@ class _LiveCollector(Collector):
         yield GaugeMetricFamily("kvfleet_router_config_version", "config version",
                                 value=core.cfg.version)
         yield from perf_model_error(core)
+
+
+def load_imbalance(core: RouterCore, now: float) -> dict[str, float]:
+    """role -> (max q - min q) / mean q, q = queue depth (in-flight + foreign load from a
+    fresh scrape: what the policies' queue scorer, bounded-load filter and imbalance guard
+    read), over the endpoints a request of that role may go to now: the policies' own
+    eligibility filters (`filters.ELIGIBILITY`: healthy, not draining, the role; any
+    model). One entry per configured role; 0 when fewer than two are eligible or none has
+    load (`guard.imbalance_ratio`, the guard's and the fleet metric's one formula)."""
+    endpoints = core.registry.endpoints
+    eligibility = [FILTERS[name](core.cfg) for name in ELIGIBILITY]
+    out: dict[str, float] = {}
+    for role in sorted({e.role for e in endpoints}):
+        ctx = RouteContext(role=role, now=now, rng=_NO_RNG)
+        eligible = endpoints
+        for keep in eligibility:
+            eligible = keep(eligible, ctx)
+        out[role] = imbalance_ratio([e.queue_depth() for e in eligible])
+    return out
 
 
 def perf_model_error(core: RouterCore):  # type: ignore[no-untyped-def]
@@ -83,7 +121,8 @@ def perf_model_error(core: RouterCore):  # type: ignore[no-untyped-def]
 
 
 class RouterMetrics:
-    def __init__(self, core: Callable[[], RouterCore], queue_len: Callable[[], int]) -> None:
+    def __init__(self, core: Callable[[], RouterCore], queue_len: Callable[[], int],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("kvfleet_router_requests", "routed requests",
@@ -109,7 +148,7 @@ class RouterMetrics:
             self.peer_hints.labels(reason)
         self.peer_hint_blocks = Counter("kvfleet_router_peer_hint_blocks",
                                         "KV blocks named in attached peer hints", registry=r)
-        r.register(_LiveCollector(core, queue_len))
+        r.register(_LiveCollector(core, queue_len, clock))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
