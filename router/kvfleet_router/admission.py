@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from kvfleet_router.errors import RequestError
-from kvfleet_router.policies.policy import POLICIES
 from kvfleet_router.request_info import RequestInfo, parse_request
 from kvfleet_router.router_core import RouterCore
 
@@ -33,8 +32,8 @@ def admit(core: RouterCore, raw: bytes, path: str,
     policy = None
     if cfg.policy.allow_override:
         policy = headers.get(cfg.policy.override_header) or None
-        if policy is not None and policy not in POLICIES:
-            raise RequestError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}",
+        if policy is not None and policy not in core.policies:
+            raise RequestError(f"unknown policy {policy!r}; known: {', '.join(core.policies)}",
                                param=cfg.policy.override_header)
     if info.model and is_unknown_model(core, info.model):
         raise RequestError(f"The model `{info.model}` does not exist.", param="model",

@@ -16,7 +16,8 @@ endpoints:                       # the backends; names are unique
     engine: unknown              # unknown | builtin | vllm; only builtin ones take peer hints
 policy:
   name: cache-aware              # round-robin | random | least-request | least-kv | prefix-cache |
-                                 # session | latency | ucb | slo | cache-aware
+                                 # session | latency | ucb | slo | cache-aware (the presets),
+                                 # or a key of `pipelines`
   picker: max                    # max | power-of-two | weighted-random (ignored by round-robin)
   weights: {prefix: 1.0, queue: 4.0, kv: 0.0}   # scorer -> weight (cache-aware only)
   allow_override: false          # honour the per-request header below?
@@ -28,6 +29,13 @@ policy:
   slo: {prefill_s_per_token: 0.0005, decode_s_per_token: 0.02, ewma_alpha: 0.2,
         ttft_s: 2.0, tpot_s: 0.05,   # targets unless the request's headers set them
         headroom: 0.2, min_samples: 32, forget: 0.995, output_tokens_prior: 256}
+  pipelines: {}                  # name -> a policy composed here (policies/policy.py), e.g.
+  #   my-mix: {filters: [bounded-load],          # optional filters (eligibility + saturation
+  #                                              # always run first)
+  #            scorers: {prefix: 1.0, queue: 4.0},   # scorer -> weight, summed
+  #            picker: max,                      # max | power-of-two | weighted-random |
+  #                                              # round-robin | slo-tiered
+  #            guard: true}                      # policy.imbalance: queue only while it trips
 session: {header: x-session-id, use_user_field: true, load_factor: 1.25}
 prefix: {block_bytes: 64, max_blocks_per_endpoint: 65536, chars_per_token: 4.0}
 saturation: {max_waiting: 0, max_kv_usage: 0.98}    # 0 disables max_waiting
@@ -101,8 +109,16 @@ POLICY_NAMES = (
     "round-robin", "random", "least-request", "least-kv", "prefix-cache",
     "session", "latency", "ucb", "slo", "cache-aware",
 )
-PICKER_NAMES = ("max", "power-of-two", "weighted-random")
+PICKER_NAMES = ("max", "power-of-two", "weighted-random")  # policy.picker (the presets')
+PIPELINE_PICKER_NAMES = (*PICKER_NAMES, "round-robin", "slo-tiered")
 SCORER_NAMES = ("prefix", "queue", "kv", "session", "latency", "ucb", "slo")
+# A pipeline lists only the filters that change what it trades: eligibility (healthy,
+# not-draining, role, model) and saturation run in every policy, so none can drop them.
+PIPELINE_FILTER_NAMES = ("bounded-load",)
+# Scorers that bound load themselves: queue is load; session caps each endpoint's share.
+# Any other (affinity, learned, scraped) herds without the bounded-load filter or the guard.
+LOAD_AWARE_SCORERS = frozenset({"queue", "session"})
+PIPELINE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 PD_DECIDER_NAMES = ("uncached-tokens",)
 
 
@@ -233,8 +249,41 @@ def _default_weights() -> dict[str, float]:
 
 
 @config_type
+class PipelineConfig:
+    """A policy composed in the config: filters -> weighted scorers -> picker (policy.py)."""
+
+    filters: list[Annotated[Str, OneOf(PIPELINE_FILTER_NAMES, what="filter")]] = Field(
+        default_factory=list)
+    scorers: dict[ScorerName, Weight] = Field(default_factory=dict)
+    picker: Annotated[Str, OneOf(PIPELINE_PICKER_NAMES)] = "max"
+    guard: Bool = False  # policy.imbalance: score by queue alone while it trips
+
+    @model_validator(mode="after")
+    def _coherent(self) -> PipelineConfig:
+        if len(set(self.filters)) != len(self.filters):
+            raise ConfigError("filters: each filter at most once")
+        weighted = {k for k, w in self.scorers.items() if w > 0}
+        if self.picker == "slo-tiered" and weighted != {"slo"}:
+            raise ConfigError("picker: slo-tiered reads the slo scorer's 0.5 line (meets the "
+                              "SLO above it), so scorers must be the slo scorer alone")
+        unbounded = sorted(weighted - LOAD_AWARE_SCORERS)
+        if unbounded and not self.guard and "bounded-load" not in self.filters:
+            raise ConfigError(f"filters: scorer {unbounded[0]} has no load term, so it would "
+                              "send every request to the endpoint it ranks first: add the "
+                              "bounded-load filter or guard: true")
+        if not weighted and self.picker not in ("round-robin", "weighted-random"):
+            raise ConfigError(f"scorers: picker {self.picker} needs a scorer with a weight "
+                              "> 0 (without one every endpoint scores the same)")
+        return self
+
+
+PipelineName = Annotated[str, Strict(), Field(min_length=1, max_length=63,
+                                              pattern=PIPELINE_NAME_PATTERN)]
+
+
+@config_type
 class PolicyConfig:
-    name: Annotated[Str, OneOf(POLICY_NAMES)] = "cache-aware"
+    name: Str = Field(default="cache-aware", min_length=1)  # a preset or a pipelines key
     picker: Annotated[Str, OneOf(PICKER_NAMES)] = "max"
     weights: dict[ScorerName, Weight] = Field(default_factory=_default_weights)
     allow_override: Bool = False
@@ -246,13 +295,26 @@ class PolicyConfig:
     load_factor: Float = Field(default=1.25, ge=1, le=100)
     ttft_ref_s: Float = Field(default=0.5, gt=0, le=HOUR_S)
     slo: SloConfig = Field(default_factory=SloConfig)
+    # Policies composed here, by name, beside the presets (POLICY_NAMES); `name` and the
+    # override header may name either.
+    pipelines: dict[PipelineName, PipelineConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _some_weight(self) -> PolicyConfig:
         if not any(self.weights.values()):
             raise ConfigError("weights: at least one weight must be > 0 (all zero ranks every "
                               "endpoint the same)")
+        for key in self.pipelines:
+            if key in POLICY_NAMES:
+                raise ConfigError(f"pipelines.{key}: is a preset's name; pick another")
+        if self.name not in self.policy_names():
+            raise ConfigError(f"name: must be one of {', '.join(self.policy_names())}; "
+                              f"got {self.name!r}")
         return self
+
+    def policy_names(self) -> tuple[str, ...]:
+        """The presets, then the config's pipelines."""
+        return (*POLICY_NAMES, *self.pipelines)
 
 
 @config_type
@@ -448,6 +510,9 @@ def _message(error: Any, root: type) -> str:
         return f"must be one of {ctx['allowed']}; got {value!r}"
     if kind == "string_too_short":
         return "must not be empty"
+    if kind == "string_pattern_mismatch":
+        subject = "the name " if error["loc"][-1:] == ("[key]",) else ""  # a key: in the path
+        return f"{subject}must match {ctx['pattern']}"
     annotation, bounds = field_type(root, error["loc"])
     if annotation in (int, float):
         what = "an integer" if annotation is int else "a finite number"

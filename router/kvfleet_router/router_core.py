@@ -46,7 +46,7 @@ from kvfleet_router.peer_hint import (
     fetch_timeout_s,
 )
 from kvfleet_router.policies.context import RouteContext
-from kvfleet_router.policies.policy import POLICIES, Decision, Policy, build_policy
+from kvfleet_router.policies.policy import Decision, Policy, build_policies
 from kvfleet_router.prefix_index import ApproxPrefixIndex, PreciseKVIndex, hash_tokens
 from kvfleet_router.registry import Registry
 from kvfleet_router.request_info import RequestInfo
@@ -90,7 +90,7 @@ class RouterCore:
             self.approx = ApproxPrefixIndex(cfg.prefix.block_bytes,
                                             cfg.prefix.max_blocks_per_endpoint)
         self.approx.max_blocks_per_endpoint = cfg.prefix.max_blocks_per_endpoint
-        policies: dict[str, Policy] = {name: build_policy(name, cfg) for name in POLICIES}
+        policies: dict[str, Policy] = build_policies(cfg)
         gone = self.registry.apply(cfg)
         for e in gone:
             self.approx.forget_endpoint(e.name)

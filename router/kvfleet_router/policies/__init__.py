@@ -14,8 +14,15 @@ from kvfleet_router.policies.context import RouteContext
 from kvfleet_router.policies.filters import FILTERS
 from kvfleet_router.policies.guard import imbalance_ratio, is_imbalanced
 from kvfleet_router.policies.pickers import PICKERS
-from kvfleet_router.policies.policy import POLICIES, Decision, Policy, build_policy
+from kvfleet_router.policies.policy import (
+    POLICIES,
+    PRESETS,
+    Decision,
+    Policy,
+    build_policies,
+    build_policy,
+)
 from kvfleet_router.policies.scorers import SCORERS
 
 __all__ = ["FILTERS", "PICKERS", "POLICIES", "SCORERS", "Decision", "Policy", "RouteContext",
-           "build_policy", "imbalance_ratio", "is_imbalanced"]
+           "build_policy", "build_policies", "PRESETS", "imbalance_ratio", "is_imbalanced"]

@@ -1,10 +1,13 @@
-"""A policy = eligibility filters -> saturation filter -> weighted scorers -> picker.
+"""A policy = eligibility filters -> saturation filter -> the pipeline's filters -> weighted
+scorers (or, while the imbalance guard trips, the queue scorer alone) -> picker.
 
-    policy = build_policy("cache-aware", cfg)
+    policy = build_policy("cache-aware", cfg)     # a preset, or a key of policy.pipelines
     decision = policy.choose(endpoints, ctx)      # pure: no I/O, no clocks (ctx.now)
     decision.endpoint  # None with decision.reason "no-endpoint" or "saturated"
 
-Named policies (POLICIES) are fixed mixes; only `cache-aware` reads `policy.weights`:
+A pipeline (config.PipelineConfig) names its optional filters, its scorers with weights,
+its picker and whether the guard applies; a user composes one in `policy.pipelines`. The
+named policies (PRESETS) are pipelines too; only `cache-aware` reads `policy.weights`:
 * round-robin:   no scorers, round-robin picker.
 * random:        no scorers, weighted-random picker (uniform).
 * least-request: queue.
@@ -27,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvfleet_router.config import RouterConfig
+from kvfleet_router.config import PipelineConfig, RouterConfig
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.policies.context import RouteContext, load_snapshot
 from kvfleet_router.policies.filters import ELIGIBILITY, FILTERS, Filter
@@ -48,17 +51,17 @@ class Decision:
 
 
 class Policy:
-    def __init__(self, name: str, cfg: RouterConfig, weights: dict[str, float],
-                 picker: str, use_guard: bool = False, is_bounded: bool = False) -> None:
+    def __init__(self, name: str, cfg: RouterConfig, pipeline: PipelineConfig) -> None:
         self.name = name
+        self.pipeline = pipeline
         self.eligibility: list[Filter] = [FILTERS[f](cfg) for f in ELIGIBILITY]
         self.saturation: Filter = FILTERS["saturation"](cfg)
-        self.bound: Filter | None = FILTERS["bounded-load"](cfg) if is_bounded else None
+        self.filters: list[Filter] = [FILTERS[f](cfg) for f in pipeline.filters]
         self.scorers: list[tuple[float, Scorer]] = [
-            (w, SCORERS[s](cfg)) for s, w in weights.items() if w > 0]
-        self.scores_prefix = weights.get("prefix", 0) > 0  # reads ctx.peer_credit
-        self.picker: Picker = PICKERS[picker]()
-        self.guard = cfg.policy.imbalance if use_guard else None
+            (w, SCORERS[s](cfg)) for s, w in pipeline.scorers.items() if w > 0]
+        self.scores_prefix = pipeline.scorers.get("prefix", 0) > 0  # reads ctx.peer_credit
+        self.picker: Picker = PICKERS[pipeline.picker]()
+        self.guard = cfg.policy.imbalance if pipeline.guard else None
         self.balance_scorer: Scorer = SCORERS["queue"](cfg)
 
     def eligible(self, endpoints: list[EndpointState], ctx: RouteContext) -> list[EndpointState]:
@@ -73,8 +76,8 @@ class Policy:
         candidates = self.saturation(candidates, ctx)
         if not candidates:
             return Decision(None, "saturated")
-        if self.bound is not None:
-            candidates = self.bound(candidates, ctx)
+        for f in self.filters:
+            candidates = f(candidates, ctx)
         reason = "picked"
         if self.guard is not None and is_imbalanced(
                 [e.queue_depth() for e in candidates], self.guard.abs_threshold,
@@ -98,28 +101,44 @@ class Policy:
         return totals
 
 
-def _fixed(weights: dict[str, float], picker: str | None = None, use_guard: bool = False,
-           is_bounded: bool = False) -> Callable[[str, RouterConfig], Policy]:
-    return lambda name, cfg: Policy(name, cfg, weights, picker or cfg.policy.picker,
-                                    use_guard=use_guard, is_bounded=is_bounded)
+def _preset(scorers: dict[str, float], picker: str | None = None, guard: bool = False,
+            bounded: bool = False) -> Callable[[RouterConfig], PipelineConfig]:
+    """A fixed mix; picker None: the config's policy.picker."""
+    filters = ["bounded-load"] if bounded else []
+    return lambda cfg: PipelineConfig(filters=filters, scorers=scorers,
+                                      picker=picker or cfg.policy.picker, guard=guard)
 
 
-POLICIES: dict[str, Callable[[str, RouterConfig], Policy]] = {
-    "round-robin": _fixed({}, "round-robin"),
-    "random": _fixed({}, "weighted-random"),
-    "least-request": _fixed({"queue": 1.0}),
-    "least-kv": _fixed({"kv": 1.0, "queue": 4.0}, is_bounded=True),
-    "prefix-cache": _fixed({"prefix": 1.0, "queue": 0.01}, use_guard=True, is_bounded=True),
-    "session": _fixed({"session": 1.0, "queue": 0.01}),
-    "latency": _fixed({"latency": 1.0, "queue": 1.0}, is_bounded=True),
-    "ucb": _fixed({"ucb": 1.0, "queue": 1.0}, is_bounded=True),
-    "slo": _fixed({"slo": 1.0}, "slo-tiered", is_bounded=True),
-    "cache-aware": lambda name, cfg: Policy(name, cfg, cfg.policy.weights, cfg.policy.picker,
-                                            use_guard=True),
+# The named policies: each is a pipeline, written as a user would in policy.pipelines.
+PRESETS: dict[str, Callable[[RouterConfig], PipelineConfig]] = {
+    "round-robin": _preset({}, "round-robin"),
+    "random": _preset({}, "weighted-random"),
+    "least-request": _preset({"queue": 1.0}),
+    "least-kv": _preset({"kv": 1.0, "queue": 4.0}, bounded=True),
+    "prefix-cache": _preset({"prefix": 1.0, "queue": 0.01}, guard=True, bounded=True),
+    "session": _preset({"session": 1.0, "queue": 0.01}),
+    "latency": _preset({"latency": 1.0, "queue": 1.0}, bounded=True),
+    "ucb": _preset({"ucb": 1.0, "queue": 1.0}, bounded=True),
+    "slo": _preset({"slo": 1.0}, "slo-tiered", bounded=True),
+    "cache-aware": lambda cfg: PipelineConfig(scorers=cfg.policy.weights,
+                                              picker=cfg.policy.picker, guard=True),
 }
+POLICIES = PRESETS  # the name callers outside the package know
+
+
+def pipeline_of(name: str, cfg: RouterConfig) -> PipelineConfig:
+    """The pipeline a policy name stands for: the config's own, else a preset."""
+    if name in cfg.policy.pipelines:
+        return cfg.policy.pipelines[name]
+    if name in PRESETS:
+        return PRESETS[name](cfg)
+    raise KeyError(f"unknown policy {name!r}; known: {', '.join(cfg.policy.policy_names())}")
 
 
 def build_policy(name: str, cfg: RouterConfig) -> Policy:
-    if name not in POLICIES:
-        raise KeyError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
-    return POLICIES[name](name, cfg)
+    return Policy(name, cfg, pipeline_of(name, cfg))
+
+
+def build_policies(cfg: RouterConfig) -> dict[str, Policy]:
+    """Every policy the config can name: the presets and its pipelines."""
+    return {name: build_policy(name, cfg) for name in cfg.policy.policy_names()}
