@@ -49,7 +49,8 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         (f"avg(kvfleet_router_prefix_hit_ratio{{{SEL}}})", "router estimate"),
     ]),
     ("Router load imbalance ((max - min) / mean load)", "short", [
-        (f"kvfleet_router_imbalance{{{SEL}}}", "imbalance"),
+        (f"max by (role) (kvfleet_router_load_imbalance{{{SEL}}})", "queue depth {{role}}"),
+        (f"kvfleet_router_imbalance{{{SEL}}}", "in-flight / capacity, all roles"),
     ]),
     ("Scale decisions", "short", [
         (f"sum by (reason) (increase(kvfleet_scale_decisions_total{{{SEL}}}[5m]))", "{{reason}}"),
