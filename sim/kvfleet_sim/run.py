@@ -2,7 +2,8 @@
 
 A configuration (`Variant`) is a pool file, a scaler (`scalers.SCALERS`), optionally a
 routing policy that replaces the pool's `routing.policy` (`policy_overrides` below: every
-registered router policy, plus `sgl-cache-aware`, sgl-router's rule as a kvfleet config),
+registered router policy, plus `sgl-cache-aware`, a model of sgl-router's rule in
+`sgl_rule.py`),
 and optionally a replica count that pins every role at min = max = N (scaling efficiency).
 """
 
@@ -15,17 +16,14 @@ from typing import Any
 
 from kvfleet_operator.api import load_pool
 from kvfleet_operator.api.pool import InferencePool
-from kvfleet_operator.api.spec import (
-    ROUTING_POLICIES,
-    ImbalanceSpec,
-    ReplicasSpec,
-    RoutingSpec,
-    WeightsSpec,
-)
+from kvfleet_operator.api.spec import PIPELINE_POLICY, ROUTING_POLICIES, ReplicasSpec, RoutingSpec
+from kvfleet_operator.decide.router_config import is_router_kv_sharing
+from kvfleet_router.router_core import RouterCore
 
 from kvfleet_sim.fleet import FleetSim, SimError, SimResult, SimSettings
 from kvfleet_sim.report import Summary, summarize
 from kvfleet_sim.scalers import SCALERS
+from kvfleet_sim.sgl_rule import SglRule
 from kvfleet_sim.trace import TraceRequest, load_trace
 
 DEFAULT_ITL_SLO_S = 0.05
@@ -33,14 +31,16 @@ DEFAULT_TTFT_SLO_S = 1.0
 
 
 def _sgl_cache_aware(routing: RoutingSpec) -> RoutingSpec:
-    """sgl-router's cache-aware rule: the longest prefix match unless the load is uneven
-    (its defaults: balance_abs_threshold 32, balance_rel_threshold 1.0001), then the
-    least-loaded. In kvfleet terms: cache-aware with only the prefix scorer, behind the
-    same guard with sgl's thresholds."""
-    return dataclasses.replace(
-        routing, policy="cache-aware", weights=WeightsSpec(prefix=1.0, queue=0.0, kv=0.0),
-        imbalance=ImbalanceSpec(abs_threshold=32, rel_threshold=1.0001),
-    )  # fmt: skip
+    """sgl-router's cache-aware rule (`sgl_rule.py`): the pool routes with kvfleet's
+    cache-aware preset in its config, and `build_sim` puts the sgl rule in its place."""
+    return dataclasses.replace(routing, policy="cache-aware")
+
+
+# Policies that model a peer router's rule: they take a kvfleet policy's place in the
+# simulated router core after every config push (ports.SimRouter.after_push).
+PEER_RULES: dict[str, Callable[[], Callable[[RouterCore], None]]] = {
+    "sgl-cache-aware": SglRule,
+}
 
 
 def _named(name: str) -> Callable[[RoutingSpec], RoutingSpec]:
@@ -51,7 +51,8 @@ def _named(name: str) -> Callable[[RoutingSpec], RoutingSpec]:
 
 
 def policy_overrides() -> dict[str, Callable[[RoutingSpec], RoutingSpec]]:
-    out = {name: _named(name) for name in ROUTING_POLICIES}
+    # `pipeline` names the pool's own routing.pipeline: a pool file sets it, not --policy.
+    out = {name: _named(name) for name in ROUTING_POLICIES if name != PIPELINE_POLICY}
     out["sgl-cache-aware"] = _sgl_cache_aware
     return out
 
@@ -122,6 +123,18 @@ def check_variants(variants: list[Variant]) -> None:
             raise ValueError(f"replicas must be in 1..1000, got {v.replicas}")
 
 
+def build_sim(variant: Variant, pool: InferencePool, settings: SimSettings) -> FleetSim:
+    """The fleet for one variant: its scaler, and a peer's rule in its router if its
+    policy names one (PEER_RULES)."""
+    if settings.fake_backend is not None and (
+            pool.spec.topology.is_disaggregated or is_router_kv_sharing(pool.spec)):
+        raise SimError("fake-backend replicas serve unified pools without kvSharing only")
+    sim = FleetSim(pool, SCALERS[variant.scaler](pool.spec), settings)
+    if (rule := PEER_RULES.get(variant.policy or "")) is not None:
+        sim.router.after_push = rule()
+    return sim
+
+
 def load_slice(trace_path: str, start_s: float, duration_s: float, warmup_s: float,
                compress: float, rate: float) -> list[TraceRequest]:
     if warmup_s < 0 or warmup_s > start_s:
@@ -162,11 +175,11 @@ def run_variants(
     for v, pool in zip(variants, pools, strict=True):
         name = v.label(varying)
         sim_settings = dataclasses.replace(settings, measure_from_s=measure_from)
-        sim = FleetSim(pool, SCALERS[v.scaler](pool.spec), sim_settings)
+        sim = build_sim(v, pool, sim_settings)
         result = sim.run(trace, progress(trace, name) if progress else None)
         summary = summarize(name, result, ttft, itl, measure_from, measure_to)
         runs.append(SimRun(name, v, result, summary, measure_from))
     return runs, ttft, itl
 
 
-__all__ = ["SimError", "SimRun", "Variant", "run_variants", "POLICIES"]
+__all__ = ["SimError", "SimRun", "Variant", "build_sim", "run_variants", "POLICIES"]

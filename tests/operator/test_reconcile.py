@@ -485,3 +485,21 @@ def test_the_pools_latency_targets_are_the_slo_policys(targets, expected):
     parsed = RouterConfig.from_dict(config).policy.slo  # the router takes them as they are
     assert parsed.ttft_s == (expected or {}).get("ttft_s", 2.0)
     assert parsed.tpot_s == (expected or {}).get("tpot_s", 0.05)
+
+
+def test_the_pools_pipeline_is_the_routers_policy():
+    """routing.pipeline reaches the router as its policy: the router builds that pipeline
+    (filters, only the scorers set, picker, guard) and routes by it."""
+    from kvfleet_router.router_core import RouterCore
+
+    pipeline = {"filters": ["bounded-load"], "scorers": {"kv": 1, "queue": 2},
+                "picker": "power-of-two"}
+    p = pool(routing={"policy": "pipeline", "pipeline": pipeline})
+    config = reconcile(p, Observed([rep("u1"), rep("u2")]), now=0.0, wall=WALL).router_config
+    cfg = RouterConfig.from_dict(config)
+    assert cfg.policy.name == "pipeline"
+    built = RouterCore(cfg).policies["pipeline"].pipeline
+    assert (built.filters, built.scorers, built.picker, built.guard) == (
+        ["bounded-load"], {"kv": 1.0, "queue": 2.0}, "power-of-two", False)
+    assert "pipelines" not in reconcile(pool(), Observed(), now=0.0,
+                                        wall=WALL).router_config["policy"]

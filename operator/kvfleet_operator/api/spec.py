@@ -13,7 +13,15 @@ from dataclasses import KW_ONLY
 from typing import Annotated
 
 from kvfleet_engine import contract
-from kvfleet_router.config import PREFIX_MODES, OneOf, PolicyConfig
+from kvfleet_router.config import (
+    PIPELINE_FILTER_NAMES,
+    PIPELINE_PICKER_NAMES,
+    PREFIX_MODES,
+    ConfigError,
+    OneOf,
+    PipelineConfig,
+    PolicyConfig,
+)
 from pydantic import Field, model_validator
 
 from .errors import SpecError, UnservableSpecError
@@ -22,9 +30,10 @@ from .vllm_compat import check_vllm_engine
 
 ENGINE_KINDS = ("vllm", "builtin")
 RUNNERS = ("torch", "simulated")
+PIPELINE_POLICY = "pipeline"  # routing.policy that runs the pool's own routing.pipeline
 ROUTING_POLICIES = (
     "cache-aware", "prefix-cache", "least-kv", "least-request", "round-robin",
-    "random", "session", "latency", "ucb", "slo",
+    "random", "session", "latency", "ucb", "slo", PIPELINE_POLICY,
 )
 ROLES = ("unified", "prefill", "decode")
 ROUTER_PLACEMENTS = ("deployment", "sidecar")
@@ -223,6 +232,34 @@ class WeightsSpec:
 
 
 @spec_type
+class PipelineSpec:
+    """A routing policy composed in the pool (`routing.policy: pipeline`): the router's
+    `policy.pipelines` entry, under the same rules (router/kvfleet_router/config.py)."""
+
+    filters: list[Annotated[Str, OneOf(PIPELINE_FILTER_NAMES)]] = Field(default_factory=list,
+                                                                         max_length=8)
+    scorers: WeightsSpec = Field(default_factory=lambda: WeightsSpec())  # unset: not used
+    picker: Annotated[Str, OneOf(PIPELINE_PICKER_NAMES)] = "max"
+    guard: Bool = False
+
+    def router_pipeline(self) -> dict[str, object]:
+        """The router config's form: scorers without the unset ones."""
+        scorers = {f.name: float(v) for f in dataclasses.fields(self.scorers)
+                   if (v := getattr(self.scorers, f.name)) is not None}
+        return {"filters": list(self.filters), "scorers": scorers, "picker": self.picker,
+                "guard": self.guard}
+
+    @model_validator(mode="after")
+    def _router_rules(self) -> PipelineSpec:
+        try:
+            PipelineConfig(**self.router_pipeline())  # type: ignore[arg-type]
+        except ConfigError as exc:  # "field: why", the field as the spec spells it
+            field, _, why = str(exc).partition(": ")
+            raise UnservableSpecError(field, why) from None
+        return self
+
+
+@spec_type
 class ImbalanceSpec:
     abs_threshold: Int = Field(default=8, ge=0, le=100000)
     rel_threshold: Float = Field(default=1.5, ge=1, le=100)
@@ -261,6 +298,17 @@ class RoutingSpec:
     prefix_mode: Annotated[Str, OneOf(PREFIX_MODES)] = "approximate"
     gateway: GatewaySpec | None = None
     kv_sharing: KVSharingSpec = Field(default_factory=KVSharingSpec)
+    pipeline: PipelineSpec | None = None
+
+    @model_validator(mode="after")
+    def _pipeline_with_its_policy(self) -> RoutingSpec:
+        # The CRD's CEL rule on routing says the same.
+        if self.policy == PIPELINE_POLICY and self.pipeline is None:
+            raise SpecError("pipeline", "is required by policy: pipeline")
+        if self.policy != PIPELINE_POLICY and self.pipeline is not None:
+            raise SpecError("pipeline", f"runs only with policy: pipeline (policy is "
+                                        f"{self.policy})")
+        return self
 
     @model_validator(mode="after")
     def _some_weight(self) -> RoutingSpec:

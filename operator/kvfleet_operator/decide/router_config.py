@@ -58,6 +58,8 @@ def build_router_config(
     }
     if (w := r.effective_weights()) is not None:
         policy["weights"] = w
+    if r.pipeline is not None:  # routing.policy is "pipeline": the router's policy name too
+        policy["pipelines"] = {r.policy: r.pipeline.router_pipeline()}
     # The pool's latency targets are the predictive `slo` policy's too (a request's own
     # x-kvfleet-slo-* headers still win): one SLO for the autoscaler and the router.
     targets = spec.autoscaling.targets
