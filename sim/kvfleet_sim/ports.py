@@ -37,6 +37,7 @@ from kvfleet_router.feedback import HealthFeedback
 from kvfleet_router.metrics import RouterMetrics
 from kvfleet_router.router_core import RouterCore
 
+from kvfleet_sim.fake_backend import FakeBackendModel
 from kvfleet_sim.replica import Finished, SimReplica
 
 T = TypeVar("T")
@@ -62,8 +63,10 @@ class SimClock:
 class SimRuntime:
     def __init__(self, config: EngineConfig, profile: str, startup_s: float, measure_from_s: float,
                  clock: SimClock, schedule: Callable[[float, str, str], None],
-                 profiles: tuple[str, ...] = ()) -> None:  # fmt: skip
+                 profiles: tuple[str, ...] = (),
+                 fake: FakeBackendModel | None = None) -> None:  # fmt: skip
         self.config = config
+        self.fake = fake  # replicas are the router benchmark's fake backends
         self.profile = profile
         self.profiles = profiles  # mixed speeds: replica k takes profiles[k mod len]
         self.startup_s = startup_s
@@ -93,7 +96,7 @@ class SimRuntime:
         profile = self.profiles[(self._next_id - 1) % len(self.profiles)] if self.profiles \
             else self.profile  # fmt: skip
         replica = SimReplica(name, self.config, profile, now, ready_at, self.measure_from_s,
-                             role=plan.role)  # fmt: skip
+                             role=plan.role, fake=self.fake, now=self.clock)  # fmt: skip
         replica.state = "ready" if ready_at <= now else "starting"
         self.by_name[name] = replica
 
@@ -151,6 +154,9 @@ class SimRouter:
         self.sees_held = sees_held  # whether the scaler is told about held requests
         self.prefix_mode = prefix_mode
         self.on_config: Callable[[], None] = lambda: None  # the fleet re-dispatches held ones
+        # runs after each push (which rebuilds the core's policies): a model of a peer
+        # router's rule takes a policy's place (sgl_rule.SglRule)
+        self.after_push: Callable[[RouterCore], None] | None = None
 
     @property
     def endpoints(self) -> dict[str, EndpointState]:
@@ -165,6 +171,8 @@ class SimRouter:
             config = {**config, "endpoints": [{**e, "prefix_mode": self.prefix_mode}
                                               for e in config.get("endpoints", [])]}
         await self.store.push(RouterConfig.from_dict(config))
+        if self.after_push is not None:
+            self.after_push(self.core)
         self.on_config()
 
     async def view(self) -> RouterView | None:

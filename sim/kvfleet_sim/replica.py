@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.core.engine import LLMEngine
@@ -21,6 +23,8 @@ from kvfleet_engine.core.sequence import PrefixKV, PreloadedKV
 from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
 from kvfleet_engine.server.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from kvfleet_operator.decide.role_signals import ReplicaSample
+
+from kvfleet_sim.fake_backend import FakeBackendEngine, FakeBackendModel
 
 MIN_STEP_S = 1e-4  # a step that schedules nothing still moves time, so the loop advances
 
@@ -57,19 +61,30 @@ class Finished:
 
 class SimReplica:
     def __init__(self, name: str, config: EngineConfig, profile: str, started_at: float,
-                 ready_at: float, measure_from: float = 0.0,
-                 role: str = "unified") -> None:  # fmt: skip
+                 ready_at: float, measure_from: float = 0.0, role: str = "unified",
+                 fake: FakeBackendModel | None = None,
+                 now: Callable[[], float] | None = None) -> None:  # fmt: skip
+        """`fake` (with the fleet's clock `now`): the replica is the router benchmark's fake
+        backend (`fake_backend.py`) instead of kvfleet's engine on `profile`."""
         self.name = name
         self.role = role
         self.state = "starting"  # a reconcile phase, set by the simulated runtime
         self.num_restarts = 0
         self.last_error = ""
         self.clock = VirtualClock(started_at)
-        runner = SimulatedRunner(
-            profile, num_blocks=config.num_blocks, block_size=config.block_size,
-            time_mode="virtual", clock=self.clock, check_kv=False,
-        )  # fmt: skip
-        self.engine = LLMEngine(config, runner, tokenizer=None, eos_token_ids=(), clock=self.clock)
+        self.engine: LLMEngine
+        if fake is not None:
+            # It has the part of LLMEngine's interface a unified pool's replica uses (no P/D
+            # hand-off, no peer fetch: `run.build_sim` refuses those pools with it).
+            self.engine = cast(LLMEngine, FakeBackendEngine(
+                fake, self.clock, now or (lambda: self.clock.now_s)))
+        else:
+            runner = SimulatedRunner(
+                profile, num_blocks=config.num_blocks, block_size=config.block_size,
+                time_mode="virtual", clock=self.clock, check_kv=False,
+            )  # fmt: skip
+            self.engine = LLMEngine(config, runner, tokenizer=None, eos_token_ids=(),
+                                    clock=self.clock)  # fmt: skip
         self.started_at = started_at
         self.ready_at = ready_at
         self.is_stepping = False

@@ -20,6 +20,7 @@ from kvfleet_operator.api.spec import PIPELINE_POLICY, ROUTING_POLICIES, Replica
 from kvfleet_operator.decide.router_config import is_router_kv_sharing
 from kvfleet_router.router_core import RouterCore
 
+from kvfleet_sim.fake_backend import FakeBackendModel
 from kvfleet_sim.fleet import FleetSim, SimError, SimResult, SimSettings
 from kvfleet_sim.report import Summary, summarize
 from kvfleet_sim.scalers import SCALERS
@@ -123,13 +124,16 @@ def check_variants(variants: list[Variant]) -> None:
             raise ValueError(f"replicas must be in 1..1000, got {v.replicas}")
 
 
-def build_sim(variant: Variant, pool: InferencePool, settings: SimSettings) -> FleetSim:
-    """The fleet for one variant: its scaler, and a peer's rule in its router if its
-    policy names one (PEER_RULES)."""
-    if settings.fake_backend is not None and (
+def build_sim(variant: Variant, pool: InferencePool, settings: SimSettings,
+              fake: FakeBackendModel | None = None) -> FleetSim:
+    """The fleet for one variant: its scaler, a peer's rule in its router if its policy
+    names one (PEER_RULES), and with `fake` replicas that model the router benchmark's
+    fake backend instead of kvfleet's engine (`fake_backend.py`)."""
+    if fake is not None and (
             pool.spec.topology.is_disaggregated or is_router_kv_sharing(pool.spec)):
         raise SimError("fake-backend replicas serve unified pools without kvSharing only")
     sim = FleetSim(pool, SCALERS[variant.scaler](pool.spec), settings)
+    sim.runtime.fake = fake  # replicas are created when the run starts
     if (rule := PEER_RULES.get(variant.policy or "")) is not None:
         sim.router.after_push = rule()
     return sim

@@ -14,8 +14,9 @@ conversation trace (JSONL with `hash_ids`), sliced, time-scaled and rate-multipl
 
 Prompts (`prompt_tokens`): a Mooncake `hash_id` stands for one 512-token block, and each id
 expands deterministically into 512 pseudo-token ids (SHAKE-128 of the id, one byte per
-token, so the same id always gives the same tokens and different ids different ones); a
-prompt is its ids' blocks in order, cut to `input_length`. Shared ids are thus shared
+token, so the same id always gives the same tokens and different ids different ones), or
+the first `TraceRequest.block_tokens` of them; a prompt is its ids' blocks in order, cut
+to `input_length`. Shared ids are thus shared
 token prefixes, which the engines' prefix caches and the router's prefix index see. Azure
 requests get fresh ids of their own (those traces have no prefix sharing to model).
 """
@@ -48,6 +49,15 @@ class TraceRequest:
     num_prompt_tokens: int
     num_output_tokens: int
     hash_ids: tuple[int, ...] = ()  # one per 512-token block; () = unique to this request
+    # tokens each hash id expands into (at most 512). A replay of the router benchmark's
+    # fake backends (one hash id = 512 characters of text, 512 bytes to the router's
+    # prefix index) gives 64: 64 token ids, which the router packs 8 bytes each.
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.block_tokens <= MOONCAKE_BLOCK_TOKENS:
+            raise TraceError(f"block_tokens must be in 1..{MOONCAKE_BLOCK_TOKENS}, "
+                             f"got {self.block_tokens}")
 
 
 def _check_scaling(start_s: float, duration_s: float, compress: float) -> None:
@@ -190,11 +200,15 @@ def prompt_tokens(req: TraceRequest, index: int, max_tokens: int) -> list[int]:
     """The request's prompt, at most `max_tokens` (>= 1) long. `index` (the request's place
     in the trace) names the fresh blocks of a request without `hash_ids`."""
     n = max(1, min(req.num_prompt_tokens, max_tokens))
+    size = req.block_tokens
     ids: tuple[int, ...] | range = req.hash_ids
     if not ids:
         first = _AZURE_ID_BASE + index * 1024
-        ids = range(first, first + -(-n // MOONCAKE_BLOCK_TOKENS))
-    num_blocks = -(-n // MOONCAKE_BLOCK_TOKENS)
-    out = list(chain.from_iterable(block_tokens(h) for h in ids[:num_blocks]))
+        ids = range(first, first + -(-n // size))
+    num_blocks = -(-n // size)
+    if size == MOONCAKE_BLOCK_TOKENS:
+        out = list(chain.from_iterable(block_tokens(h) for h in ids[:num_blocks]))
+    else:
+        out = list(chain.from_iterable(block_tokens(h)[:size] for h in ids[:num_blocks]))
     del out[n:]
     return out
