@@ -10,7 +10,8 @@ endpoints:                       # the backends; names are unique
     url: http://127.0.0.1:8001   # http(s)://host:port, no path
     role: unified                # unified | prefill | decode
     state: active                # active | draining (draining: no new requests, in-flight finish)
-    capacity: 256                # in-flight at which it is full; load = in-flight/capacity
+    capacity: 256                # in-flight at which it is full (saturation); the queue scorer
+                                 # scores 1 - depth / capacity
     models: []                   # served model names; empty = any
     prefix_mode: approximate     # approximate (router hashes text) | precise (KV events)
     engine: unknown              # unknown | builtin | vllm; only builtin ones take peer hints
@@ -18,7 +19,8 @@ policy:
   name: cache-aware              # round-robin | random | least-request | least-kv | prefix-cache |
                                  # session | latency | ucb | slo | cache-aware (the presets),
                                  # or a key of `pipelines`
-  picker: max                    # max | power-of-two | weighted-random (ignored by round-robin)
+  picker: max                    # max | power-of-two | weighted-random: the presets that rank
+                                 # (round-robin, random and slo keep their own)
   weights: {prefix: 1.0, queue: 4.0, kv: 0.0}   # scorer -> weight (cache-aware only)
   allow_override: false          # honour the per-request header below?
   override_header: x-kvfleet-policy

@@ -65,14 +65,20 @@ class EndpointState:
 
     @classmethod
     def from_config(cls, cfg: EndpointConfig, health: HealthConfig | None = None,
-                    ewma_alpha: float = 0.2) -> EndpointState:
+                    ewma_alpha: float = 0.2, forget: float = 0.995) -> EndpointState:
         h = health or HealthConfig()
         state = cls(name=cfg.name, url=cfg.url)
         state.apply_config(cfg)
         state.breaker = CircuitBreaker(h.eject_after_errors, h.eject_base_s, h.eject_max_s)
-        for ewma in (state.ttft, state.prefill_s_per_token, state.decode_s_per_token):
-            ewma.alpha = ewma_alpha
+        state.apply_learning(ewma_alpha, forget)
         return state
+
+    def apply_learning(self, ewma_alpha: float, forget: float) -> None:
+        """policy.slo's learning rates, in place: what was learned stays, and from now on
+        it fades at the new rate."""
+        for ewma in (self.ttft, self.prefill_s_per_token, self.decode_s_per_token):
+            ewma.alpha = ewma_alpha
+        self.perf.ttft.forget = self.perf.tpot.forget = forget
 
     def apply_config(self, cfg: EndpointConfig) -> None:
         """Update the mutable settings in place; in-flight counters and history stay."""

@@ -22,17 +22,18 @@ class Registry:
         """Install `cfg.endpoints`; returns the endpoint objects that left the config."""
         new: dict[str, EndpointState] = {}
         gone: list[EndpointState] = []
-        alpha = cfg.policy.slo.ewma_alpha
+        alpha, forget = cfg.policy.slo.ewma_alpha, cfg.policy.slo.forget
         for ec in cfg.endpoints:
             old = self.by_name.get(ec.name)
             if old is not None and old.url == ec.url:
                 old.apply_config(ec)
+                old.apply_learning(alpha, forget)
                 b = old.breaker
                 b.eject_after_errors = cfg.health.eject_after_errors
                 b.eject_base_s, b.eject_max_s = cfg.health.eject_base_s, cfg.health.eject_max_s
                 new[ec.name] = old
             else:
-                new[ec.name] = EndpointState.from_config(ec, cfg.health, alpha)
+                new[ec.name] = EndpointState.from_config(ec, cfg.health, alpha, forget)
         for name, old in self.by_name.items():
             if new.get(name) is not old:
                 old.is_removed = True

@@ -153,3 +153,26 @@ def test_slo_tiered_picker():
     got = [pick_slo_tiered([0.9, 0.6, 0.2], rng) for _ in range(2000)]
     assert got.count(2) == 0
     assert got.count(0) / got.count(1) == pytest.approx(4.0, rel=0.2)  # by excess over 0.5
+
+
+def test_the_configs_learning_rates_reach_every_endpoint_also_after_a_push():
+    """policy.slo.forget and ewma_alpha apply to new endpoints and, on a push, to known
+    ones (their statistics stay)."""
+    from kvfleet_router.config import RouterConfig
+    from kvfleet_router.router_core import RouterCore
+
+    def cfg(forget: float, alpha: float, version: int) -> RouterConfig:
+        return RouterConfig.from_dict({
+            "version": version, "endpoints": [{"name": "a", "url": "http://127.0.0.1:9"}],
+            "policy": {"slo": {"forget": forget, "ewma_alpha": alpha}}})
+
+    core = RouterCore(cfg(0.9, 0.5, 1))
+    e = core.registry.by_name["a"]
+    assert (e.perf.ttft.forget, e.perf.tpot.forget, e.ttft.alpha) == (0.9, 0.9, 0.5)
+    e.perf.learn_ttft([1.0] * len(e.perf.ttft.xty), 0.2)
+    learned = e.perf.ttft.num_samples
+    core.apply(cfg(0.999, 0.1, 2))
+    assert core.registry.by_name["a"] is e and e.perf.ttft.num_samples == learned
+    assert (e.perf.ttft.forget, e.perf.tpot.forget) == (0.999, 0.999)
+    assert (e.ttft.alpha, e.prefill_s_per_token.alpha, e.decode_s_per_token.alpha) == (
+        0.1, 0.1, 0.1)
