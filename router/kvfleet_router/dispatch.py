@@ -4,7 +4,8 @@ A retry goes to an endpoint not tried yet, and only while nothing reached the cl
 The in-flight count is taken at the decision and released when the exchange ends, so
 decisions between /metrics scrapes still see current load. With `kv_sharing.enabled`, a
 unified request whose endpoint should fetch its prefix from a peer is forwarded with the
-peer hint in `kv_transfer_params` (`with_peer_hint`; decided again on each attempt).
+peer hint in `kv_transfer_params` (`with_peer_hint`: `pd_plan.peer_hint`, the rule the
+simulator follows too; decided again on each attempt).
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import json
 import time
 
 from aiohttp import web
-from kvfleet_engine.contract import KV_TRANSFER_PARAMS
 from multidict import CIMultiDict
 
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.errors import error_response
 from kvfleet_router.feedback import HealthFeedback
 from kvfleet_router.metrics import RouterMetrics
+from kvfleet_router.pd_plan import peer_hint, with_kv_transfer_params
 from kvfleet_router.proxy import BackendFailure, Forwarder, Outcome
 from kvfleet_router.request_info import RequestInfo
 from kvfleet_router.router_core import Routed, RouterCore
@@ -126,16 +127,16 @@ class Dispatcher:
 
     def with_peer_hint(self, raw: bytes, info: RequestInfo, routed: Routed, role: str) -> bytes:
         """The body to forward: `raw`, or the client's body plus a peer hint when the
-        decision (RouterCore.peer_hint) says the endpoint should fetch the prefix."""
-        if not self.core.cfg.kv_sharing.enabled or role != "unified" \
-                or KV_TRANSFER_PARAMS in info.body:  # fmt: skip
+        plan (`pd_plan.peer_hint`) says the endpoint should fetch the prefix."""
+        asked = peer_hint(self.core, routed, role)
+        if asked is None:
             return raw
-        decision, hint = self.core.peer_hint(routed)
+        decision, hint = asked
         self.metrics.peer_hints.labels(decision.reason).inc()
         if hint is None:
             return raw
         self.metrics.peer_hint_blocks.inc(decision.num_blocks)
-        return json.dumps({**info.body, KV_TRANSFER_PARAMS: hint}).encode()
+        return json.dumps(with_kv_transfer_params(info.body, hint)).encode()
 
     def _on_outcome(self, e: EndpointState, routed: Routed, outcome: Outcome) -> None:
         self.feedback.exchange_done(e, routed, outcome, time.monotonic())

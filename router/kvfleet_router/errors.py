@@ -7,21 +7,9 @@ import logging
 
 from aiohttp import web
 
+from kvfleet_router.request_error import RequestError as RequestError  # re-exported
+
 log = logging.getLogger(__name__)
-
-
-class RequestError(ValueError):
-    """A client mistake, reported as a 400 (or `status`)."""
-
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 code: str | None = None, headers: dict[str, str] | None = None,
-                 is_closing: bool = False) -> None:
-        super().__init__(message)
-        self.param = param
-        self.status = status
-        self.code = code
-        self.headers = headers
-        self.is_closing = is_closing  # close the connection after answering (body unread)
 
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",

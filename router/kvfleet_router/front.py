@@ -24,6 +24,7 @@ from kvfleet_router.dispatch import Dispatcher
 from kvfleet_router.errors import RequestError, error_response
 from kvfleet_router.metrics import RouterMetrics
 from kvfleet_router.pd import Disaggregator
+from kvfleet_router.pd_plan import entry_role
 from kvfleet_router.proxy import Forwarder
 from kvfleet_router.router_core import RouterCore
 
@@ -87,9 +88,10 @@ class OpenAIFront:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         raw = await read_body(request, self.core.cfg.limits, self.uploads)
         info, policy = admit(self.core, raw, request.path, request.headers)
-        if self.core.has_role("decode"):
+        role = entry_role(self.core)
+        if role == "decode":
             return await self.disaggregator.serve(request, raw, info, policy)
-        return await self.dispatcher.serve(request, raw, info, "unified", policy)
+        return await self.dispatcher.serve(request, raw, info, role, policy)
 
     async def models(self, request: web.Request) -> web.Response:
         session = self.forwarder.session

@@ -1,18 +1,14 @@
-"""Prefill/decode orchestration for disaggregated pools (vLLM NixlConnector conventions).
+"""Prefill/decode legs over HTTP for disaggregated pools: the aiohttp side of `pd_plan.py`.
 
-1. Pick the decode endpoint first (its prefix cache decides how much prompt is uncached).
-2. If uncached prompt tokens on it exceed pd.prefill_threshold_tokens and a prefill
-   endpoint is eligible, send the prefill leg: the client body with max_tokens=1,
-   stream=false and kv_transfer_params={do_remote_decode: true, do_remote_prefill: false,
-   remote_*: null}. The prefill engine answers with kv_transfer_params naming its blocks.
-3. Send the decode leg: the client body plus the returned kv_transfer_params, streamed back
-   to the client as usual. If the prefill leg fails, or every prefill endpoint is busy or
-   unhealthy, the decode endpoint runs the prompt itself (slower, never lost).
+`pd_plan.PDPlan` decides each step (decode first, whether a prefill leg runs, what it
+sends, what the decode leg carries; the simulator runs the same plan); this module routes
+the legs through the dispatcher, posts the prefill leg, and streams the decode leg back.
+Both legs carry the same X-Request-Id, as vLLM's disaggregation proxy sends.
 
-Whether step 2 happens is the decider's call (pd_deciders.py, config `pd.decider`).
-`Disaggregator` is built from what it uses: the routing core (roles, config), the
-dispatcher (acquire, release, serve), the forwarder (the prefill side call), the health
-feedback (the prefill leg's failures count like any other) and the metrics.
+`Disaggregator` is built from what it uses: the routing core (roles, the config's
+decider), the dispatcher (acquire, release, serve), the forwarder (the prefill side
+call), the health feedback (the prefill leg's failures count like any other) and the
+metrics (`kvfleet_router_pd_prefills_total{outcome}`).
 """
 
 from __future__ import annotations
@@ -26,38 +22,23 @@ from aiohttp import web
 from kvfleet_engine import contract
 from multidict import CIMultiDict
 
-from kvfleet_router.config import RouterConfig
 from kvfleet_router.dispatch import Dispatcher, Rejected
 from kvfleet_router.feedback import HealthFeedback
 from kvfleet_router.metrics import RouterMetrics
-from kvfleet_router.pd_deciders import PDDecider, build_decider
+from kvfleet_router.pd_plan import (
+    PDPlan,
+    Planner,
+    RoutePrefill,
+    RunPrefill,
+    Step,
+    with_kv_transfer_params,
+)
 from kvfleet_router.proxy import BackendFailure, Forwarder, forward_headers
 from kvfleet_router.request_info import RequestInfo
 from kvfleet_router.router_core import RouterCore
 
 log = logging.getLogger(__name__)
 REQUEST_ID = "X-Request-Id"
-
-
-def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
-    out = dict(body)
-    out["max_tokens"] = 1
-    if "max_completion_tokens" in out:
-        out["max_completion_tokens"] = 1
-    out["stream"] = False
-    out.pop("stream_options", None)
-    out[contract.KV_TRANSFER_PARAMS] = {
-        contract.DO_REMOTE_DECODE: True, contract.DO_REMOTE_PREFILL: False,
-        "remote_engine_id": None, contract.REMOTE_BLOCK_IDS: None,
-        contract.REMOTE_HOST: None, contract.REMOTE_PORT: None,
-    }
-    return out
-
-
-def decode_body(body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    out = dict(body)
-    out[contract.KV_TRANSFER_PARAMS] = params
-    return out
 
 
 def leg_headers(request: web.Request) -> CIMultiDict[str]:
@@ -76,28 +57,15 @@ class Disaggregator:
         self.forwarder = forwarder
         self.feedback = feedback
         self.metrics = metrics
-        self._decider_cfg: RouterConfig | None = None
-        self._decider: PDDecider | None = None
+        self.planner = Planner(core)
 
-    def decider(self) -> PDDecider:
-        """The decider of the config in force (rebuilt after a reload)."""
-        if self._decider is None or self._decider_cfg is not self.core.cfg:
-            self._decider_cfg, self._decider = self.core.cfg, build_decider(self.core.cfg)
-        return self._decider
-
-    async def run_prefill(self, request: web.Request, info: RequestInfo, policy: str | None,
+    async def run_prefill(self, request: web.Request, step: RunPrefill,
                           headers: CIMultiDict[str]) -> dict[str, Any] | None:
-        """The prefill leg; returns the engine's kv_transfer_params or None on any failure.
-
-        It never queues: it already holds a decode slot, and a busy prefill tier is better
-        skipped (the decode endpoint computes the prompt itself) than waited for."""
-        routed = self.dispatcher.try_route(info, "prefill", policy, frozenset())
-        e = routed.decision.endpoint
-        if e is None:
-            return None
-        raw = json.dumps(prefill_body(info.body)).encode()
+        """The prefill leg; returns the engine's kv_transfer_params or None on any failure."""
+        e = step.endpoint
         try:
-            status, body = await self.forwarder.post_json(e, request.path, raw, headers)
+            status, body = await self.forwarder.post_json(
+                e, request.path, json.dumps(step.body).encode(), headers)
             if status != 200:
                 log.warning("prefill on %s answered %s", e.name, status)
                 return None
@@ -105,7 +73,7 @@ class Disaggregator:
             self.feedback.success(e)
             return params if isinstance(params, dict) else None
         except BackendFailure as exc:
-            self.feedback.failure(e, exc.kind, routed.ctx.now)
+            self.feedback.failure(e, exc.kind, step.routed.ctx.now)
             return None
         except (ValueError, AttributeError):
             log.warning("prefill on %s returned a body without kv_transfer_params", e.name)
@@ -115,19 +83,25 @@ class Disaggregator:
 
     async def serve(self, request: web.Request, raw: bytes, info: RequestInfo,
                     policy: str | None) -> web.StreamResponse:
+        plan: PDPlan[dict[str, Any]] = PDPlan(self.planner, info)
         try:
-            decode = await self.dispatcher.acquire(info, "decode", policy, frozenset())
+            decode = await self.dispatcher.acquire(info, plan.role, policy, frozenset())
         except Rejected as rej:
             return rej.response
         headers = leg_headers(request)
         try:
-            if self.decider().wants_prefill(decode) and self.core.has_role("prefill"):
-                params = await self.run_prefill(request, info, policy, headers)
-                self.metrics.pd_prefills.labels("failed" if params is None else "ok").inc()
-                if params is not None:
-                    raw = json.dumps(decode_body(info.body, params)).encode()
+            step: Step[dict[str, Any]] = plan.chosen(decode)
+            if isinstance(step, RoutePrefill):
+                step = plan.prefill_routed(
+                    self.dispatcher.try_route(info, "prefill", policy, frozenset()))
+            if isinstance(step, RunPrefill):
+                step = plan.prefill_done(await self.run_prefill(request, step, headers))
+            if plan.prefill_outcome is not None:
+                self.metrics.pd_prefills.labels(plan.prefill_outcome).inc()
+            if step.kv is not None:
+                raw = json.dumps(with_kv_transfer_params(info.body, step.kv)).encode()
         except BaseException:
             self.dispatcher.release(decode.decision.endpoint)  # type: ignore[arg-type]
             raise
-        return await self.dispatcher.serve(request, raw, info, "decode", policy, first=decode,
+        return await self.dispatcher.serve(request, raw, info, plan.role, policy, first=decode,
                                            headers=headers)

@@ -13,7 +13,7 @@ from typing import Any
 from kvfleet_engine.contract import KV_TRANSFER_PARAMS
 from kvfleet_engine.contract.http_limits import JSONRejected, strict_loads
 
-from kvfleet_router.errors import RequestError
+from kvfleet_router.request_error import RequestError
 
 PRIORITY_HEADER = "x-kvfleet-priority"
 # A request's own SLO targets, in milliseconds (the `slo` policy's; the config's otherwise).

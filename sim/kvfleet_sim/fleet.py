@@ -49,11 +49,11 @@ from kvfleet_operator.loop.ports import Saved
 from kvfleet_operator.loop.state import LoopState
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.endpoint import Signals as EndpointSignals
-from kvfleet_router.pd_deciders import PDDecider, build_decider
+from kvfleet_router.pd_plan import PDPlan, Planner, RoutePrefill, RunPrefill, Step, peer_hint
 from kvfleet_router.policies.guard import imbalance_ratio
 from kvfleet_router.proxy import Outcome
 from kvfleet_router.request_info import RequestInfo
-from kvfleet_router.router_core import Routed, RouterCore
+from kvfleet_router.router_core import Routed
 
 from kvfleet_sim.handoff import Handoff, HandoffError, kv_bytes_per_token
 from kvfleet_sim.peer_fetch import PeerFetches, PeerStats
@@ -198,10 +198,11 @@ class FleetSim:
             profile = load_profile(self.spec.engine.profile or "")
             self.handoff = Handoff(kv_bytes_per_token(profile), settings.kv_bytes_per_s,
                                    settings.kv_latency_s)  # fmt: skip
-        self.prefilling: dict[str, tuple[HeldRequest, EndpointState]] = {}  # id -> prefill leg
+        self.planner = Planner(self.router.core)  # the router's own P/D plan (pd_plan.py)
+        # id -> the request, its prefill leg's endpoint and its plan
+        self.prefilling: dict[str, tuple[HeldRequest, EndpointState, PDPlan[PreloadedKV]]] = {}
         self.in_transfer: dict[str, tuple[HeldRequest, SimReplica, PreloadedKV]] = {}
         self.num_prefill_legs = 0
-        self._decider: tuple[object, PDDecider] | None = None
         # routing.kvSharing (unified pools; the dispatcher hints only unified requests)
         self.fetches: PeerFetches | None = None
         self.fetching: dict[str, HeldRequest] = {}  # id -> a request waiting for its fetch
@@ -345,46 +346,56 @@ class FleetSim:
     def dispatch(self, t: float) -> None:
         """Route held requests in arrival order through the router core; stop at the first
         one it cannot place (no endpoint, or all saturated): it waits at the queue's head.
-        A disaggregated pool takes the router's P/D path (`kvfleet_router.pd`): decode first,
-        then a prefill leg when the decider wants one and a prefill endpoint is free."""
+        Each request follows the router's own plan (`kvfleet_router.pd_plan`, as pd.py
+        does): in a disaggregated pool decode first, then a prefill leg when the decider
+        wants one and a prefill endpoint is free; in a unified one, the peer hint."""
         held = self.router.held
         if not held:
             return
-        core, model = self.router.core, self.spec.model.api_name
-        feedback = self.router.feedback
-        role = "decode" if self.is_pd else "unified"
-        fetches = self.fetches if core.cfg.kv_sharing.enabled else None
+        model = self.spec.model.api_name
         num_routed = 0
         for h in held:
             info = RequestInfo(model=model, prompt_token_ids=h.prompt, max_tokens=h.num_output)
-            routed = core.route(info, role, t)
-            ep = core.start(routed)
+            plan: PDPlan[PreloadedKV] = PDPlan(self.planner, info)
+            routed, ep = self.route_leg(info, plan.role, t)
             if ep is None:
                 break
             num_routed += 1
             self.serving[h.request_id] = ep
             self.routed[h.request_id] = routed
-            feedback.attempt(ep, t)
-            if self.is_pd and self.decider().wants_prefill(routed) and core.has_role("prefill"):
-                # The prefill leg never queues: a busy prefill tier is skipped (pd.py).
-                prefill = core.start(core.route(info, "prefill", t))
-                if prefill is not None:
-                    feedback.attempt(prefill, t)
-                    self.num_prefill_legs += 1
-                    self.prefilling[h.request_id] = (h, prefill)
-                    self.send(prefill.name, "p:" + h.request_id, h, t, is_prefill=True)
-                    continue
-            if fetches is not None and self.start_fetch(core, fetches, routed, ep, h, t):
+            step: Step[PreloadedKV] = plan.chosen(routed)
+            if isinstance(step, RoutePrefill):
+                step = plan.prefill_routed(self.route_leg(info, "prefill", t)[0])
+            if isinstance(step, RunPrefill):
+                self.num_prefill_legs += 1
+                self.prefilling[h.request_id] = (h, step.endpoint, plan)
+                self.send(step.endpoint.name, "p:" + h.request_id, h, t, is_prefill=True)
+                continue
+            if self.start_fetch(routed, plan.role, ep, h, t):
                 continue
             self.send(ep.name, h.request_id, h, t)
         if num_routed:
             del held[:num_routed]
 
-    def start_fetch(self, core: RouterCore, fetches: PeerFetches, routed: Routed,
-                    ep: EndpointState, h: HeldRequest, t: float) -> bool:
-        """The dispatcher's `with_peer_hint`: ask the core for a hint; with one, the request
-        waits for its prefix (True) instead of entering the engine now."""
-        decision, value = core.peer_hint(routed)
+    def route_leg(self, info: RequestInfo, role: str, t: float
+                  ) -> tuple[Routed, EndpointState | None]:  # fmt: skip
+        """One routing decision, counted in flight and as an attempt (the dispatcher's
+        `try_route`); never waits."""
+        routed = self.router.core.route(info, role, t)
+        ep = self.router.core.start(routed)
+        if ep is not None:
+            self.router.feedback.attempt(ep, t)
+        return routed, ep
+
+    def start_fetch(self, routed: Routed, role: str, ep: EndpointState, h: HeldRequest,
+                    t: float) -> bool:
+        """The dispatcher's `with_peer_hint`: the plan's hint (`pd_plan.peer_hint`); with
+        one, the request waits for its prefix (True) instead of entering the engine now."""
+        fetches, core = self.fetches, self.router.core
+        asked = peer_hint(core, routed, role) if fetches is not None else None
+        if fetches is None or asked is None:
+            return False
+        decision, value = asked
         fetches.stats.hints[decision.reason] += 1
         fetches.stats.by_decision[f"{routed.decision.reason}/{decision.reason}"] += 1
         hint = parse_peer_prefix(value) if value is not None else None
@@ -422,13 +433,6 @@ class FleetSim:
         installed = self.send(f.target, rid, h, t, prefix_kv=f.prefix)
         self.fetches.record(f, installed if f.prefix is not None else None)
 
-    def decider(self) -> PDDecider:
-        """The P/D decider of the config in force (rebuilt after a push), as pd.py keeps it."""
-        cfg = self.router.core.cfg
-        if self._decider is None or self._decider[0] is not cfg:
-            self._decider = (cfg, build_decider(cfg))
-        return self._decider[1]
-
     def send(self, name: str, request_id: str, h: HeldRequest, t: float,
              is_prefill: bool = False, preloaded: PreloadedKV | None = None,
              prefix_kv: PrefixKV | None = None) -> PrefixInstall:  # fmt: skip
@@ -444,23 +448,25 @@ class FleetSim:
         return installed
 
     def prefill_done(self, f: Finished, replica: SimReplica | None, t: float) -> None:
-        """The prefill leg answered: its endpoint is free; the KV travels to decode. A failed
-        leg (cut off) leaves the decode endpoint to compute the prompt itself, as pd.py does."""
+        """The prefill leg answered: its endpoint is free; the plan's decode leg carries the
+        KV (the hand-off is the decode replica's pull) or, after a failed leg (cut off),
+        computes the prompt itself, as pd.py does."""
         rid = f.request_id[2:]
-        h, prefill = self.prefilling.pop(rid)
+        h, prefill, plan = self.prefilling.pop(rid)
         self.router.core.finish(prefill)
         if not f.is_aborted:
             self.router.feedback.success(prefill)  # the non-streamed side call went well
-        decode = self.serving.get(rid)
-        if decode is None:
+        if rid not in self.serving:
             return
-        if f.is_aborted or replica is None or self.handoff is None:
-            if decode.name in self.runtime.by_name:
-                self.send(decode.name, rid, h, t)
+        kv = None if f.is_aborted or replica is None else replica.handoff(f.request_id)
+        step = plan.prefill_done(kv)
+        if step.kv is None:  # the decode endpoint computes the prompt itself
+            if step.endpoint.name in self.runtime.by_name:
+                self.send(step.endpoint.name, rid, h, t)
             return
-        preload = replica.handoff(f.request_id)
-        self.in_transfer[rid] = (h, replica, preload)
-        self.push(t + self.handoff.seconds(preload.num_tokens), "handoff", rid)
+        assert replica is not None and self.handoff is not None  # a P/D pool's leg answered
+        self.in_transfer[rid] = (h, replica, step.kv)
+        self.push(t + self.handoff.seconds(step.kv.num_tokens), "handoff", rid)
 
     def handoff_done(self, rid: str, t: float) -> None:
         h, prefill_replica, preload = self.in_transfer.pop(rid)
