@@ -1,8 +1,9 @@
 """Whether a disaggregated request gets a separate prefill leg: pluggable deciders.
 
-The P/D orchestrator (pd.py) picks the decode endpoint first, since its prefix cache
-decides how much of the prompt is still to compute; a decider then looks at that decision
-and says whether a prefill endpoint should compute the prompt before decode starts.
+The P/D plan (pd_plan.py, which the router's pd.py and the simulator both run) picks the
+decode endpoint first, since its prefix cache decides how much of the prompt is still to
+compute; a decider then looks at that decision and says whether a prefill endpoint
+should compute the prompt before decode starts.
 Registered by type name in DECIDERS (config `pd.decider`); each factory takes the
 RouterConfig and the decider is pure (no I/O, no clocks).
 

@@ -6,14 +6,16 @@ What is real and what is simulated:
   indexes, policies with their filters, scorers and saturation guard; every request goes
   through `route` and `start`, as the dispatcher does, and precise-mode endpoints get their
   engine's BlockStored/BlockRemoved events after each step, as `kv_events.py` feeds them),
-  for a prefill/decode pool the router's P/D path (decode first, the P/D decider, a
-  prefill leg that holds its KV for the decode replica's preload), and the control loop
+  the router's own plan for each request (`kvfleet_router.pd_plan`, which its pd.py and
+  dispatcher run too): for a prefill/decode pool decode first, the P/D decider, a prefill
+  leg that holds its KV for the decode replica's preload; for a unified pool with
+  `routing.kvSharing` the peer hint after the choice; and the control loop
   itself: `ControlLoop.tick()` (signals, the scaler under test, reconcile, the router
   push, drains), the same code `kvfleet up` runs, over the virtual-time ports in `ports.py`;
 - simulated: GPU time (the engine's cost-model profile, per step), the P/D KV hand-off
   (`handoff.py`: bytes over a link plus a fixed latency), process start-up
   (`startup_s` from provisioning to ready), with `routing.kvSharing` the peer prefix
-  fetch (`peer_fetch.py`: the router core's own hint, the peer's real export and the
+  fetch (`peer_fetch.py`: the router's own hint, the peer's real export and the
   target's real install, bytes over a link plus a fixed latency in between), the network
   (zero latency: KV events arrive at
   the end of the step that made them; `client_latency_s`, default 0, is the client's fixed

@@ -1,9 +1,10 @@
 """The prefill -> decode KV hand-off in virtual time: bytes over a link plus a fixed latency.
 
-A disaggregated request follows the router's own P/D path (`kvfleet_router.pd`): decode is
-picked first, the pool's P/D decider (`pd_deciders`, default `uncached-tokens`) says
-whether a prefill leg runs, the prefill replica computes the prompt with `max_tokens=1`
-and holds its blocks, and the decode replica starts once the KV has arrived:
+A disaggregated request follows the router's own P/D plan (`kvfleet_router.pd_plan`, which
+the router's `pd.py` runs too): decode is picked first, the pool's P/D decider
+(`pd_deciders`, default `uncached-tokens`) says whether a prefill leg runs, the prefill
+replica computes the prompt with `max_tokens=1` and holds its blocks, and the decode
+replica starts once the KV has arrived:
 
     seconds = latency_s + num_tokens * bytes_per_token / bytes_per_s
 

@@ -1,8 +1,9 @@
 """Peer prefix fetches in virtual time (`routing.kvSharing`): KV moved instead of recomputed.
 
-With `kv_sharing.enabled` in the pushed router config, the fleet's dispatch asks the
-router core for a hint after each decision (`RouterCore.peer_hint`, as the dispatcher's
-`with_peer_hint` does; `kvfleet_router.peer_hint.decide_peer_hint` decides). An attached
+With `kv_sharing.enabled` in the pushed router config, the fleet's dispatch asks for a
+hint after each decision through the router's own plan (`kvfleet_router.pd_plan.peer_hint`,
+which the dispatcher's `with_peer_hint` calls too; `RouterCore.peer_hint` and
+`kvfleet_router.peer_hint.decide_peer_hint` decide). An attached
 hint names a peer and the engine hashes of the prompt's leading blocks; then, as the
 server's `peer_fetch.py` does before the request is added:
 
