@@ -49,15 +49,15 @@ class RecordingForwarder:
         return web.Response(text="ok")
 
 
-def router_pieces(cfg: dict) -> tuple[RouterCore, Dispatcher, Disaggregator, RouterMetrics,
-                                      RecordingForwarder]:
+def router_pieces(cfg: dict):
+    """The router's real core, dispatcher and Disaggregator, wired as app.py wires them."""
     core = RouterCore(RouterConfig.from_dict(cfg), rng=random.Random(0))
     metrics = RouterMetrics(lambda: core, lambda: 0)
     feedback = HealthFeedback(metrics, lambda: core.cfg)
     forwarder = RecordingForwarder()
-    dispatcher = Dispatcher(core, WaitQueue(8), metrics, forwarder, feedback)  # type: ignore[arg-type]
-    return core, dispatcher, Disaggregator(core, dispatcher, forwarder, feedback, metrics), \
-        metrics, forwarder  # type: ignore[arg-type]  # fmt: skip
+    dispatcher = Dispatcher(core, WaitQueue(8), metrics, forwarder, feedback)
+    disaggregator = Disaggregator(core, dispatcher, forwarder, feedback, metrics)
+    return core, dispatcher, disaggregator, metrics, forwarder
 
 
 async def router_prefill_legs(num_tokens: int) -> int:
