@@ -158,15 +158,12 @@ class FakeBackendEngine:
         return PrefixInstall()
 
     def step(self) -> list[FakeOutput]:
-        """Up to the earliest completion or `step_s`; answers what is done by then."""
+        """Answers what is done by the step's start (the fleet releases them then, at
+        their own time), then runs to the next completion or `step_s`, whichever is first."""
         heap = self._done
         start = self.clock.now_s
-        end = start + self.model.step_s
-        if heap and heap[0][0] < end:
-            end = max(heap[0][0], start)
-        self.clock.now_s = end
         out: list[FakeOutput] = []
-        while heap and heap[0][0] <= end:
+        while heap and heap[0][0] <= start:
             _, rid = heapq.heappop(heap)
             req = self.in_flight.pop(rid, None)
             if req is None:  # aborted
@@ -174,6 +171,10 @@ class FakeBackendEngine:
             self.num_blocks_in_use -= req.num_blocks
             self.num_generation_tokens += req.num_output
             out.append(FakeOutput(rid, [0] * req.num_output))
+        end = start + self.model.step_s
+        if heap and heap[0][0] < end:
+            end = heap[0][0]
+        self.clock.now_s = end
         return out
 
     def abort_request(self, request_id: str) -> bool:

@@ -65,10 +65,12 @@ def test_each_request_takes_its_own_time_with_no_batching():
     eng.clock.now_s = 1.01
     done = {}
     while eng.has_unfinished_requests():
+        start = eng.clock.now_s  # the fleet releases what a step answers at its start
         for out in eng.step():
-            done[out.request_id] = (eng.clock.now_s, len(out.token_ids))
-    assert done["a"][0] == pytest.approx(1.0 + 3 * p + 10 * d)
-    assert done["b"][0] == pytest.approx(1.01 + 1 * d)  # not behind "a"
+            done[out.request_id] = (start, len(out.token_ids))
+    # answered at their own completion time, not earlier (nor a step later)
+    assert done["a"][0] == pytest.approx(1.0 + 3 * p + 10 * d, abs=1e-9)
+    assert done["b"][0] == pytest.approx(1.01 + 1 * d, abs=1e-9)  # not behind "a"
     assert done["a"][1] == 10 and done["b"][1] == 1
     assert eng.stats().kv_usage == 0.0
 
