@@ -20,26 +20,27 @@ Reported per target:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-from kvfleet_bench import load_stats, loadgen, procs, routers
+from kvfleet_bench import loadgen, procs, routers
 from kvfleet_bench import traces as trace_mooncake
-from kvfleet_bench.prefix_cache import LRUPrefixCache
+from kvfleet_bench.cache_replay import (
+    git_state,
+    pooled_reference,
+    router_options,
+    run_target,
+    start_backends,
+    summarise_reps,
+)
 from kvfleet_bench.procs import RESULTS_DIR
 from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.sections.router_cache_hits import results_markdown
-from kvfleet_bench.stats import percentile
 
 DEFAULT_TARGETS = [
     "kvfleet:cache-aware",
@@ -48,9 +49,6 @@ DEFAULT_TARGETS = [
     "sglang:cache_aware",
     "vllm:cache_aware",
 ]
-MODEL = "fake-model"
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--targets", default=",".join(DEFAULT_TARGETS))
@@ -94,171 +92,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         except ValueError as exc:
             p.error(str(exc))
     return args
-
-
-def router_options(args: argparse.Namespace) -> dict[str, dict]:
-    """Every router at its shipped defaults, unless --size-kvfleet-prefix sizes kvfleet's
-    prefix index like the backends' caches (an operator's tuning the peers do not get)."""
-    if not args.size_kvfleet_prefix:
-        return {}
-    block_bytes = 64
-    return {
-        "kvfleet": {
-            "sections": {
-                "prefix": {
-                    "block_bytes": block_bytes,
-                    "max_blocks_per_endpoint": args.cache_blocks * args.block_chars // block_bytes,
-                }
-            }
-        },
-    }
-
-
-def git_state() -> dict[str, Any]:
-    """The commit measured, and whether router/ differed from it in the working tree (other
-    engineers edit it concurrently): a hash of `git diff HEAD -- router/` pins that too."""
-    import hashlib
-    import subprocess
-
-    def git(*a: str) -> str:
-        proc = subprocess.run(["git", *a], capture_output=True, text=True, cwd=procs.REPO_DIR)
-        return proc.stdout if proc.returncode == 0 else ""
-
-    diff = git("diff", "HEAD", "--", "router/")
-    return {"commit": git("rev-parse", "HEAD").strip(),
-            "router_last_commit": git("log", "-1", "--format=%h %s", "--", "router/").strip()[:90],
-            "router_tree_differs": bool(diff),
-            "router_diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:12] if diff else ""}
-
-
-def start_backends(args: argparse.Namespace, workdir: Path):
-    ports = [procs.free_port() for _ in range(args.num_backends)]
-    cmd = [
-        sys.executable, "-m", "kvfleet_bench.fake_backend", "--model", MODEL,
-        "--cache-blocks", str(args.cache_blocks), "--block-chars", str(args.block_chars),
-        "--prefill-ms-per-block", str(args.prefill_ms_per_block / args.speedup),
-        "--token-delay-ms", str(args.ms_per_output_token / args.speedup),
-        "--max-num-tokens", str(args.max_output_tokens),
-    ]
-    for port in ports:
-        cmd += ["--port", str(port)]
-    proc = procs.start(cmd, workdir / "backends.log", None if args.no_pin else args.client_cpu)
-    urls = [f"http://127.0.0.1:{port}" for port in ports]
-    for url in urls:
-        procs.wait_until(partial(procs.http_get, f"{url}/health"), proc, "fake backend")
-    return proc, urls
-
-
-async def replay(
-    url: str, requests: list[trace_mooncake.TraceRequest], args: argparse.Namespace
-) -> list[dict[str, Any]]:
-    """Send each request at its (compressed) arrival time; collect where it went."""
-    out: list[dict[str, Any]] = [{} for _ in requests]
-
-    async def one(i: int, req: trace_mooncake.TraceRequest, session: aiohttp.ClientSession):
-        body = json.dumps({
-            "model": MODEL,
-            "prompt": trace_mooncake.prompt_text(req.hash_ids, args.block_chars),
-            "max_tokens": max(1, min(req.output_length, args.max_output_tokens)),
-        }).encode()
-        result = await loadgen.send(session, url, body, is_stream=False, keep_body=True)
-        row: dict[str, Any] = {"is_ok": result.is_ok, "latency_s": result.latency_s,
-                               "error": result.error}
-        if result.is_ok:
-            try:
-                parsed = json.loads(result.body)
-                row["backend"] = parsed["system_fingerprint"]
-                cached = parsed["usage"]["prompt_tokens_details"]["cached_tokens"]
-                row["num_hit_blocks"] = cached // args.block_chars
-            except (ValueError, KeyError, TypeError):
-                row.update(is_ok=False, error="unparsable response")
-        out[i] = row
-
-    t0 = time.perf_counter()
-    tasks = []
-    async with loadgen.new_session(timeout_s=120.0) as session:
-        for i, req in enumerate(requests):
-            delay = t0 + req.arrival_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i, req, session)))
-        await asyncio.gather(*tasks)
-        await loadgen.settle_drains()
-    return out
-
-
-def pooled_reference(requests: list[trace_mooncake.TraceRequest], args) -> float:
-    """Hit fraction of one cache as big as all backends' together: an upper bound on affinity."""
-    cache = LRUPrefixCache(args.cache_blocks * args.num_backends, args.block_chars)
-    num_hit = num_blocks = 0
-    for req in requests:
-        lookup = cache.lookup_and_store(trace_mooncake.prompt_text(req.hash_ids, args.block_chars))
-        num_hit += lookup.num_hit_blocks
-        num_blocks += lookup.num_prompt_blocks
-    return num_hit / num_blocks if num_blocks else 0.0
-
-
-def run_target(target, requests, args, backend_urls, workdir) -> dict[str, Any]:
-    for url in backend_urls:
-        procs.http_post_json(f"{url}/bench/reset", {})
-    router = routers.launch(target, backend_urls, workdir, args.router_cpu_pin,
-                            router_options(args))
-    try:
-        t_start = time.time()
-        rows = asyncio.run(replay(router.urls[0] + "/v1/completions", requests, args))
-        t_end = time.time()
-        peak_rss_mb = procs.rss_bytes(router.pid) / 2**20 if router.pid else 0.0
-    finally:
-        router.stop()
-    stats = [json.loads(procs.http_get(f"{u}/bench/stats?timeline=1", 10)) for u in backend_urls]
-    num_blocks = sum(s["num_prompt_blocks"] for s in stats)
-    num_hit = sum(s["num_hit_blocks"] for s in stats)
-    ok = [r for r in rows if r["is_ok"]]
-    served = [(req, r) for req, r in zip(requests, rows, strict=True) if r["is_ok"]]
-    client_blocks = sum(len(req.hash_ids) for req, _ in served)
-    routes = [(req.hash_ids, r["backend"]) for req, r in served]
-    latencies = [r["latency_s"] for r in ok]
-    return {
-        "num_requests": len(rows),
-        "num_errors": len(rows) - len(ok),
-        "errors": dict(Counter(r["error"] for r in rows if not r["is_ok"])),
-        "hit_fraction": num_hit / num_blocks if num_blocks else 0.0,
-        "hit_fraction_from_responses": (
-            sum(r["num_hit_blocks"] for r in ok) / client_blocks if client_blocks else 0.0
-        ),
-        "num_prompt_blocks": num_blocks,
-        "requests_per_backend": {s["name"]: s["num_requests"] for s in stats},
-        **load_stats.backends_per_prefix(routes),
-        "imbalance": load_stats.imbalance_summary(
-            [s["timeline"] for s in stats], t_start, t_end, args.window_s, 0.01
-        ),
-        "latency_p50_ms": percentile(latencies, 50) * 1000,
-        "latency_p99_ms": percentile(latencies, 99) * 1000,
-        "router_peak_rss_mb": peak_rss_mb,
-        "wall_s": t_end - t_start,
-    }
-
-
-MEDIAN_FIELDS = ("hit_fraction", "hit_fraction_from_responses", "mean_backends_per_shared_prefix",
-                 "fraction_shared_on_one_backend", "latency_p50_ms", "latency_p99_ms",
-                 "router_peak_rss_mb")
-
-
-def summarise_reps(reps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians and [min, max] over repetitions (imbalance field by field); errors add up."""
-    out: dict[str, Any] = {k: statistics.median(r[k] for r in reps) for k in MEDIAN_FIELDS}
-    out["imbalance"] = {k: statistics.median(r["imbalance"][k] for r in reps)
-                        for k in reps[0]["imbalance"]}
-    out["spread"] = {k: [min(r[k] for r in reps), max(r[k] for r in reps)]
-                     for k in MEDIAN_FIELDS}
-    out["spread"]["window_max"] = [min(r["imbalance"]["window_max"] for r in reps),
-                                   max(r["imbalance"]["window_max"] for r in reps)]
-    out["spread"]["window_mean"] = [min(r["imbalance"]["window_mean"] for r in reps),
-                                    max(r["imbalance"]["window_mean"] for r in reps)]
-    out["num_requests"] = reps[0]["num_requests"]
-    out["num_errors"] = sum(r["num_errors"] for r in reps)
-    out["reps"] = reps
-    return out
 
 
 def compare(results: dict[str, dict]) -> dict[str, Any]:

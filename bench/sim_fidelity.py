@@ -2,6 +2,14 @@
 
     .venv/bin/python bench/sim_fidelity.py                    # 3-minute slice, ~4 min wall
     .venv/bin/python bench/sim_fidelity.py --duration-s 40 --start-s 1410   # a shorter one
+    .venv/bin/python bench/sim_fidelity.py --routing          # routing, below; ~12 min
+    .venv/bin/python bench/sim_fidelity.py --routing --quick  # seconds
+
+`--routing` (issue 26, item 4) compares routing instead: the hit fraction of kvfleet's
+cache-aware, least-request and round-robin policies and of sglang-router's cache_aware,
+live (bench/router_cache_hits.py's fake backends and replay) against the simulator with
+replicas that model those fake backends, on the same requests; see
+kvfleet_bench/routing_fidelity.py. It writes bench/results/sim_routing_fidelity.json.
 
 The scenario: `sim/pools/fidelity-4.yaml`, exactly four replicas of kvfleet's engine with
 the `simulated` runner on the `h100-llama3-8b` profile (the same profile file both ways),
@@ -374,6 +382,10 @@ def summary(out: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if "--routing" in argv:  # the routing comparison (kvfleet_bench/routing_fidelity.py)
+        from kvfleet_bench import routing_fidelity
+
+        return routing_fidelity.main([a for a in argv if a != "--routing"])
     args = parse(argv)
     try:
         out = compare(args)

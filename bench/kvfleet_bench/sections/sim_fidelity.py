@@ -1,4 +1,5 @@
-"""bench/sim_fidelity.py: `kvfleet up` (live) vs `kvfleet sim` on one scenario."""
+"""bench/sim_fidelity.py: `kvfleet up` (live) vs `kvfleet sim` on one scenario, and with
+`--routing` the routers' hit fractions live vs simulated (sim_routing_fidelity.json)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from kvfleet_bench.sections._fmt import code, pct, table
 
-FILES = ("sim_fidelity",)
+FILES = ("sim_fidelity", "sim_routing_fidelity", "sim_routing_fidelity_run1")
 
 _ROWS = [("TTFT p50 (ms)", "ttft_p50_s", 1000), ("TTFT p90 (ms)", "ttft_p90_s", 1000),
          ("E2E p50 (ms)", "e2e_p50_s", 1000), ("E2E p90 (ms)", "e2e_p90_s", 1000),
@@ -19,7 +20,79 @@ def _gap(x: float) -> str:
 
 
 def render_sim_fidelity(results: dict[str, Any]) -> str:
-    r = results["sim_fidelity"]
+    text = _render_latency(results["sim_fidelity"])
+    routing = [stem for stem in FILES[1:] if stem in results]
+    for i, stem in enumerate(routing):
+        text += "\n\n" + render_routing(results[stem], stem, is_first=i == 0)
+    return text
+
+
+def _hit(d: dict[str, Any]) -> str:
+    if len(d["values"]) == 1:
+        return f"{d['median']:.3f}"
+    return f"{d['median']:.3f} ({d['min']:.3f}–{d['max']:.3f})"
+
+
+def render_routing(r: dict[str, Any], stem: str, is_first: bool) -> str:
+    m = r["meta"]
+    git = m["git"]
+    out = []
+    if is_first:
+        out += ["**Routing: hit fraction live vs simulated** (`--routing`)", "",
+                code(".venv/bin/python bench/sim_fidelity.py --routing   # writes "
+                     "bench/results/sim_routing_fidelity.json",
+                     ".venv/bin/python bench/sim_fidelity.py --routing --quick   # seconds; "
+                     "what tests/bench runs"), ""]
+    out += [f"**`bench/results/{stem}.json`**:", ""]
+    shape = m["trace_shape"]
+    out.append(
+        f"Run: `{m['command'].strip()}`, started {m['started_utc']}; `{m['trace']}`, "
+        f"{shape['num_requests']} requests after skipping {m['skip']}, replayed at "
+        f"x{m['speedup']:g}; {m['num_backends']} backends x {m['cache_blocks_per_backend']} "
+        f"blocks (LRU), one hash id = {m['block_chars']} characters live = "
+        f"{m['sim_block_tokens']} token ids in the simulator; "
+        f"{m['prefill_ms_per_block']:g} ms per missed block and {m['ms_per_output_token']:g} "
+        f"ms per output token before compression, outputs capped at "
+        f"{m['max_output_tokens']} tokens. Live: {m['reps']} repetitions; simulator "
+        f"(`{m['sim_pool']}`, fake-backend replicas, steps of at most {m['sim_step_ms']:g} "
+        f"ms): {m['sim_seeds']} seeds. Cells: median (min–max). Commit "
+        f"{git['commit'][:10]}{' (router/ differed from it)' if git['router_tree_differs'] else ''}"
+        f", load average {m['loadavg_1m'][0]:g} -> {m['loadavg_1m'][1]:g}. Pooled-cache "
+        f"ceiling {r['pooled_cache_hit_fraction']:.3f}.")
+    out.append("")
+    rows = []
+    for target, row in r["rows"].items():
+        live, sim = row["live"], row["sim"]
+        rows.append([f"`{target}`", f"`{row['sim_policy']}`", _hit(live["hit_fraction"]),
+                     _hit(sim["hit_fraction"]), f"{100 * row['gap']:+.1f}%",
+                     f"{live['mean_backends_per_shared_prefix']['median']:.2f} / "
+                     f"{sim['mean_backends_per_shared_prefix']['median']:.2f}",
+                     str(live["num_errors"])])
+    out.append(table(["live target", "simulator policy", "hit fraction, live",
+                      "hit fraction, sim", "gap", "backends per shared prefix, live / sim",
+                      "live errors"], rows))
+    rank = r["ranking"]
+    over = r["over_tolerance"]
+    disagree = [" vs ".join(d["pair"]) for d in rank["disagreements"]]
+    same = "the same order" if rank["is_median_order_equal"] else "a different order"
+    out += ["",
+            "Per repetition, live: " + "; ".join(
+                f"{t} " + ", ".join(f"{v:.3f}" for v in row["live"]["hit_fraction"]["values"])
+                for t, row in r["rows"].items()) + ". Per seed, sim: " + "; ".join(
+                f"{row['sim_policy']} " + ", ".join(
+                    f"{v:.3f}" for v in row["sim"]["hit_fraction"]["values"])
+                for row in r["rows"].values()) + ".",
+            "",
+            f"Ranking by median hit fraction, live: {' > '.join(rank['live'])}; sim: "
+            f"{' > '.join(rank['sim'])} ({same}). "
+            f"Rank disagreements (a pair ordered differently where a side's ranges separate "
+            f"it): {', '.join(disagree) or 'none'}. Gap = (sim - live) / live; tolerance "
+            f"{pct(0)(m['tolerance'])}: {'exceeded by ' + ', '.join(over) if over else 'met'}. "
+            f"Verdict: {'pass' if r['is_ok'] else 'FAIL'}."]
+    return "\n".join(out)
+
+
+def _render_latency(r: dict[str, Any]) -> str:
     a, info, measured = r["args"], r["live_info"], r.get("measured", {})
     live, sim, free = r["live"], r["sim"], r["sim_network_free"]
     client_ms = 1000 * r["client_latency_s"]

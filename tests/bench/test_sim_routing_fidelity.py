@@ -1,0 +1,51 @@
+"""Smoke test of `bench/sim_fidelity.py --routing --quick`: the routers live in front of fake
+backends and the simulator with fake-backend replicas, on the same requests, compared."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"
+HAS_PEERS = (BENCH / ".venv-peers" / "bin" / "vllm-router").exists()
+HAS_KVFLEET_ROUTER = (REPO / "router" / "kvfleet_router" / "cli.py").exists()
+TRACE = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="shared/traces not beside the repository")
+@pytest.mark.skipif(not HAS_KVFLEET_ROUTER, reason="kvfleet's router is not in this build")
+def test_routing_fidelity_quick(tmp_path):
+    targets = ["kvfleet:cache-aware", "kvfleet:round-robin"]
+    if HAS_PEERS:
+        targets.append("sglang:cache_aware")
+    out = tmp_path / "routing.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "sim_fidelity.py"), "--routing", "--quick", "--no-pin",
+         "--targets", ",".join(targets), "--out", str(out)],
+        capture_output=True, text=True, timeout=240, cwd=REPO)
+    # exit 1 is a verdict (a gap or a rank disagreement on a one-repetition quick run),
+    # not a failure of the machinery
+    assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr
+    result = json.loads(out.read_text())
+    assert list(result["rows"]) == targets
+    assert result["num_live_errors"] == 0
+    assert (proc.returncode == 0) == result["is_ok"]
+    for row in result["rows"].values():
+        live, sim = row["live"]["hit_fraction"], row["sim"]["hit_fraction"]
+        assert len(live["values"]) == 1 and len(sim["values"]) == result["meta"]["sim_seeds"]
+        assert 0.0 < live["median"] < 1.0 and 0.0 < sim["median"] < 1.0
+        assert row["gap"] == pytest.approx((sim["median"] - live["median"]) / live["median"])
+    # round-robin is deterministic on both sides: the same hit fraction up to the order of
+    # near-simultaneous arrivals (the live client sends them concurrently)
+    rr = result["rows"]["kvfleet:round-robin"]
+    assert abs(rr["gap"]) < 0.05
+    ranked = result["ranking"]
+    assert sorted(ranked["live"]) == sorted(targets) == sorted(ranked["sim_as_live_targets"])
+    assert result["meta"]["sim_block_tokens"] * 8 == result["meta"]["block_chars"]
+    assert "bench/README.md: section sim_fidelity left alone" in proc.stderr
