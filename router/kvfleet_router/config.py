@@ -26,7 +26,7 @@ policy:
   override_header: x-kvfleet-policy
   imbalance: {abs_threshold: 8, rel_threshold: 1.5}   # cache-aware's load guard
   ucb_c: 1.0                     # UCB1 exploration constant
-  load_factor: 1.25              # bounded load of latency/ucb/slo/prefix-cache/least-kv
+  load_factor: 1.25              # bounded load of latency/ucb/slo/least-kv
   ttft_ref_s: 0.5                # reward = ttft_ref / (ttft_ref + ttft), in (0, 1]
   slo: {prefill_s_per_token: 0.0005, decode_s_per_token: 0.02, ewma_alpha: 0.2,
         ttft_s: 2.0, tpot_s: 0.05,   # targets unless the request's headers set them
@@ -292,7 +292,7 @@ class PolicyConfig:
     override_header: Str = Field(default="x-kvfleet-policy", min_length=1)
     imbalance: ImbalanceConfig = Field(default_factory=ImbalanceConfig)
     ucb_c: Float = Field(default=1.0, ge=0, le=100)
-    # latency / ucb / slo / prefix-cache / least-kv choose only among endpoints whose load with this
+    # latency / ucb / slo / least-kv choose only among endpoints whose load with this
     # request stays <= ceil(load_factor * fair share) (filters.py, `bounded-load`)
     load_factor: Float = Field(default=1.25, ge=1, le=100)
     ttft_ref_s: Float = Field(default=0.5, gt=0, le=HOUR_S)

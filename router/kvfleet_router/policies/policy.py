@@ -13,7 +13,7 @@ named policies (PRESETS) are pipelines too; only `cache-aware` reads `policy.wei
 * least-request: queue.
 * least-kv:      kv + 4 queue (the kv score is one scrape old; the live queue keeps it
                  current), inside bounded-load.
-* prefix-cache:  prefix + 0.01 queue (tie-break), inside bounded-load and behind the guard.
+* prefix-cache:  prefix + 0.01 queue (tie-break), behind the guard.
 * session:       session + 0.01 queue (the session scorer bounds its own load).
 * latency:       latency + queue, inside bounded-load.
 * ucb:           ucb + queue, exploring inside bounded-load.
@@ -115,7 +115,10 @@ PRESETS: dict[str, Callable[[RouterConfig], PipelineConfig]] = {
     "random": _preset({}, "weighted-random"),
     "least-request": _preset({"queue": 1.0}),
     "least-kv": _preset({"kv": 1.0, "queue": 4.0}, bounded=True),
-    "prefix-cache": _preset({"prefix": 1.0, "queue": 0.01}, guard=True, bounded=True),
+    # Affinity first, load bounded by the guard alone (sglang's cache_aware shape): inside
+    # bounded-load it could pick only near-idle endpoints and lost most hits
+    # (bench/sim_policies.md).
+    "prefix-cache": _preset({"prefix": 1.0, "queue": 0.01}, guard=True),
     "session": _preset({"session": 1.0, "queue": 0.01}),
     "latency": _preset({"latency": 1.0, "queue": 1.0}, bounded=True),
     "ucb": _preset({"ucb": 1.0, "queue": 1.0}, bounded=True),
