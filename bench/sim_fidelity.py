@@ -45,6 +45,15 @@ mean TTFT as the engines measured it, which splits the client's TTFT into hops a
 engine. Writes bench/results/sim_fidelity.json; exits 1 when a TTFT or throughput gap is
 beyond `--tolerance` (default 0.15, the issue's target).
 
+Both also report the router's performance model's error (perf_model.py): the MAPE of what
+it predicted for each finished stream's TTFT and TPOT against what the stream got, live
+from the router's `kvfleet_router_perf_model_mape` x `_samples` over the replay (the
+difference of two scrapes), simulated from the same trackers. `--policy slo` runs both
+sides with the predictive `slo` policy (whose own predictions are then the ones scored;
+under any other policy the chosen endpoint's own fit is):
+
+    .venv/bin/python bench/sim_fidelity.py --policy slo --json bench/results/sim_fidelity_slo.json
+
 Why this slice: four simulated H100s are loaded but not overloaded by it. The code trace
 is prefill-heavy (prompts ~2.3k tokens, outputs ~26) and bursty (10-second bursts at
 ~13 req/s): the bursts queue prefills (TTFT p90 is ~4x p50) while ~99% of requests still
@@ -63,8 +72,11 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -187,8 +199,10 @@ def sim_done(finished: list[Any]) -> SimRun:
 SimRun = tuple[list[Done], int, list[int]]  # completed, failed, requests per replica
 
 
-def run_sim(args: argparse.Namespace, seed: int, client_latency_s: float) -> SimRun:
-    """`kvfleet sim run --scaler fixed-max` on the slice."""
+def run_sim(args: argparse.Namespace, seed: int, client_latency_s: float,
+            ) -> tuple[SimRun, dict[str, Mape]]:
+    """`kvfleet sim run --scaler fixed-max` on the slice; also the router's perf-model
+    error over it (the simulator counts it after its warm-up, here none)."""
     from kvfleet_sim.fleet import SimSettings
     from kvfleet_sim.run import Variant, run_variants
 
@@ -197,7 +211,48 @@ def run_sim(args: argparse.Namespace, seed: int, client_latency_s: float) -> Sim
         str(args.trace), [Variant(str(args.pool), "fixed-max")], args.start_s,
         args.duration_s, 0.0, 1.0, settings, rate=args.rate,
     )  # fmt: skip
-    return sim_done(runs[0].result.finished)
+    result = runs[0].result
+    (ttft_sum, ttft_n), (tpot_sum, tpot_n) = result.perf_error
+    return sim_done(result.finished), {"ttft": Mape(ttft_sum, ttft_n),
+                                       "tpot": Mape(tpot_sum, tpot_n)}
+
+
+@dataclass(frozen=True)
+class Mape:
+    """The perf model's error over some predictions: the sum of |predicted - actual| /
+    actual and how many (the router's kvfleet_router_perf_model_mape x _samples)."""
+
+    sum_abs_pct: float
+    num: float
+
+    @property
+    def mape(self) -> float:
+        return self.sum_abs_pct / self.num if self.num else math.nan
+
+    def __sub__(self, other: Mape) -> Mape:
+        return Mape(self.sum_abs_pct - other.sum_abs_pct, self.num - other.num)
+
+
+def router_mape(endpoint: str) -> dict[str, Mape]:
+    """The live router's perf-model error so far, per target, summed over roles (each
+    role's MAPE times its sample count, from the router's /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    base = endpoint.rstrip("/").removesuffix("/v1")  # `kvfleet up` names the API root
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    seen: dict[str, dict[tuple[str, str], float]] = {"mape": {}, "samples": {}}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            kind = sample.name.removeprefix("kvfleet_router_perf_model_")
+            if kind in seen:
+                seen[kind][(sample.labels["role"], sample.labels["target"])] = sample.value
+    out = {}
+    for target in ("ttft", "tpot"):
+        keys = [k for k in seen["samples"] if k[1] == target]
+        out[target] = Mape(sum(seen["mape"].get(k, 0.0) * seen["samples"][k] for k in keys),
+                           sum(seen["samples"][k] for k in keys))
+    return out
 
 
 def probe_trace(args: argparse.Namespace) -> list[Any]:
@@ -238,10 +293,12 @@ def run_live(args: argparse.Namespace, reqs: list[Request], probes: list[Request
         ready_s = time.monotonic() - started
         probed = replay(endpoint, model, probes)
         before = fleet.served()
+        mape_before = router_mape(endpoint)
         load_before = os.getloadavg()[0]
         run = replay(endpoint, model, reqs)
         load_after = os.getloadavg()[0]
         after = fleet.served()
+        mape = {t: m - mape_before[t] for t, m in router_mape(endpoint).items()}
     finally:
         fleet.stop()
     zero = dict.fromkeys(after[next(iter(after))], 0.0) if after else {}
@@ -259,6 +316,7 @@ def run_live(args: argparse.Namespace, reqs: list[Request], probes: list[Request
         "ttft_fraction_within": ttft_cdf,
         "ttft_mean_s": {"client": statistics.fmean(ttfts(run.done)),
                         "engine": engine_ttft},
+        "perf_model_mape": {t: {"mape": m.mape, "num": m.num} for t, m in mape.items()},
         "client_send_lateness_ms": {"p50": percentile(late, 50) * 1e3,
                                     "p99": percentile(late, 99) * 1e3,
                                     "max": max(late, default=math.nan) * 1e3},
@@ -296,6 +354,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trace", type=Path, default=TRACE)
     p.add_argument("--pool", type=Path, default=POOL)
+    p.add_argument("--policy", default=None,
+                   help="run both sides with this routing.policy (default: the pool's)")
     p.add_argument("--start-s", type=float, default=1200.0, help="slice start in the trace")
     p.add_argument("--duration-s", type=float, default=180.0, help="slice length (trace time)")
     p.add_argument("--rate", type=float, default=1.0, help="request-rate multiplier")
@@ -313,10 +373,33 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def git_commit() -> str:
+    """HEAD's short hash, marked when the tree has uncommitted changes."""
+    def git(*argv: str) -> str:
+        return subprocess.run(["git", *argv], capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+
+    dirty = " (uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
+    return (git("rev-parse", "--short", "HEAD") or "(unknown)") + dirty
+
+
+def with_policy(pool: Path, policy: str) -> Path:
+    """A copy of the pool file with `routing.policy` set (both sides read the copy)."""
+    import yaml
+
+    doc = yaml.safe_load(pool.read_text())
+    doc["spec"].setdefault("routing", {})["policy"] = policy
+    out = Path(tempfile.mkdtemp(prefix="sim-fidelity-")) / f"{pool.stem}-{policy}.yaml"
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return out
+
+
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     """Run the scenario both ways; everything bench/results/sim_fidelity.json holds."""
     from kvfleet_operator.api import load_pool
 
+    if args.policy is not None:
+        args.pool = with_policy(args.pool, args.policy)
     spec = load_pool(str(args.pool)).spec
     reps = spec.topology.unified.replicas if spec.topology.unified else None
     if reps is None or reps.min != reps.max:
@@ -332,8 +415,13 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     hop = max(0.0, {"split": split, "probe": probe_ms["ttft_p50_ms"] / 1e3, "zero": 0.0}[
         args.client_latency])  # fmt: skip
     started = time.perf_counter()
-    sims = [run_sim(args, args.seed + k, hop) for k in range(args.sim_seeds)]
+    sim_runs = [run_sim(args, args.seed + k, hop) for k in range(args.sim_seeds)]
     sim_wall_s = time.perf_counter() - started
+    sims = [run for run, _ in sim_runs]
+    sim_mape = {t: {"mape": statistics.median(m[t].mape for _, m in sim_runs),
+                    "per_seed": [m[t].mape for _, m in sim_runs],
+                    "num": statistics.median(m[t].num for _, m in sim_runs)}
+                for t in ("ttft", "tpot")}  # fmt: skip
     per_seed = [figures(*s) for s in sims]
     sim = median_figures(per_seed)
     free_runs = [shifted(d, -hop) for d, _, _ in sims]
@@ -349,6 +437,10 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         "sim_per_seed": [asdict(f) for f in per_seed],
         "probe_live_minus_sim": probe_ms, "paired_live_minus_sim": paired(sims[0][0], live_done),
         "live_info": info, "sim_wall_s": sim_wall_s,
+        "perf_model_mape": {"live": info["perf_model_mape"], "sim": sim_mape},
+        "measured": {"commit": git_commit(), "loadavg_1m": (
+            f"{info['loadavg_1m_before']:.2f} -> {info['loadavg_1m_after']:.2f} "
+            f"({os.cpu_count()} cores)")},
         "over_tolerance": {k: gap[k] for k in GAP_KEYS if not abs(gap[k]) <= args.tolerance},
     }  # fmt: skip
 
@@ -372,6 +464,13 @@ def summary(out: dict[str, Any]) -> str:
         f"{mean['engine'] * 1e3:.1f}, sim network free {mean['sim_network_free'] * 1e3:.1f}",
         "TTFT within " + " / ".join(f"{b} s" for b in TTFT_BOUNDS) + ": " + "; ".join(
             f"{who} " + " / ".join(f"{v:.1%}" for v in fr.values()) for who, fr in within.items()),
+        "perf model MAPE, TTFT / TPOT: live " + " / ".join(
+            f"{out['perf_model_mape']['live'][t]['mape']:.1%}" for t in ("ttft", "tpot"))
+        + " over " + " / ".join(
+            f"{out['perf_model_mape']['live'][t]['num']:.0f}" for t in ("ttft", "tpot"))
+        + " predictions; sim " + " / ".join(
+            f"{out['perf_model_mape']['sim'][t]['mape']:.1%}" for t in ("ttft", "tpot"))
+        + " (median of seeds)",
         f"load average {info['loadavg_1m_before']:.2f} -> {info['loadavg_1m_after']:.2f}; "
         f"client send lateness p99 {late['p99']:.1f} ms",
     ]  # fmt: skip

@@ -8,7 +8,9 @@ from typing import Any
 
 from kvfleet_bench.sections._fmt import code, pct, table
 
-FILES = ("sim_fidelity", "sim_routing_fidelity", "sim_routing_fidelity_run1")
+FILES = ("sim_fidelity", "sim_fidelity_slo", "sim_routing_fidelity",
+         "sim_routing_fidelity_run1")
+ROUTING_FILES = FILES[2:]
 
 _ROWS = [("TTFT p50 (ms)", "ttft_p50_s", 1000), ("TTFT p90 (ms)", "ttft_p90_s", 1000),
          ("E2E p50 (ms)", "e2e_p50_s", 1000), ("E2E p90 (ms)", "e2e_p90_s", 1000),
@@ -21,10 +23,35 @@ def _gap(x: float) -> str:
 
 def render_sim_fidelity(results: dict[str, Any]) -> str:
     text = _render_latency(results["sim_fidelity"])
-    routing = [stem for stem in FILES[1:] if stem in results]
+    text += "\n\n" + render_mape(results["sim_fidelity"], results.get("sim_fidelity_slo"))
+    routing = [stem for stem in ROUTING_FILES if stem in results]
     for i, stem in enumerate(routing):
         text += "\n\n" + render_routing(results[stem], stem, is_first=i == 0)
     return text
+
+
+def render_mape(default: dict[str, Any], slo: dict[str, Any] | None) -> str:
+    """The perf model's error, live and simulated, per run of the latency scenario."""
+    rows = []
+    for name, r in (("pool's policy", default), ("`--policy slo`", slo)):
+        m = r and r.get("perf_model_mape")
+        if not m:
+            continue
+        live, sim = m["live"], m["sim"]
+        seeds = " / ".join(pct(1)(v) for v in sim["ttft"]["per_seed"])
+        rows.append([f"{name} (`{r['args'].get('policy') or 'cache-aware'}`)",
+                     pct(1)(live["ttft"]["mape"]), pct(1)(sim["ttft"]["mape"]), seeds,
+                     pct(1)(live["tpot"]["mape"]), pct(1)(sim["tpot"]["mape"]),
+                     f"{live['ttft']['num']:.0f} / {live['tpot']['num']:.0f}"])
+    if not rows:
+        return "(no perf-model error recorded in these results)"
+    return "\n".join([
+        "**The router's performance model, live and simulated** (same scenario; `--policy "
+        "slo` writes `bench/results/sim_fidelity_slo.json`): the mean absolute percentage "
+        "error of the TTFT and TPOT predicted for each finished stream.", "",
+        table(["run", "TTFT MAPE, live", "TTFT MAPE, sim (median)", "sim per seed",
+               "TPOT MAPE, live", "TPOT MAPE, sim (median)", "live predictions TTFT / TPOT"],
+              rows)])
 
 
 def _hit(d: dict[str, Any]) -> str:
