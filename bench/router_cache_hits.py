@@ -31,8 +31,10 @@ from typing import Any
 from kvfleet_bench import loadgen, procs, routers
 from kvfleet_bench import traces as trace_mooncake
 from kvfleet_bench.cache_replay import (
+    add_scenario_args,
     git_state,
     pooled_reference,
+    quick_scenario,
     router_options,
     run_target,
     start_backends,
@@ -52,32 +54,16 @@ DEFAULT_TARGETS = [
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--targets", default=",".join(DEFAULT_TARGETS))
-    p.add_argument("--trace", default=str(trace_mooncake.default_trace_path()))
-    p.add_argument("--num-requests", type=int, default=1500)
-    p.add_argument("--skip", type=int, default=0, help="trace lines to skip first")
-    p.add_argument("--speedup", type=float, default=11.0, help="time compression")
-    p.add_argument("--num-backends", type=int, default=4)
-    p.add_argument("--block-chars", type=int, default=512, help="characters per hash id")
-    p.add_argument("--cache-blocks", type=int, default=3000, help="LRU bound per backend")
-    p.add_argument("--prefill-ms-per-block", type=float, default=40.0, help="real time")
-    p.add_argument("--ms-per-output-token", type=float, default=20.0, help="real time")
-    p.add_argument("--max-output-tokens", type=int, default=1024)
-    p.add_argument("--window-s", type=float, default=1.0, help="imbalance window, compressed")
-    p.add_argument("--reps", type=int, default=3, help="repetitions; medians are reported")
+    add_scenario_args(p, "repetitions; medians are reported")
     p.add_argument("--size-kvfleet-prefix", action="store_true",
                    help="size kvfleet's prefix index to the backends' caches (default: every "
                         "router at its shipped defaults)")
-    p.add_argument("--router-cpu", default="0")
-    p.add_argument("--client-cpu", default="1")
-    p.add_argument("--no-pin", action="store_true")
     p.add_argument("--out", default=str(RESULTS_DIR / "router_cache_hits.json"))
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--quick", action="store_true", help="a few seconds per target")
     args = p.parse_args(argv)
     if args.quick:
-        # enough of the trace for multi-turn reuse, squeezed into ~3 s per target
-        args.num_requests, args.speedup, args.block_chars = 400, 60.0, 128
-        args.cache_blocks, args.window_s = 1500, 0.25
+        quick_scenario(args)
     args.target_list = [t for t in args.targets.split(",") if t]
     if "direct" in [t.split(":")[0] for t in args.target_list]:
         p.error("direct has no routing policy; pick router targets")

@@ -30,6 +30,32 @@ from kvfleet_bench.stats import percentile
 MODEL = "fake-model"
 
 
+def add_scenario_args(p: argparse.ArgumentParser, reps_help: str) -> None:
+    """The replay scenario's options (slice, pacing, backends, CPUs), one set for
+    router_cache_hits.py and sim_fidelity.py --routing."""
+    p.add_argument("--trace", default=str(trace_mooncake.default_trace_path()))
+    p.add_argument("--num-requests", type=int, default=1500)
+    p.add_argument("--skip", type=int, default=0, help="trace lines to skip first")
+    p.add_argument("--speedup", type=float, default=11.0, help="time compression")
+    p.add_argument("--num-backends", type=int, default=4)
+    p.add_argument("--block-chars", type=int, default=512, help="characters per hash id")
+    p.add_argument("--cache-blocks", type=int, default=3000, help="LRU bound per backend")
+    p.add_argument("--prefill-ms-per-block", type=float, default=40.0, help="real time")
+    p.add_argument("--ms-per-output-token", type=float, default=20.0, help="real time")
+    p.add_argument("--max-output-tokens", type=int, default=1024)
+    p.add_argument("--window-s", type=float, default=1.0, help="imbalance window, compressed")
+    p.add_argument("--reps", type=int, default=3, help=reps_help)
+    p.add_argument("--router-cpu", default="0")
+    p.add_argument("--client-cpu", default="1")
+    p.add_argument("--no-pin", action="store_true")
+
+
+def quick_scenario(args: argparse.Namespace) -> None:
+    """--quick: enough of the trace for multi-turn reuse, squeezed into seconds a target."""
+    args.num_requests, args.speedup, args.block_chars = 400, 60.0, 128
+    args.cache_blocks, args.window_s = 1500, 0.25
+
+
 def router_options(args: argparse.Namespace) -> dict[str, dict]:
     """Every router at its shipped defaults, unless --size-kvfleet-prefix sizes kvfleet's
     prefix index like the backends' caches (an operator's tuning the peers do not get)."""

@@ -41,7 +41,14 @@ from typing import Any
 
 from kvfleet_bench import load_stats, loadgen, procs, routers
 from kvfleet_bench import traces as trace_mooncake
-from kvfleet_bench.cache_replay import git_state, pooled_reference, run_target, start_backends
+from kvfleet_bench.cache_replay import (
+    add_scenario_args,
+    git_state,
+    pooled_reference,
+    quick_scenario,
+    run_target,
+    start_backends,
+)
 from kvfleet_bench.procs import RESULTS_DIR
 
 # (live target, simulator policy): kvfleet's policies both ways; sglang-router live
@@ -62,32 +69,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
                                 formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--targets", default=",".join(t for t, _ in PAIRS),
                    help="live targets, each paired with its simulator policy (PAIRS)")
-    p.add_argument("--trace", default=str(trace_mooncake.default_trace_path()))
-    p.add_argument("--num-requests", type=int, default=1500)
-    p.add_argument("--skip", type=int, default=0, help="trace lines to skip first")
-    p.add_argument("--speedup", type=float, default=11.0, help="time compression")
-    p.add_argument("--num-backends", type=int, default=4)
-    p.add_argument("--block-chars", type=int, default=512, help="characters per hash id")
-    p.add_argument("--cache-blocks", type=int, default=3000, help="LRU bound per backend")
-    p.add_argument("--prefill-ms-per-block", type=float, default=40.0, help="real time")
-    p.add_argument("--ms-per-output-token", type=float, default=20.0, help="real time")
-    p.add_argument("--max-output-tokens", type=int, default=1024)
-    p.add_argument("--window-s", type=float, default=1.0, help="imbalance window, compressed")
-    p.add_argument("--reps", type=int, default=3, help="live repetitions")
+    add_scenario_args(p, "live repetitions")
     p.add_argument("--sim-seeds", type=int, default=21,
                    help="simulator seeds (about a second each)")
     p.add_argument("--step-ms", type=float, default=1.0,
                    help="the simulated fake backend's longest step, virtual ms")
     p.add_argument("--tolerance", type=float, default=0.10, help="relative, on hit fraction")
-    p.add_argument("--router-cpu", default="0")
-    p.add_argument("--client-cpu", default="1")
-    p.add_argument("--no-pin", action="store_true")
     p.add_argument("--out", type=Path, default=OUT)
     p.add_argument("--quick", action="store_true", help="seconds; what tests/bench runs")
     args = p.parse_args(argv)
     if args.quick:  # router_cache_hits.py --quick's slice and sizes
-        args.num_requests, args.speedup, args.block_chars = 400, 60.0, 128
-        args.cache_blocks, args.window_s, args.reps, args.sim_seeds = 1500, 0.25, 1, 2
+        quick_scenario(args)
+        args.reps, args.sim_seeds = 1, 2
     pairs = dict(PAIRS)
     args.target_list = [t for t in args.targets.split(",") if t]
     unknown = [t for t in args.target_list if t not in pairs]
