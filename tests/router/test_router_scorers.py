@@ -85,13 +85,17 @@ def test_ucb_arithmetic():
     assert ucb_reward(1.5, 0.5) == pytest.approx(0.25)
 
 
-def test_ucb_scorer_is_absolute_and_explores_unpulled_arms():
+def test_ucb_scorer_is_relative_to_the_best_arm_and_explores_unpulled_arms():
     eps = [ep("a"), ep("b"), ep("c")]
     eps[0].num_ucb_pulls, eps[0].ucb_reward_sum = 3, 2.4
     eps[1].num_ucb_pulls, eps[1].ucb_reward_sum = 1, 0.5
     c0 = cfg(ucb_c=0.0)
-    # u = mean reward, capped at 1 (not min-max: a near-tie stays a near-tie)
-    assert SCORERS["ucb"](c0)(eps[:2], ctx()) == pytest.approx([0.8, 0.5])
+    # u / max u (not min-max: a near-tie stays a near-tie)
+    assert SCORERS["ucb"](c0)(eps[:2], ctx()) == pytest.approx([1.0, 0.625])
+    # with the bonus both values pass 1 (0.8 + sqrt(ln 4 / 3), 0.5 + sqrt(ln 4)): they
+    # still differ, where a cap at 1 scored them the same
+    a, b = 0.8 + math.sqrt(math.log(4) / 3), 0.5 + math.sqrt(math.log(4))
+    assert SCORERS["ucb"](cfg())(eps[:2], ctx()) == pytest.approx([a / b, 1.0])
     assert SCORERS["ucb"](cfg())(eps, ctx())[2] == 1.0  # never pulled: explore
 
 

@@ -26,9 +26,10 @@ min-max(x) below means (max - x) / (max - min) over the candidates, 1.0 for all 
            bounded-load filter.
 * ucb:     UCB1 over TTFT per unit of work: u_i = Q_i + c * sqrt(ln t / n_i), Q_i = mean
            reward, reward = ttft_ref / (ttft_ref + ttft / work), work = 1 + uncached
-           ktokens + requests queued ahead at the decision; n_i = 0 -> 1.0; u_i capped at
-           1 (absolute, not min-max). The preset explores only inside the bounded-load set
-           and adds the queue scorer.
+           ktokens + requests queued ahead at the decision; n_i = 0 -> 1.0; else
+           u_i / max u over the answered candidates (not capped at 1, which tied every arm;
+           not min-max). The preset explores only inside the bounded-load set and adds the
+           queue scorer.
 * slo:     predicted TTFT and TPOT (the perf model; priors alpha x uncached x (1 + w) and
            beta until anything is learned) against the request's SLO targets
            (ctx.slo_ttft_s / slo_tpot_s, else policy.slo.ttft_s / tpot_s): endpoints that
@@ -174,12 +175,20 @@ def ucb_values(pulls: Sequence[int], reward_sums: Sequence[float], c: float) -> 
     return out
 
 
+def ucb_scores(values: Sequence[float]) -> list[float]:
+    """UCB values as scores: relative to the best pulled arm (it scores 1), unpulled arms
+    1. Not capped at 1: UCB1 values of rewards in (0, 1] are mostly above 1 once the
+    exploration bonus is added, so a cap scored every arm the same."""
+    top = max((v for v in values if v != math.inf), default=0.0)
+    return [1.0 if v == math.inf or top <= 0 else v / top for v in values]
+
+
 def ucb(cfg: RouterConfig) -> Scorer:
     c = cfg.policy.ucb_c
 
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
         values = ucb_values([e.num_ucb_pulls for e in eps], [e.ucb_reward_sum for e in eps], c)
-        return [min(1.0, v) for v in values]
+        return ucb_scores(values)
 
     return score
 
