@@ -3,6 +3,8 @@ bench/sim_policies.md.
 
     .venv/bin/python bench/sim_policies.py --jobs 2   # ~45 min on 2 free cores; deterministic
     .venv/bin/python bench/sim_policies.py --quick    # shorter slices, N <= 16, for a look
+    .venv/bin/python bench/sim_policies.py --only 'Routing policies'   # those sections only,
+                                                      # put into the existing report in place
 
 Every table is one `kvfleet sim compare` or `kvfleet sim efficiency` (sim/kvfleet_sim)
 over the same trace slice and seed: the real engine scheduler and prefix-cached KV per
@@ -233,11 +235,66 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     return out
 
 
+PARTLY = "> **Partly rerun.**"
+
+
+def splice(text: str, titles: list[str], title: str, section: list[str]) -> str:
+    """`text` with the section called `title` replaced by `section`, or, where it has none,
+    `section` put before the next section of `titles` (the report's order) it has."""
+    block = "\n".join(section) + "\n"
+    start = text.find(f"## {title}\n")
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        return text[:start] + (block + text[end + 1:] if end >= 0 else block.rstrip("\n") + "\n")
+    for later in titles[titles.index(title) + 1:]:
+        at = text.find(f"## {later}\n")
+        if at >= 0:
+            return text[:at] + block + text[at:]
+    return text.rstrip("\n") + "\n\n" + block
+
+
+def rerun_sections(todo: list[tuple[str, str, str, list[str]]], args: argparse.Namespace,
+                   commit: str) -> int:
+    """--only: run the chosen sections and put them into the report and results in place,
+    with a line under the title naming them and the commit they ran on (earlier such lines
+    stay: each says what ran when)."""
+    picked = [i for i, section in enumerate(todo) if any(t in section[0] for t in args.only)]
+    out, saved_path = Path(args.out), RESULTS / "sim_policies.json"
+    if not picked or not out.exists() or not saved_path.exists():
+        print("sim_policies: --only needs a section title it matches and an existing "
+              f"{out.name} and {saved_path.name} to put it into", file=sys.stderr)
+        return 2
+    text, saved = out.read_text(), json.loads(saved_path.read_text())
+    titles = [section[0] for section in todo]
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {i: pool.submit(run_section, todo[i], i) for i in picked}
+        for i in picked:
+            section_lines, result = futures[i].result()
+            text = splice(text, titles, todo[i][0], section_lines)
+            result = compact([result])[0]
+            saved = [r for r in saved if r["title"] != result["title"]] + [result]
+    order = {title: k for k, title in enumerate(titles)}
+    saved.sort(key=lambda r: order.get(r["title"], len(order)))
+    note = (f"{PARTLY} On commit {commit}, `.venv/bin/python bench/sim_policies.py "
+            + " ".join(f"--only '{t}'" for t in args.only) + "` reran: "
+            + "; ".join(f"\"{todo[i][0]}\"" for i in picked) + ".")
+    head, sep, rest = text.partition("\n\n")  # the title, then the newest note first
+    text = head + sep + note + "\n\n" + rest
+    saved_path.write_text(json.dumps(saved, indent=1))
+    out.write_text(text)
+    print(f"wrote {out}", file=sys.stderr)
+    refresh_section("sim_policies", saved_path)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--jobs", type=int, default=1, help="sections run side by side")
     p.add_argument("--out", default=str(ROOT / "bench" / "sim_policies.md"))
+    p.add_argument("--only", action="append", default=[], metavar="TEXT",
+                   help="rerun only the sections whose title contains TEXT (repeatable), "
+                        "each spliced into the existing --out and results file in place")
     args = p.parse_args(argv)
     RESULTS.mkdir(exist_ok=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -250,6 +307,8 @@ def main(argv: list[str]) -> int:
              "looked up. Imbalance: (max - min) / mean of queue/capacity over the endpoints "
              "taking requests, sampled each second.", ""]  # fmt: skip
     todo = sections(args.quick)
+    if args.only:
+        return rerun_sections(todo, args, commit)
     # The longest first, so that with --jobs 2 the scaling-efficiency section (most of the
     # time) runs beside all the others; the report keeps the sections' order.
     order = sorted(range(len(todo)), key=lambda i: todo[i][2] != "efficiency")

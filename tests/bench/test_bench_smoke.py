@@ -100,6 +100,19 @@ def test_trace_load_compresses_time_and_rejects_bad_arguments():
         trace_mooncake.load(TRACE, 0, 1.0)
 
 
+def test_sim_policies_splices_a_rerun_section_in_place():
+    """--only puts a section where it was, or before the next one the report has."""
+    splice = load_bench_module("sim_policies").splice
+    titles = ["A", "B", "C"]
+    text = "# T\n\nintro\n\n## A\n\nold a\n\n## C\n\nold c\n"
+    assert splice(text, titles, "A", ["## A", "", "new a", ""]) == (
+        "# T\n\nintro\n\n## A\n\nnew a\n\n## C\n\nold c\n")
+    assert splice(text, titles, "B", ["## B", "", "b", ""]) == (
+        "# T\n\nintro\n\n## A\n\nold a\n\n## B\n\nb\n\n## C\n\nold c\n")
+    assert splice(text, titles, "C", ["## C", "", "new c", ""]) == (
+        "# T\n\nintro\n\n## A\n\nold a\n\n## C\n\nnew c\n")
+
+
 def test_imbalance_and_window_means():
     assert load_stats.imbalance([2, 2, 2, 2]) == 0.0
     assert load_stats.imbalance([4, 0, 0, 0]) == pytest.approx(4.0)
