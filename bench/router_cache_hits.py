@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ from kvfleet_bench import traces as trace_mooncake
 from kvfleet_bench.cache_replay import (
     add_scenario_args,
     git_state,
+    pin_client,
     pooled_reference,
     quick_scenario,
     router_options,
@@ -141,12 +141,7 @@ def plot(results: dict[str, dict], reference: float, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     loadgen.install_uvloop()
-    can_pin = not args.no_pin and len(procs.usable_cpus()) >= 2
-    args.router_cpu_pin = args.router_cpu if can_pin else None
-    if can_pin:
-        os.sched_setaffinity(0, {int(args.client_cpu)})
-    else:
-        args.no_pin = True
+    pin_client(args)
     try:
         requests = trace_mooncake.load(args.trace, args.num_requests, args.speedup, args.skip)
     except (OSError, ValueError, KeyError) as exc:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import time
@@ -48,6 +49,17 @@ def add_scenario_args(p: argparse.ArgumentParser, reps_help: str) -> None:
     p.add_argument("--router-cpu", default="0")
     p.add_argument("--client-cpu", default="1")
     p.add_argument("--no-pin", action="store_true")
+
+
+def pin_client(args: argparse.Namespace) -> None:
+    """The load generator on --client-cpu and the router on --router-cpu when two CPUs
+    are usable and --no-pin is not given (sets args.router_cpu_pin; else args.no_pin)."""
+    can_pin = not args.no_pin and len(procs.usable_cpus()) >= 2
+    args.router_cpu_pin = args.router_cpu if can_pin else None
+    if can_pin:
+        os.sched_setaffinity(0, {int(args.client_cpu)})
+    else:
+        args.no_pin = True
 
 
 def quick_scenario(args: argparse.Namespace) -> None:

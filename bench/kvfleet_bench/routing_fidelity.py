@@ -44,6 +44,7 @@ from kvfleet_bench import traces as trace_mooncake
 from kvfleet_bench.cache_replay import (
     add_scenario_args,
     git_state,
+    pin_client,
     pooled_reference,
     quick_scenario,
     run_target,
@@ -202,12 +203,7 @@ def compare(live: dict[str, list[dict]], sim: dict[str, list[dict]],
 
 def run(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     loadgen.install_uvloop()
-    can_pin = not args.no_pin and len(procs.usable_cpus()) >= 2
-    args.router_cpu_pin = args.router_cpu if can_pin else None
-    if can_pin:
-        os.sched_setaffinity(0, {int(args.client_cpu)})
-    else:
-        args.no_pin = True
+    pin_client(args)
     requests = trace_mooncake.load(args.trace, args.num_requests, args.speedup, args.skip)
     targets, skipped = routers.available_targets(args.target_list)
     for target, why in skipped.items():
