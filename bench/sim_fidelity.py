@@ -72,7 +72,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -374,13 +373,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def git_commit() -> str:
-    """HEAD's short hash, marked when the tree has uncommitted changes."""
-    def git(*argv: str) -> str:
-        return subprocess.run(["git", *argv], capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip()
+    """HEAD's short hash, marked when router/ differed from it (cache_replay.git_state)."""
+    from kvfleet_bench.cache_replay import git_state
 
-    dirty = " (uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
-    return (git("rev-parse", "--short", "HEAD") or "(unknown)") + dirty
+    state = git_state()
+    return (state["commit"][:7] or "(unknown)") + (
+        " (router/ differed)" if state["router_tree_differs"] else "")
 
 
 def with_policy(pool: Path, policy: str) -> Path:
