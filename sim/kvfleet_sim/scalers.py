@@ -11,6 +11,14 @@ Each factory takes the pool spec and returns a `SimScaler`: the control loop's `
              mode and no other signal, so only the rule differs.
 * kpa:       Knative's KPA (`kpa.kpa_decide`): stable and panic windows over concurrency
              (running + waiting per replica), target 0.7 x maxNumSeqs per replica.
+* dynamo-planner: NVIDIA Dynamo's SLA throughput planner (`dynamo_planner.py`): every
+             windowSeconds, forecast request rate, ISL and OSL (Dynamo's Kalman predictor),
+             replicas = forecast prefill / decode throughput over the per-replica throughput
+             at the TTFT / ITL target, profiled offline from the pool's own engine.
+* llmd-keda: llm-d's token-aware KEDA rule (`llmd_keda.py`): ceil(queued uncached prompt
+             tokens / V_P / threshold s) and ceil(sum KV usage / 0.8), the larger wins; V_P
+             calibrated as llm-d's calibrate.sh, threshold 0.65 x (TTFT SLO - idle floor),
+             the HPA's tolerance, with the pool's windows, steps and cooldowns.
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ from kvfleet_operator.decide.autoscaler_spec import config_from_pool
 from kvfleet_operator.decide.role_signals import Signals
 from kvfleet_operator.loop.control_loop import Scaler
 
+from kvfleet_sim.dynamo_planner import PlannerConfig, PlannerState, as_decision, plan
 from kvfleet_sim.kpa import KPAConfig, kpa_decide
+from kvfleet_sim.llmd_keda import LlmdKedaConfig, llmd_keda_decide
 
 NO_PANIC = 1e12  # a panic threshold no demand reaches
 
@@ -74,6 +84,29 @@ def _kpa(spec: PoolSpec) -> SimScaler:
     return SimScaler(scaler)
 
 
+def _dynamo_planner(spec: PoolSpec) -> SimScaler:
+    config = PlannerConfig.from_pool(spec)
+    state = PlannerState()  # the planner's memory for this run (plan() itself is pure)
+
+    def scaler(stable: Signals, panic: Signals, current: dict[str, int], history: History,
+               now: float) -> Decision:  # fmt: skip
+        nonlocal state
+        state = plan(stable, panic, current, config, state, now)
+        return as_decision(state, current, config, history)
+
+    return SimScaler(scaler)
+
+
+def _llmd_keda(spec: PoolSpec) -> SimScaler:
+    config = LlmdKedaConfig.from_pool(spec)
+
+    def scaler(stable: Signals, panic: Signals, current: dict[str, int], history: History,
+               now: float) -> Decision:  # fmt: skip
+        return llmd_keda_decide(stable, panic, current, config, history, now)
+
+    return SimScaler(scaler)
+
+
 SCALERS: dict[str, Callable[[PoolSpec], SimScaler]] = {
     "kvfleet": lambda spec: _with_config(config_from_pool(spec)),
     "fixed-max": lambda spec: _fixed(
@@ -81,4 +114,6 @@ SCALERS: dict[str, Callable[[PoolSpec], SimScaler]] = {
     ),
     "waiting-5": _waiting_rule,
     "kpa": _kpa,
+    "dynamo-planner": _dynamo_planner,
+    "llmd-keda": _llmd_keda,
 }
