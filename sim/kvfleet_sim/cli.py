@@ -12,6 +12,11 @@
 scalers and policies on the same trace slice and seed, one table; `gate` replays a
 baseline and a candidate pool and exits 1 when the candidate's SLO attainment is lower, or
 its replica-seconds higher, beyond a tolerance (the check a GitOps pull request runs);
+`--scaler oracle` (run, compare) replays the hindsight optimum (`oracle.py`: the fewest
+replica-seconds that met the SLO knowing the future, found by many replays; about eight
+full replays for a 5-minute window at the default 60 s `--oracle-interval-s`), and
+whenever it is solved the table gains "× optimum", each row's replica-seconds over the
+oracle's; `--optimum` solves it for that column without listing it as a row.
 `efficiency` pins the pool at each N replicas and bisects the rate multiplier for the
 highest rate that still meets `--slo-attainment`, then prints rate(N) / (N x rate(1))
 (`efficiency.py`). `--plot-dir` writes replicas over time against load, TTFT/E2E CDFs
@@ -36,7 +41,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kvfleet_sim import efficiency, plots
+from kvfleet_sim import efficiency, oracle, plots
 from kvfleet_sim.fleet import SimError, SimSettings
 from kvfleet_sim.report import Summary
 from kvfleet_sim.run import POLICIES, Variant, run_variants
@@ -44,6 +49,7 @@ from kvfleet_sim.scalers import SCALERS
 from kvfleet_sim.trace import TraceError, TraceRequest
 
 COMMANDS = ("run", "compare", "gate", "efficiency")
+SCALER_CHOICES = sorted([*SCALERS, oracle.ORACLE])
 PEER_GBYTES_PER_S = SimSettings().peer_bytes_per_s / 1e9
 PEER_LATENCY_MS = SimSettings().peer_latency_s * 1000
 
@@ -94,6 +100,15 @@ def _outputs(p: argparse.ArgumentParser) -> None:
                    help="write replicas.png (against load), latency_cdf.png, hit_rate.png")
 
 
+def _optimum(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--optimum", action="store_true",
+                   help="also solve the hindsight optimum (oracle.py) for the × optimum "
+                        "column, without listing it as a run")  # fmt: skip
+    p.add_argument("--oracle-interval-s", type=float, default=oracle.DEFAULT_INTERVAL_S,
+                   help="the oracle's plan interval, virtual seconds (coarser: fewer "
+                        "replays, a looser optimum)")  # fmt: skip
+
+
 def replica_list(text: str) -> list[int]:
     """`1,2,4,8` -> [1, 2, 4, 8] (argparse type)."""
     try:
@@ -114,15 +129,17 @@ def build_parser() -> argparse.ArgumentParser:
     _common(run)
     _outputs(run)
     run.add_argument("--pool", required=True, help="InferencePool YAML (builtin, simulated)")
-    run.add_argument("--scaler", choices=sorted(SCALERS), default="kvfleet")
+    _optimum(run)
+    run.add_argument("--scaler", choices=SCALER_CHOICES, default="kvfleet")
     run.add_argument("--policy", choices=sorted(POLICIES), default=None,
                      help="routing policy in place of the pool's")  # fmt: skip
     cmp = sub.add_parser("compare", help="several pools, scalers or policies, one table")
     _common(cmp)
     _outputs(cmp)
     cmp.add_argument("--pool", action="append", required=True, help="repeatable")
-    cmp.add_argument("--scaler", action="append", choices=sorted(SCALERS),
-                     help="repeatable; default: all of them")  # fmt: skip
+    _optimum(cmp)
+    cmp.add_argument("--scaler", action="append", choices=SCALER_CHOICES,
+                     help="repeatable; default: every reactive one (all but oracle)")
     cmp.add_argument("--policy", action="append", choices=sorted(POLICIES),
                      help="repeatable; default: each pool's own")  # fmt: skip
     gate = sub.add_parser("gate", help="exit 1 when a candidate pool is worse than a baseline")
@@ -169,7 +186,7 @@ def variants_of(args: argparse.Namespace) -> list[Variant]:
         return [Variant(args.pool, args.scaler, args.policy)]
     if args.command == "gate":
         return [Variant(args.baseline, args.scaler), Variant(args.candidate, args.scaler)]
-    scalers = args.scaler or list(SCALERS)
+    scalers = args.scaler or list(SCALERS)  # the oracle only when asked for: many replays
     policies: list[str | None] = list(args.policy) if args.policy else [None]
     return [Variant(pool, scaler, policy)
             for pool, policy, scaler in itertools.product(args.pool, policies, scalers)]
@@ -180,21 +197,26 @@ def _ms(*values: float) -> str:
 
 
 def format_table(summaries: list[Summary], ttft_slo: float, itl_slo: float) -> str:
+    """One row per run; a "× optimum" column after replica-s when the oracle was solved
+    (a run without an optimum of its own shows "-")."""
+    has_optimum = any(s.x_optimum is not None for s in summaries)
     head = (
         f"| run | SLO met (TTFT<={ttft_slo:g}s, ITL<={itl_slo * 1000:g}ms) | prefix hit "
         "| TTFT p50 / p90 / p99 (ms) | ITL p50 / p90 / p99 (ms) | E2E p50 / p90 / p99 (s) "
-        "| imbalance mean / p90 | replica-s | mean / max replicas | scale events | failed "
-        "| max share | perf MAPE TTFT / TPOT |"
+        "| imbalance mean / p90 | replica-s |" + (" × optimum |" if has_optimum else "")
+        + " mean / max replicas | scale events | failed | max share | perf MAPE TTFT / TPOT |"
     )
-    rows = [head, "|" + "---|" * 13]
+    rows = [head, "|" + "---|" * (13 + has_optimum)]
     for s in summaries:
+        ratio = "-" if s.x_optimum is None else f"{s.x_optimum:.2f}x"
         rows.append(
             f"| {s.name} | {s.slo_attainment:.1%} | {s.prefix_hit_rate:.1%} "
             f"| {_ms(s.ttft_p50_s, s.ttft_p90_s, s.ttft_p99_s)} "
             f"| {_ms(s.itl_p50_s, s.itl_p90_s, s.itl_p99_s)} "
             f"| {s.e2e_p50_s:.1f} / {s.e2e_p90_s:.1f} / {s.e2e_p99_s:.1f} "
             f"| {s.imbalance_mean:.2f} / {s.imbalance_p90:.2f} | {s.replica_seconds:.0f} "
-            f"| {s.mean_replicas:.2f} / {s.max_replicas} | {s.num_scale_events} "
+            + (f"| {ratio} " if has_optimum else "")
+            + f"| {s.mean_replicas:.2f} / {s.max_replicas} | {s.num_scale_events} "
             f"| {s.num_failed} | {s.max_share:.2f} | {_mape(s.ttft_mape, s.tpot_mape)} |"
         )
     return "\n".join(rows)
@@ -223,10 +245,12 @@ def format_peer_table(summaries: list[Summary]) -> str:
 
 
 def args_json(args: argparse.Namespace, skip: tuple[str, ...]) -> dict[str, object]:
-    """The flags for --json; the peer-link flags only when set (older JSON stays as it was)."""
+    """The flags for --json; the peer-link and oracle flags only when set (older JSON stays
+    as it was)."""
     out = {k: v for k, v in vars(args).items() if k not in skip}
     for key, default in (("peer_gbytes_per_s", PEER_GBYTES_PER_S),
-                         ("peer_latency_ms", PEER_LATENCY_MS)):
+                         ("peer_latency_ms", PEER_LATENCY_MS), ("optimum", False),
+                         ("oracle_interval_s", oracle.DEFAULT_INTERVAL_S)):
         if out.get(key) == default:
             out.pop(key, None)
     return out
@@ -283,6 +307,11 @@ def settings_of(args: argparse.Namespace) -> SimSettings:
                        replica_profiles=tuple(args.replica_profile or ()))  # fmt: skip
 
 
+def _stderr_line(line: str) -> None:
+    """The oracle's progress (one line per interval settled): on unless --no-progress."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def _fail(exc: Exception) -> int:
     print(f"kvfleet sim: {str(exc).splitlines()[0]}", file=sys.stderr)
     return 2
@@ -331,6 +360,8 @@ def main(argv: list[str]) -> int:
         args = build_parser().parse_args(argv)
         if args.command == "gate" and not (args.slo_tolerance >= 0 and args.cost_tolerance >= 0):
             raise CLIError("--slo-tolerance and --cost-tolerance must be >= 0")
+        if not getattr(args, "oracle_interval_s", 1.0) > 0:
+            raise CLIError("--oracle-interval-s must be > 0")
     except ERRORS as exc:
         return _fail(exc)
     if args.command == "efficiency":
@@ -343,6 +374,9 @@ def main(argv: list[str]) -> int:
             start_s=args.start_s, duration_s=args.duration_s, warmup_s=args.warmup_s,
             compress=args.compress, rate=args.rate, settings=settings_of(args),
             ttft_slo_s=args.ttft_slo, itl_slo_s=args.itl_slo, progress=progress_bars(show),
+            optimum=getattr(args, "optimum", False),
+            oracle_interval_s=getattr(args, "oracle_interval_s", oracle.DEFAULT_INTERVAL_S),
+            log=None if args.progress is False else _stderr_line,
         )  # fmt: skip
     except ERRORS as exc:
         return _fail(exc)

@@ -62,11 +62,16 @@ class Summary:
     # and TPOT predicted for measured streams (None: nothing was predicted)
     ttft_mape: float | None = None
     tpot_mape: float | None = None
+    # replica_seconds / the hindsight optimum's for the same slice, pool and start-up
+    # (oracle.py); set by run.run_variants when the oracle was solved, else None
+    x_optimum: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         if self.peer is None:
             del out["peer"]  # as before kvSharing was simulated
+        if self.x_optimum is None:
+            del out["x_optimum"]  # as before the optimum existed
         return out
 
 

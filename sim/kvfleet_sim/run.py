@@ -5,11 +5,18 @@ routing policy that replaces the pool's `routing.policy` (`policy_overrides` bel
 registered router policy, plus `sgl-cache-aware`, a model of sgl-router's rule in
 `sgl_rule.py`),
 and optionally a replica count that pins every role at min = max = N (scaling efficiency).
+
+The scaler `oracle` is not a reactive scaler: its variant is the hindsight optimum
+(`oracle.solve`, many replays of the slice), and the run reported is its plan's replay.
+Whenever an oracle variant (or, with `optimum=True`, an unlisted one) exists for a pool,
+policy and replica pin, every run with those gets `Summary.x_optimum`: its replica-seconds
+over the oracle's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +27,7 @@ from kvfleet_operator.api.spec import PIPELINE_POLICY, ROUTING_POLICIES, Replica
 from kvfleet_operator.decide.router_config import is_router_kv_sharing
 from kvfleet_router.router_core import RouterCore
 
+from kvfleet_sim import oracle
 from kvfleet_sim.fake_backend import FakeBackendModel
 from kvfleet_sim.fleet import FleetSim, SimError, SimResult, SimSettings
 from kvfleet_sim.report import Summary, summarize
@@ -100,9 +108,12 @@ class SimRun:
     result: SimResult
     summary: Summary
     start_s: float  # where measurement starts (end of warm-up), virtual seconds
+    oracle: oracle.OracleResult | None = None  # the oracle variant's plan and search
 
     def to_dict(self) -> dict[str, Any]:
+        extra = {"oracle": self.oracle.to_dict()} if self.oracle is not None else {}
         return {
+            **extra,
             "variant": self.variant.to_dict(),
             "summary": self.summary.to_dict(),
             "timeline": self.result.timeline,
@@ -116,8 +127,9 @@ class SimRun:
 
 def check_variants(variants: list[Variant]) -> None:
     for v in variants:
-        if v.scaler not in SCALERS:
-            raise ValueError(f"unknown scaler {v.scaler!r}; known: {', '.join(SCALERS)}")
+        if v.scaler not in SCALERS and v.scaler != oracle.ORACLE:
+            known = ", ".join([*SCALERS, oracle.ORACLE])
+            raise ValueError(f"unknown scaler {v.scaler!r}; known: {known}")
         if v.policy is not None and v.policy not in POLICIES:
             raise ValueError(f"unknown policy {v.policy!r}; known: {', '.join(POLICIES)}")
         if v.replicas is not None and not 1 <= v.replicas <= 1000:
@@ -127,11 +139,14 @@ def check_variants(variants: list[Variant]) -> None:
 def build_sim(variant: Variant, pool: InferencePool, settings: SimSettings,
               fake: FakeBackendModel | None = None) -> FleetSim:
     """The fleet for one variant: its scaler, a peer's rule in its router if its policy
-    names one (PEER_RULES), and with `fake` replicas that model the router benchmark's
+    names one (PEER_RULES; not for the oracle, whose scaler is its plan's: `oracle.solve`),
+    and with `fake` replicas that model the router benchmark's
     fake backend instead of kvfleet's engine (`fake_backend.py`)."""
     if fake is not None and (
             pool.spec.topology.is_disaggregated or is_router_kv_sharing(pool.spec)):
         raise SimError("fake-backend replicas serve unified pools without kvSharing only")
+    if variant.scaler not in SCALERS:
+        raise SimError(f"scaler {variant.scaler!r} has no reactive form; use run_variants")
     sim = FleetSim(pool, SCALERS[variant.scaler](pool.spec), settings)
     sim.runtime.fake = fake  # replicas are created when the run starts
     if (rule := PEER_RULES.get(variant.policy or "")) is not None:
@@ -158,9 +173,15 @@ def run_variants(
     itl_slo_s: float | None = None,
     rate: float = 1.0,
     progress: Callable[[list[TraceRequest], str], Callable[[int], None]] | None = None,
+    optimum: bool = False,
+    oracle_interval_s: float = oracle.DEFAULT_INTERVAL_S,
+    log: Callable[[str], None] | None = None,
 ) -> tuple[list[SimRun], float, float]:
     """(runs, TTFT SLO, ITL SLO). SLOs default to the first pool's p90 targets.
-    `progress(trace, label)` may return a callback told how many requests arrived so far."""
+    `progress(trace, label)` may return a callback told how many requests arrived so far.
+    `optimum`: also solve the oracle (unlisted) for every pool, policy and replica pin
+    that has no oracle variant, for the × optimum figures; `oracle_interval_s` is its
+    plan's interval and `log` hears its progress lines."""
     check_variants(variants)
     if not variants:
         raise ValueError("nothing to run")
@@ -175,15 +196,41 @@ def run_variants(
     measure_to = (warmup_s + duration_s) / compress
     varying = {f for f in ("pool_path", "scaler", "policy", "replicas")
                if len({getattr(v, f) for v in variants}) > 1}  # fmt: skip
+    sim_settings = dataclasses.replace(settings, measure_from_s=measure_from)
+
+    def solve(v: Variant) -> oracle.OracleResult:
+        return oracle.solve(v.load, trace, sim_settings, ttft, itl, measure_from, measure_to,
+                            oracle_interval_s, log)  # fmt: skip
+
     runs = []
     for v, pool in zip(variants, pools, strict=True):
         name = v.label(varying)
-        sim_settings = dataclasses.replace(settings, measure_from_s=measure_from)
-        sim = build_sim(v, pool, sim_settings)
-        result = sim.run(trace, progress(trace, name) if progress else None)
+        found = None
+        if v.scaler == oracle.ORACLE:
+            found = solve(v)
+            result = found.result
+        else:
+            sim = build_sim(v, pool, sim_settings)
+            result = sim.run(trace, progress(trace, name) if progress else None)
         summary = summarize(name, result, ttft, itl, measure_from, measure_to)
-        runs.append(SimRun(name, v, result, summary, measure_from))
+        runs.append(SimRun(name, v, result, summary, measure_from, found))
+    optima = {_same_fleet(r.variant): r.summary.replica_seconds
+              for r in runs if r.variant.scaler == oracle.ORACLE}  # fmt: skip
+    if optimum:
+        for v in variants:
+            if (key := _same_fleet(v)) not in optima:
+                hidden = dataclasses.replace(v, scaler=oracle.ORACLE)
+                optima[key] = summarize("", solve(hidden).result, ttft, itl, measure_from,
+                                        measure_to).replica_seconds  # fmt: skip
+    for r in runs:
+        if (best := optima.get(_same_fleet(r.variant))) is not None:
+            r.summary.x_optimum = r.summary.replica_seconds / best if best > 0 else math.nan
     return runs, ttft, itl
+
+
+def _same_fleet(v: Variant) -> tuple[str, str | None, int | None]:
+    """What the oracle is solved for: everything but the scaler."""
+    return v.pool_path, v.policy, v.replicas
 
 
 __all__ = ["SimError", "SimRun", "Variant", "build_sim", "run_variants", "POLICIES"]
