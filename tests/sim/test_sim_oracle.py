@@ -173,3 +173,18 @@ def test_bad_input_is_one_line(pool_path):
     with pytest.raises(ValueError, match="unknown scaler 'orcale'; known: .*oracle"):
         run_variants("x.csv", [Variant(pool_path, "orcale")], 0.0, 10.0, 0.0, 1.0,
                      SimSettings())  # fmt: skip
+
+
+def test_prefill_decode_roles_are_settled_in_turn(tmp_path):
+    spec = yaml.safe_load((EXAMPLE.parents[1] / "sim" / "pools" / "h100-llama3-8b-pd.yaml")
+                          .read_text())  # fmt: skip
+    spec["spec"]["topology"]["prefill"]["replicas"] = {"min": 1, "max": 2}
+    spec["spec"]["topology"]["decode"]["replicas"] = {"min": 1, "max": 3}
+    path = tmp_path / "pd.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    trace = [TraceRequest(t / 2, 3000, 10) for t in range(64)]  # light: one of each is plenty
+    found = run_oracle(str(path), trace)
+    assert [dict(c) for c in found.plan.counts] == [{"prefill": 1, "decode": 1}] * 3
+    assert found.misses == [] and all(a >= 0.99 for a in found.attainments)
+    by_role = found.result.role_timeline[-1][1]
+    assert by_role == {"prefill": 1, "decode": 1}
