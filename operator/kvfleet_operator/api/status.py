@@ -65,6 +65,7 @@ class Reason:
     STEP_LIMITED = "StepLimited"
     COOLDOWN = "Cooldown"
     STABILIZING = "Stabilizing"
+    REPLICAS_PENDING = "ReplicasPending"  # scale-up held: replicas not ready past start-up
     AUTOSCALING_DISABLED = "AutoscalingDisabled"
 
 
@@ -99,7 +100,8 @@ REASONS_BY_TYPE: dict[str, tuple[str, ...]] = {
     ),
     ConditionType.SCALING_LIMITED: (
         Reason.WITHIN_LIMITS, Reason.AT_MAX_REPLICAS, Reason.AT_MIN_REPLICAS,
-        Reason.STEP_LIMITED, Reason.COOLDOWN, Reason.STABILIZING, Reason.AUTOSCALING_DISABLED,
+        Reason.STEP_LIMITED, Reason.COOLDOWN, Reason.STABILIZING, Reason.REPLICAS_PENDING,
+        Reason.AUTOSCALING_DISABLED,
     ),
 }
 

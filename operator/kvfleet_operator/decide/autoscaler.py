@@ -25,6 +25,14 @@ How a role's count is chosen (each step is one small function below):
 4. Step limits per decision, then min/max clamps, then cooldowns; whichever bites (or a
    stabilization window holding a change back) is the ScalingLimited reason.
 5. Unknown replicas (failed or stale scrapes) block scale-down; they are never idle.
+   Traffic that stops is idle, not unknown: latency series with no new samples push
+   nothing, so the role steps down to min (dynamo#6985 kept replicas for want of samples).
+5a. Pending guard (aibrix's pending-replica guard, dynamo#14251): while replicas of a role
+   have not been ready for longer than the pool's start-up time (`RoleSignals.
+   num_pending_overdue`: no GPU free, an image pull stuck), scale-up holds at the count
+   already asked for (they are part of `current`) with ScalingLimited `ReplicasPending`
+   and a message naming them; scale-down still runs (victims: the stuck ones first). It
+   lifts as soon as they are ready or gone.
 6. Scale to zero (min 0) after `scale_to_zero_after_s` of idleness; 0 -> 1 as soon as the
    router holds a request or any demand appears.
 7. Every decision that moves a role ends with `[on: ...]`: the series it was scaled on
@@ -180,6 +188,7 @@ class Decision:
     limited: dict[str, str | None]  # ScalingLimited reason per role, None when within range
     history: History
     kinds: dict[str, str] = field(default_factory=dict)  # DecisionReason per role, "" = steady
+    details: dict[str, str] = field(default_factory=dict)  # the ScalingLimited message, if any
 
     @property
     def reason(self) -> str:
@@ -359,6 +368,11 @@ def _decide_role(
     target, limited = _limit(target, current, raw, limits, config)
     if limited is None and is_stabilizing and current > 0:
         limited = Reason.STABILIZING  # the window holds back a change the signals ask for
+    if target > current > 0 and stable.num_pending_overdue:
+        # Replicas asked for earlier never came up: more of them would wait the same way.
+        target, why, limited = current, f"hold: {pending_detail(role, stable)} ({why})", (
+            Reason.REPLICAS_PENDING
+        )
     # Cooldowns: activation from zero never waits.
     if (
         target > current > 0
@@ -379,6 +393,16 @@ def _decide_role(
     suffix = f" [on: {'; '.join(on)}]" if on else ""
     return target, f"{verb} {current}->{target}: {why}{suffix}", limited, decision_reason(
         current, target, is_panic_demand
+    )
+
+
+def pending_detail(role: str, rs: RoleSignals) -> str:
+    """The ScalingLimited message of the pending guard, e.g. '2 prefill replicas not ready
+    for 300s (start-up allowance 240s)'."""
+    n = rs.num_pending_overdue
+    return (
+        f"{n} {role} replica{'s' if n != 1 else ''} not ready for {rs.pending_for_s:.0f}s"
+        f" (start-up allowance {rs.pending_after_s:.0f}s)"
     )
 
 
@@ -429,6 +453,7 @@ def decide(
     reasons: dict[str, str] = {}
     limited: dict[str, str | None] = {}
     kinds: dict[str, str] = {}
+    details: dict[str, str] = {}
     for role in config.roles:
         s = stable.roles.get(role, RoleSignals())
         p = panic.roles.get(role, RoleSignals())
@@ -446,6 +471,8 @@ def decide(
         desired[role], reasons[role], limited[role], kinds[role] = _decide_role(
             role, s, p, n, config, hist, now
         )
+        if limited[role] == Reason.REPLICAS_PENDING:
+            details[role] = pending_detail(role, s)
     hist.decisions.append({"t": now, "desired": dict(desired), "reasons": dict(reasons)})
     del hist.decisions[: -config.num_history_decisions]
-    return Decision(desired, reasons, limited, hist, kinds)
+    return Decision(desired, reasons, limited, hist, kinds, details)

@@ -16,6 +16,8 @@ Public API:
     `num_to_start`, `to_undrain` (draining replicas put back to work before starting
     new ones: their cache is warm), `to_drain` (ready victims, chosen by
     `scaledown.choose_victims`), `to_stop` (drained, timed out, or never ready).
+    `limited` holds each role's ScalingLimited reason, or "Reason: message"; the
+    condition's reason is the first role's, its message lists every role's.
   * `router_config`: the dict for the router's admin API (ready -> active, draining and
     new victims -> draining) and whether it changed (`is_router_config_changed`).
   * `status`: a new `PoolStatus` with per-role replicas and the four conditions
@@ -69,6 +71,7 @@ class ObservedReplica:
     last_error: str = ""  # why it last failed, in its own words (a failed replica's reason)
     started_at: float = 0.0
     drain_started_at: float | None = None
+    is_overdue: bool = False  # not ready for longer than the pool's start-up allowance
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
@@ -137,6 +140,7 @@ def _plan_role(
             VictimCandidate(
                 name=r.name,
                 is_ready=r.phase == "ready",
+                is_stuck=r.phase == "failed" or (r.phase == "starting" and r.is_overdue),
                 num_in_flight=r.num_in_flight,
                 prefix_hit_tokens_per_s=r.prefix_hit_tokens_per_s,
                 started_at=r.started_at,
@@ -237,10 +241,11 @@ def _set_conditions(
     if not spec.autoscaling.enabled:
         scaling = (FALSE, Reason.AUTOSCALING_DISABLED, "autoscaling is off")
     else:
-        bites = {n: why for n, why in limited.items() if why}
+        # A limit is its Reason, or "Reason: message" where the scaler has more to say.
+        bites = {n: why.partition(": ") for n, why in limited.items() if why}
         if bites:
-            text = ", ".join(f"{n}: {why}" for n, why in bites.items())
-            scaling = (TRUE, next(iter(bites.values())) or "", text)
+            text = ", ".join(f"{n}: {msg or why}" for n, (why, _, msg) in bites.items())
+            scaling = (TRUE, next(iter(bites.values()))[0], text)
         else:
             scaling = (FALSE, Reason.WITHIN_LIMITS, "")
     status.set_condition(ConditionType.SCALING_LIMITED, *scaling, now=wall)

@@ -154,6 +154,10 @@ class RoleSignals:
     generation_tokens_per_s: float = 0.0
     num_held_requests: int = 0  # held by the router for this pool (scale from zero)
     backlog_from: str = ""  # BACKLOG_*: where num_waiting_prompt_tokens came from
+    # Not scraped: the control loop fills these from the runtime's replicas (loop/observe.py).
+    num_pending_overdue: int = 0  # in service, not ready for longer than pending_after_s
+    pending_for_s: float = 0.0  # how long the oldest of those has not been ready
+    pending_after_s: float = 0.0  # the start-up time after which a replica is overdue
 
     @property
     def is_idle(self) -> bool:

@@ -2,13 +2,19 @@
 
 Public API:
 
-- `VictimCandidate`: one replica as the control plane sees it: readiness, in-flight
-  requests (summed over every router's admin view), prefix-cache hit tokens/s (from its
-  own scraped counters: what its warm cache is worth), start time.
+- `VictimCandidate`: one replica as the control plane sees it: readiness, whether it is
+  stuck (failed, or starting past the pool's start-up allowance), in-flight requests
+  (summed over every router's admin view), prefix-cache hit tokens/s (from its own scraped
+  counters: what its warm cache is worth), start time.
 - `choose_victims(candidates, num_to_remove) -> list[str]`: cheapest replicas to lose.
-  Order: not-ready replicas first (they serve nothing), then fewest in-flight requests,
-  then fewest prefix-cache hit tokens/s, then the newest (its cache is the coldest), then
-  the name, so the choice is deterministic.
+  Order: stuck replicas first (they serve nothing and may never: no GPU free, an image
+  pull failing, a crash loop), then replicas still starting within their allowance (they
+  serve nothing yet; removing one loses no request and no cache, where draining a ready
+  one would cut serving capacity below the decision until the starter is ready), then
+  ready ones by fewest in-flight requests, fewest prefix-cache hit tokens/s, newest (its
+  cache is the coldest); the name last, so the choice is deterministic. In-flight and
+  cache value rank ready replicas only: a replica that is not ready has no measurements,
+  and zeros it never reported make no replica cheaper.
 - `is_drain_done(num_in_flight, drain_started_at, now, drain_timeout_s) -> bool`: a
   draining replica may be stopped once it is empty or its timeout has passed.
 
@@ -29,20 +35,17 @@ class VictimCandidate:
     num_in_flight: int = 0
     prefix_hit_tokens_per_s: float = 0.0
     started_at: float = 0.0
+    is_stuck: bool = False  # not ready and not about to be (failed, or overdue in start-up)
 
     def __post_init__(self) -> None:
         if self.num_in_flight < 0 or self.prefix_hit_tokens_per_s < 0:
             raise ValueError(f"{self.name}: in-flight count and prefix hit rate must be >= 0")
 
 
-def victim_order_key(c: VictimCandidate) -> tuple[bool, int, float, float, str]:
-    return (
-        c.is_ready,
-        c.num_in_flight,
-        c.prefix_hit_tokens_per_s,
-        -c.started_at,
-        c.name,
-    )
+def victim_order_key(c: VictimCandidate) -> tuple[int, int, float, float, str]:
+    if not c.is_ready:  # unmeasured: its rank and age decide, never zeros it did not report
+        return (0 if c.is_stuck else 1, 0, 0.0, -c.started_at, c.name)
+    return (2, c.num_in_flight, c.prefix_hit_tokens_per_s, -c.started_at, c.name)
 
 
 def choose_victims(candidates: Sequence[VictimCandidate], num_to_remove: int) -> list[str]:

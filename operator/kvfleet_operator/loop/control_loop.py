@@ -35,8 +35,10 @@ from kvfleet_operator.decide.role_signals import ScrapeLog, Signals, aggregate
 from kvfleet_operator.loop import events as ev
 from kvfleet_operator.loop.observe import (
     UNKNOWN_IN_FLIGHT,
+    StartupLog,
     current_replicas,
     decision_roles,
+    fill_pending,
     observe,
     scale_decisions,
     stale_after_s,
@@ -128,6 +130,7 @@ class ControlLoop:
                 role: status.desired_replicas for role, status in pool.status.roles.items()
             }
         self.scrapes = ScrapeLog()
+        self.startups = StartupLog()  # start-ups measured here, and who is not ready since when
         self.signals: Signals | None = None
         self.view: RouterView | None = None
         self.num_held = 0
@@ -158,6 +161,7 @@ class ControlLoop:
     async def tick(self) -> TickResult:
         now = self.clock()
         await self.runtime.supervise()
+        self.startups.update(self.runtime.replicas(), now)
         self.view = await self.router.view()
         decision: Decision | None = None
         decisions: dict[str, ScaleDecision] = {}
@@ -169,6 +173,7 @@ class ControlLoop:
             await self._sample(now)
             decision, decisions = self._decide(now)
         desired = await self._reconcile_and_apply(now, decisions)
+        self.startups.update(self.runtime.replicas(), now)  # new replicas: their start-up
         await self.store.save(self.pool.status, self.state, self.snapshot())
         return TickResult(desired, decision)
 
@@ -195,11 +200,16 @@ class ControlLoop:
                       expected_roles=self.config.roles)  # fmt: skip
             for window in (self.config.stable_window_s, self.config.panic_window_s)
         )
+        for signals in (stable, panic):  # replicas not ready past their start-up allowance
+            fill_pending(signals, replicas, self.startups, now)
         self.signals = stable
         current = current_replicas(self.pool.spec, replicas)
         decision = self.scaler(stable, panic, current, self.state.history, now)
         self.state.history = decision.history
-        self.state.limited = dict(decision.limited)
+        self.state.limited = {
+            role: f"{why}: {decision.details[role]}" if why and decision.details.get(role) else why
+            for role, why in decision.limited.items()
+        }
         self.state.desired = dict(decision.desired)
         decisions = scale_decisions(decision, current, stable, datetime.fromtimestamp(now, UTC))
         for role, made in decisions.items():
@@ -241,8 +251,8 @@ class ControlLoop:
                  if r.state == "draining" and r.name not in state.drain_started}  # fmt: skip
         for name in fresh:
             state.drain_started[name] = now
-        observed = observe(replicas, self.view, self.scrapes,
-                           state.drain_started, self.signals)  # fmt: skip
+        observed = observe(replicas, self.view, self.scrapes, state.drain_started,
+                           self.signals, self.startups.overdue(now))  # fmt: skip
         for replica in observed.replicas:
             if replica.name in fresh:
                 replica.num_in_flight = UNKNOWN_IN_FLIGHT
