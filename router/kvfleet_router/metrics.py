@@ -25,6 +25,13 @@ kvfleet_router_perf_model_mape{role,target}        the perf model's mean absolut
                                                    error (target ttft | tpot), over what was
                                                    predicted for finished streams (0 before)
 kvfleet_router_perf_model_samples{role,target}     the finished streams that error is over
+kvfleet_router_perf_model_coefficient{role,target,feature}
+                                                   the role's pooled perf-model weights
+                                                   (perf_model.role_coefficients; target ttft
+                                                   | tpot, feature perf_model.TTFT_FEATURES |
+                                                   TPOT_FEATURES): what the operator's
+                                                   autoscaler sizes the role with
+kvfleet_router_perf_model_evidence{role,target}    finished streams behind those weights
 """
 
 from __future__ import annotations
@@ -38,6 +45,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvfleet_router.peer_hint import REASONS as PEER_HINT_REASONS
+from kvfleet_router.perf_model import (
+    TPOT_FEATURES,
+    TTFT_FEATURES,
+    EndpointPerf,
+    RoleCoefficients,
+    role_coefficients,
+)
 from kvfleet_router.policies.context import RouteContext
 from kvfleet_router.policies.filters import ELIGIBILITY, FILTERS
 from kvfleet_router.policies.guard import imbalance_ratio
@@ -78,6 +92,7 @@ class _LiveCollector(Collector):
         yield GaugeMetricFamily("kvfleet_router_config_version", "config version",
                                 value=core.cfg.version)
         yield from perf_model_error(core)
+        yield from perf_model_export(core)
 
 
 def load_imbalance(core: RouterCore, now: float) -> dict[str, float]:
@@ -118,6 +133,40 @@ def perf_model_error(core: RouterCore):  # type: ignore[no-untyped-def]
         samples.add_metric([role, target], n)
     yield mape
     yield samples
+
+
+def perf_models(core: RouterCore) -> dict[str, RoleCoefficients]:
+    """role -> the role's pooled perf-model fit over every endpoint the router still tracks
+    (removed ones with in-flight requests too); roles with no fit yet are left out."""
+    by_role: dict[str, list[EndpointPerf]] = {}
+    for e in core.registry.all_endpoints():
+        by_role.setdefault(e.role, []).append(e.perf)
+    slo = core.cfg.policy.slo
+    out = {}
+    for role, perfs in sorted(by_role.items()):
+        fit = role_coefficients(perfs, forget=slo.forget)
+        if fit is not None:
+            out[role] = fit
+    return out
+
+
+def perf_model_export(core: RouterCore):  # type: ignore[no-untyped-def]
+    """`perf_models` as gauges: one per (role, target, feature), and the evidence."""
+    coef = GaugeMetricFamily("kvfleet_router_perf_model_coefficient",
+                             "perf model weight per role, target and feature",
+                             labels=["role", "target", "feature"])
+    evidence = GaugeMetricFamily("kvfleet_router_perf_model_evidence",
+                                 "finished streams behind the perf model's weights",
+                                 labels=["role", "target"])
+    for role, fit in perf_models(core).items():
+        for target, names, weights, n in (
+                ("ttft", TTFT_FEATURES, fit.ttft, fit.num_ttft_samples),
+                ("tpot", TPOT_FEATURES, fit.tpot, fit.num_tpot_samples)):
+            for name, w in zip(names, weights, strict=True):
+                coef.add_metric([role, target, name], w)
+            evidence.add_metric([role, target], n)
+    yield coef
+    yield evidence
 
 
 class RouterMetrics:

@@ -1,9 +1,10 @@
 """The online performance model: predicted TTFT and time per output token (TPOT) of one
 request on one endpoint, learned from the fleet's own finished requests.
 
-Pure: no I/O, no clock, no imports beyond the standard library, so the autoscaler can
-ask the same model "how many replicas meet the SLO" (it would need an import-contract
-entry in pyproject.toml to do so; the module is kept ready for it).
+Pure: no I/O, no clock, no imports beyond the standard library (an import-linter
+contract), so the operator's autoscaler asks the same model "how many replicas meet the
+SLO" (`kvfleet_operator.decide.slo_sizing`; the one door the operator has into the router
+besides its config schema).
 
 Two small linear models, each fitted by exponentially forgotten ridge least squares on
 relative error (each sample weighted 1 / y^2, `relative_weight`) over sufficient
@@ -30,6 +31,11 @@ an EWMA per session, else per model, else a prior.
 
 `Mape` tracks the predictor's mean absolute percentage error (the router's metric and
 the simulator's report).
+
+`RoleCoefficients` is a role's pooled fit as plain numbers (`role_coefficients`): what the
+router exports as `kvfleet_router_perf_model_coefficient{role,target,feature}` and the
+operator reads back (the simulator hands it over in process), so router and autoscaler
+predict with one formula (`dot` over `ttft_features` / `tpot_features`).
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ from dataclasses import dataclass, field
 
 TTFT_DIM = 6
 TPOT_DIM = 3
+# Feature names, in order (the exported gauges' `feature` label).
+TTFT_FEATURES = ("const", "u", "u_wq", "wq", "r", "kv")
+TPOT_FEATURES = ("const", "n", "kv")
 
 
 def ttft_features(uncached_tokens: float, num_waiting: float, num_running: float,
@@ -243,3 +252,36 @@ class Mape:
     @property
     def value(self) -> float:
         return self.sum_abs_pct / self.num_samples if self.num_samples else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class RoleCoefficients:
+    """One role's pooled model as numbers: TTFT weights over `TTFT_FEATURES`, TPOT weights
+    over `TPOT_FEATURES`, and how many finished requests each fit has seen."""
+
+    ttft: tuple[float, ...]
+    tpot: tuple[float, ...]
+    num_ttft_samples: int = 0
+    num_tpot_samples: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.ttft) != TTFT_DIM or len(self.tpot) != TPOT_DIM:
+            raise ValueError(f"need {TTFT_DIM} TTFT and {TPOT_DIM} TPOT coefficients, got "
+                             f"{len(self.ttft)} and {len(self.tpot)}")
+
+
+def dot(weights: Sequence[float], x: Sequence[float]) -> float:
+    return sum(w * xi for w, xi in zip(weights, x, strict=True))
+
+
+def role_coefficients(perfs: Iterable[EndpointPerf], forget: float = 0.995,
+                      ridge: float = 1e-3) -> RoleCoefficients | None:
+    """The role's pooled fit over its endpoints' statistics (as `RoleModel` pools them),
+    or None while either model has no sample or no solution."""
+    perfs = list(perfs)
+    ttft = LinearStats.merged((p.ttft for p in perfs), TTFT_DIM, forget, ridge)
+    tpot = LinearStats.merged((p.tpot for p in perfs), TPOT_DIM, forget, ridge)
+    wt, wp = ttft.weights(), tpot.weights()
+    if wt is None or wp is None:
+        return None
+    return RoleCoefficients(tuple(wt), tuple(wp), ttft.num_samples, tpot.num_samples)

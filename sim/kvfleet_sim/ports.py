@@ -9,7 +9,8 @@ that `kvfleet up` runs, over these instead of processes and HTTP.
   its `ConfigStore`: `push` goes through `ConfigStore.push`, the code path of an admin PUT
   (versions only go up); its view is what `GET /admin/config` lists (retired endpoints
   with in-flight requests included); held requests wait in it; its `HealthFeedback` learns
-  from every finished exchange, as the dispatcher's does.
+  from every finished exchange, as the dispatcher's does; `perf_models` hands the
+  autoscaler the perf-model fits a live router exports on /metrics.
 - `SimMetrics`: a replica's engine stats read directly (no network, never stale).
 - `SimStore` keeps state in memory; `SimEvents` records every event with its time.
 - `drive(coro)`: run a coroutine that never suspends (every port here is synchronous).
@@ -34,7 +35,8 @@ from kvfleet_router.config import RouterConfig
 from kvfleet_router.config_store import ConfigStore
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.feedback import HealthFeedback
-from kvfleet_router.metrics import RouterMetrics
+from kvfleet_router.metrics import RouterMetrics, perf_models
+from kvfleet_router.perf_model import RoleCoefficients
 from kvfleet_router.router_core import RouterCore
 
 from kvfleet_sim.fake_backend import FakeBackendModel
@@ -183,6 +185,11 @@ class SimRouter:
 
     async def num_held(self) -> int:
         return len(self.held) if self.sees_held else 0
+
+    async def perf_models(self) -> dict[str, RoleCoefficients]:
+        """What this router's /metrics exports as perf-model gauges, handed over in
+        process (the same `metrics.perf_models`)."""
+        return perf_models(self.core)
 
 
 class SimMetrics:

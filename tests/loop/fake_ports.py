@@ -74,6 +74,7 @@ class FakeRouters:
         self.in_flight: dict[str, int] = {}  # per endpoint, summed over routers
         self.held = 0
         self.is_view_broken = False  # pushes work, reading in-flight does not
+        self.fits: dict[str, Any] = {}  # role -> RoleCoefficients the routers export
 
     async def push(self, config: dict[str, Any]) -> None:
         for i, up in enumerate(self.is_up):
@@ -96,6 +97,9 @@ class FakeRouters:
 
     async def num_held(self) -> int:
         return self.held
+
+    async def perf_models(self) -> dict[str, Any]:
+        return dict(self.fits)
 
 
 class FakeMetrics:

@@ -13,10 +13,17 @@ Public API:
   *new* History (the input is not mutated).
 
 How a role's count is chosen (each step is one small function below):
-1. Demand per configured target: ceil(total signal / per-replica target); the largest
-   wins and names the reason. Prefill uses uncached prompt tokens/s (plus the queued
-   backlog) over a per-replica capacity learned online (EWMA); decode uses KV occupancy
-   and running sequences. Latency targets only push up (ratio observed/target).
+1. Demand. With an SLO (the pool sets `ttftP90Seconds` and/or `itlP90Seconds`:
+   `RoleTargets.slo`), the SLO drives (`slo_demand`): the smallest count whose predicted
+   TTFT p90 / ITL, from the routers' perf model at the load forecast one start-up time
+   ahead, meet the targets with headroom (`slo_sizing.py`, `load_forecast.py`); the KV
+   usage and running-per-replica targets and observed latency above target stay as caps
+   (whichever asks for more wins), the waiting and prefill-capacity targets do not drive.
+   Without an SLO, demand per configured target: ceil(total signal / per-replica
+   target); the largest wins and names the reason. Prefill uses uncached prompt tokens/s
+   (plus the queued backlog) over a per-replica capacity learned online (EWMA); decode
+   uses KV occupancy and running sequences. Latency targets only push up (ratio
+   observed/target).
 2. Panic: when the short-window demand is more than `panic_threshold` x the current
    replicas, scale up on it at once (no scale-up stabilization) and forbid scale-down
    until the panic has been quiet for the stable window.
@@ -44,16 +51,33 @@ How a role's count is chosen (each step is one small function below):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from kvfleet_router.perf_model import RoleCoefficients
+
 from kvfleet_operator.api.status import DecisionReason, Reason
+from kvfleet_operator.decide.load_forecast import (
+    ForecastState,
+    forecast_rate,
+    record_rate,
+    startup_of,
+    track_startup,
+)
 from kvfleet_operator.decide.role_signals import (
     BACKLOG_EXPORTED,
     BACKLOG_UNKNOWN,
     RoleSignals,
     Signals,
+)
+from kvfleet_operator.decide.slo_sizing import (
+    SloTargets,
+    choose_coefficients,
+    role_load,
+    seed_coefficients,
+    size,
 )
 
 # ScalingLimited reasons: the API's condition reasons.
@@ -73,6 +97,7 @@ class RoleTargets:
     prefill_utilization: float | None = None  # fraction of learned prefill capacity to use
     ttft_p90_s: float | None = None
     itl_p90_s: float | None = None
+    slo: SloTargets | None = None  # set: the SLO drives (slo_sizing.py), the rest are caps
 
     def __post_init__(self) -> None:
         for name in ("num_waiting", "num_running", "ttft_p90_s", "itl_p90_s"):
@@ -116,6 +141,10 @@ class AutoscalerConfig:
     prefill_capacity_alpha: float = 0.2  # EWMA weight of a new observation
     backlog_clear_s: float = 10.0  # queued prompt tokens should clear within this
     num_history_decisions: int = 20
+    # SLO sizing: perf-model weights per role before the fleet's own have evidence, and
+    # the start-up time assumed (forecast horizon) before one is measured.
+    perf_seed: dict[str, RoleCoefficients] = field(default_factory=dict)
+    startup_s_initial: float = 30.0
 
     def __post_init__(self) -> None:
         if set(self.targets) - set(self.roles):
@@ -152,10 +181,12 @@ class History:
     last_scale_up: dict[str, float] = field(default_factory=dict)
     last_scale_down: dict[str, float] = field(default_factory=dict)
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    forecast: ForecastState = field(default_factory=ForecastState)  # rates, start-up times
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["recommendations"] = {r: [list(p) for p in v] for r, v in self.recommendations.items()}
+        d["forecast"] = self.forecast.to_dict()
         return d
 
     @classmethod
@@ -174,8 +205,10 @@ class History:
             ups = {str(k): float(v) for k, v in (data.get("last_scale_up") or {}).items()}
             downs = {str(k): float(v) for k, v in (data.get("last_scale_down") or {}).items()}
             decisions = list(data.get("decisions") or [])
+            forecast = ForecastState.from_dict(data.get("forecast"))
             return cls(
-                recs, panic, idle, None if cap is None else float(cap), ups, downs, decisions
+                recs, panic, idle, None if cap is None else float(cap), ups, downs, decisions,
+                forecast,
             )
         except (TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed autoscaler history: {exc}") from None
@@ -249,10 +282,51 @@ def demand(
     return max(candidates, key=lambda c: c[0])
 
 
+SLO_CAPS_NOTE = "caps: kv usage, running per replica, observed latency"
+
+
+def slo_caps(targets: RoleTargets) -> RoleTargets:
+    """What still bounds an SLO-driven role: memory (KV usage) and concurrency the perf
+    model does not see, and observed latency above target (a model that under-predicts)."""
+    return RoleTargets(num_running=targets.num_running, kv_usage=targets.kv_usage,
+                       ttft_p90_s=targets.ttft_p90_s, itl_p90_s=targets.itl_p90_s)
+
+
+def slo_demand(
+    role: str,
+    rs: RoleSignals,
+    slo: SloTargets,
+    max_replicas: int,
+    config: AutoscalerConfig,
+    forecast: ForecastState | None,
+    now: float,
+) -> tuple[float, str]:
+    """(replicas, reason) that meet `slo` for the role's load, forecast one start-up time
+    ahead when `forecast` is given (and this window's rate recorded in it)."""
+    seed = config.perf_seed.get(role) or seed_coefficients()
+    weights, source = choose_coefficients(rs.perf, seed)
+    load = role_load(rs, config.backlog_clear_s)
+    ahead = ""
+    if forecast is not None:
+        record_rate(forecast, role, now, load.request_rate, config.stable_window_s)
+        horizon = startup_of(forecast, role, config.startup_s_initial)
+        rate = forecast_rate(forecast, role, now, load.request_rate, horizon)
+        if rate > load.request_rate:
+            ahead = f", forecast {horizon:.0f}s ahead from {load.request_rate:.2f} req/s"
+            load = dataclasses.replace(load, request_rate=rate)
+    n, why = size(weights, load, slo, max_replicas, role)
+    return float(n), f"slo: {why}{ahead} ({source})"
+
+
 def scaled_on(rs: RoleSignals, targets: RoleTargets) -> list[str]:
     """The series a role's targets read (vLLM v1 names; kvfleet engines export the same),
     with the prefill backlog's source."""
     out: list[str] = []
+    if targets.slo is not None:
+        out.append("kvfleet_router_perf_model_coefficient")
+        out.append("vllm:time_to_first_token_seconds count, vllm:prompt_tokens_total - "
+                   "vllm:prefix_cache_hits_total, vllm:generation_tokens_total (rates)")
+        targets = slo_caps(targets)
     if targets.num_waiting is not None:
         out.append("vllm:num_requests_waiting")
     if targets.num_running is not None:
@@ -323,8 +397,20 @@ def _decide_role(
     limits = config.roles[role]
     targets = config.targets.get(role, RoleTargets())
     cap = hist.prefill_tokens_per_s or config.prefill_tokens_per_s_initial
-    want, why = demand(stable, targets, current, cap, config.backlog_clear_s)
-    want_panic, why_panic = demand(panic, targets, current, cap, config.backlog_clear_s)
+    if targets.slo is None:
+        want, why = demand(stable, targets, current, cap, config.backlog_clear_s)
+        want_panic, why_panic = demand(panic, targets, current, cap, config.backlog_clear_s)
+    else:  # the SLO drives; the caps push up only when they ask for more
+        caps = slo_caps(targets)
+        want, why = max(
+            slo_demand(role, stable, targets.slo, limits.max_replicas, config,
+                       hist.forecast, now),
+            demand(stable, caps, current, cap, config.backlog_clear_s), key=lambda c: c[0])
+        panic_perf = panic if panic.perf is not None else dataclasses.replace(
+            panic, perf=stable.perf)
+        want_panic, why_panic = max(
+            slo_demand(role, panic_perf, targets.slo, limits.max_replicas, config, None, now),
+            demand(panic, caps, current, cap, config.backlog_clear_s), key=lambda c: c[0])
     raw = math.ceil(want - 1e-9)
     # Panic: the short window says demand is well above what we run now.
     if current > 0 and want_panic > config.panic_threshold * current:
@@ -471,6 +557,7 @@ def decide(
         desired[role], reasons[role], limited[role], kinds[role] = _decide_role(
             role, s, p, n, config, hist, now
         )
+        track_startup(hist.forecast, role, now, n, desired[role], s.num_replicas)
         if limited[role] == Reason.REPLICAS_PENDING:
             details[role] = pending_detail(role, s)
     hist.decisions.append({"t": now, "desired": dict(desired), "reasons": dict(reasons)})

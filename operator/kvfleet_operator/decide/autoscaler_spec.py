@@ -5,12 +5,20 @@ The pool's targets are pool-wide; each role tracks the ones that describe its wo
   tokens/s against the learned prefill capacity;
 - prefill: waiting, TTFT, uncached prompt tokens/s against the learned capacity;
 - decode: waiting, running, KV usage, ITL.
+
+When the pool sets `ttftP90Seconds` and/or `itlP90Seconds`, each role also gets its SLO
+(`slo_sizing.role_slo`: unified both, prefill TTFT, decode ITL; a target the pool leaves
+unset is the router's default SLO) and the SLO drives its count; the per-replica targets
+above then only cap (autoscaler.py, `slo_caps`). The perf-model seed per role comes from
+`prefillTokensPerSecondPerReplica` when set (prefill seconds per token), else the
+router's SLO priors (`slo_sizing.seed_coefficients`).
 """
 
 from __future__ import annotations
 
 from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.decide.autoscaler import AutoscalerConfig, RoleLimits, RoleTargets
+from kvfleet_operator.decide.slo_sizing import role_slo, seed_coefficients
 
 # Per-replica uncached prefill tokens/s before anything is learned (the spec's
 # prefillTokensPerSecondPerReplica overrides it). Deliberately optimistic (an 8B model on
@@ -30,6 +38,7 @@ def role_targets(spec: PoolSpec, role: str) -> RoleTargets:
         prefill_utilization=prefill_util,
         ttft_p90_s=t.ttft_p90_seconds if role != "decode" else None,
         itl_p90_s=t.itl_p90_seconds if role != "prefill" else None,
+        slo=role_slo(role, t.ttft_p90_seconds, t.itl_p90_seconds),
     )
 
 
@@ -53,4 +62,8 @@ def config_from_pool(spec: PoolSpec) -> AutoscalerConfig:
         prefill_tokens_per_s_initial=(
             a.targets.prefill_tokens_per_second_per_replica or PREFILL_TOKENS_PER_S_DEFAULT
         ),
+        perf_seed={
+            name: seed_coefficients(a.targets.prefill_tokens_per_second_per_replica)
+            for name in roles
+        },
     )

@@ -20,6 +20,11 @@ Public API (all pure):
   nothing to derive it from it stays None and the autoscaler says so.
   A replica whose newest scrape failed or is older than `stale_after_s` is *unknown*:
   it is counted in `num_unknown` and contributes nothing, so it never looks idle.
+  `perf_models` (role -> the router's perf-model fit) lands on each role's `perf`.
+- `parse_router_perf_models(text)` / `combine_perf_models(parts)`: the routers' exported
+  perf-model weights (`kvfleet_router_perf_model_coefficient{role,target,feature}` and
+  `kvfleet_router_perf_model_evidence`) back into `RoleCoefficients`, and several routers'
+  fits as one (each weight averaged, weighted by the evidence behind it).
 
 The I/O that fills a `ScrapeLog` (scraping `/metrics`, asking Prometheus) lives in the
 metrics-source port, `kvfleet_operator.runtimes.metrics_sources`.
@@ -31,9 +36,11 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvfleet_engine import contract as c
 from kvfleet_engine.contract import Buckets  # (upper bound `le`, cumulative count), by le
+from kvfleet_router.perf_model import TPOT_FEATURES, TTFT_FEATURES, RoleCoefficients
 
 
 class MetricsParseError(ValueError):
@@ -154,6 +161,7 @@ class RoleSignals:
     generation_tokens_per_s: float = 0.0
     num_held_requests: int = 0  # held by the router for this pool (scale from zero)
     backlog_from: str = ""  # BACKLOG_*: where num_waiting_prompt_tokens came from
+    perf: RoleCoefficients | None = None  # the routers' perf-model fit for the role
     # Not scraped: the control loop fills these from the runtime's replicas (loop/observe.py).
     num_pending_overdue: int = 0  # in service, not ready for longer than pending_after_s
     pending_for_s: float = 0.0  # how long the oldest of those has not been ready
@@ -170,8 +178,13 @@ class RoleSignals:
             and self.request_rate == 0
         )
 
-    def to_dict(self) -> dict[str, float | int | None]:
-        return {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in self.__slots__}  # type: ignore[attr-defined]
+        perf = self.perf
+        out["perf"] = None if perf is None else {
+            "ttft": list(perf.ttft), "tpot": list(perf.tpot),
+            "num_ttft_samples": perf.num_ttft_samples, "num_tpot_samples": perf.num_tpot_samples}
+        return out
 
 
 @dataclass(slots=True)
@@ -278,6 +291,7 @@ def aggregate(
     stale_after_s: float,
     num_held_requests: int = 0,
     expected_roles: Iterable[str] = (),
+    perf_models: Mapping[str, RoleCoefficients] | None = None,
 ) -> Signals:
     """Aggregate `log` per role. `roles` maps replica name -> role for the current fleet;
     `expected_roles` get an entry even with no replica (a role at zero still sees the
@@ -327,6 +341,7 @@ def aggregate(
         means = kv_means.get(role, [])
         rs.kv_usage_mean = sum(means) / len(means) if means else 0.0
         rs.num_held_requests = num_held_requests
+        rs.perf = (perf_models or {}).get(role)
         parts = backlogs.get(role, [])
         if parts:
             sources = {src for _, src in parts}
@@ -338,3 +353,56 @@ def aggregate(
             rs.ttft_p90_s = histogram_quantile(0.9, hists[role]["ttft"])
             rs.itl_p90_s = histogram_quantile(0.9, hists[role]["itl"])
     return Signals(t=now, window_s=window_s, roles=out)
+
+
+PERF_COEFFICIENT = "kvfleet_router_perf_model_coefficient"
+PERF_EVIDENCE = "kvfleet_router_perf_model_evidence"
+
+
+def parse_router_perf_models(text: str) -> dict[str, RoleCoefficients]:
+    """role -> the fit one router exports; a role missing a weight is left out."""
+    parsed = c.parse_text(text, only=[PERF_COEFFICIENT, PERF_EVIDENCE])
+    weights: dict[tuple[str, str], dict[str, float]] = {}
+    evidence: dict[tuple[str, str], float] = {}
+    for x in parsed.samples:
+        role, target = x.labels.get("role", ""), x.labels.get("target", "")
+        if not math.isfinite(x.value):
+            continue
+        if x.name == PERF_COEFFICIENT:
+            weights.setdefault((role, target), {})[x.labels.get("feature", "")] = x.value
+        else:
+            evidence[(role, target)] = x.value
+    out: dict[str, RoleCoefficients] = {}
+    for role in sorted({r for r, _ in weights}):
+        ttft, tpot = weights.get((role, "ttft"), {}), weights.get((role, "tpot"), {})
+        if set(TTFT_FEATURES) - set(ttft) or set(TPOT_FEATURES) - set(tpot):
+            continue
+        out[role] = RoleCoefficients(
+            tuple(ttft[f] for f in TTFT_FEATURES), tuple(tpot[f] for f in TPOT_FEATURES),
+            int(evidence.get((role, "ttft"), 0)), int(evidence.get((role, "tpot"), 0)))
+    return out
+
+
+def combine_perf_models(parts: Iterable[Mapping[str, RoleCoefficients]]
+                        ) -> dict[str, RoleCoefficients]:
+    """Several routers' fits as one per role: each weight the evidence-weighted mean (a
+    router with no evidence counts once), the evidence summed."""
+    by_role: dict[str, list[RoleCoefficients]] = {}
+    for part in parts:
+        for role, fit in part.items():
+            by_role.setdefault(role, []).append(fit)
+    out = {}
+    for role, fits in sorted(by_role.items()):
+        if len(fits) == 1:
+            out[role] = fits[0]
+            continue
+
+        def mean(vectors: list[tuple[float, ...]], ns: list[int]) -> tuple[float, ...]:
+            ws = [max(1, n) for n in ns]
+            return tuple(sum(w * v[i] for w, v in zip(ws, vectors, strict=True)) / sum(ws)
+                         for i in range(len(vectors[0])))
+
+        nt, np_ = [f.num_ttft_samples for f in fits], [f.num_tpot_samples for f in fits]
+        out[role] = RoleCoefficients(mean([f.ttft for f in fits], nt),
+                                     mean([f.tpot for f in fits], np_), sum(nt), sum(np_))
+    return out

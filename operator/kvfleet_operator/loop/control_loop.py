@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from kvfleet_router.perf_model import RoleCoefficients
+
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.api.status import ScaleDecision
 from kvfleet_operator.decide.autoscaler import Decision, History, decide
@@ -134,6 +136,7 @@ class ControlLoop:
         self.signals: Signals | None = None
         self.view: RouterView | None = None
         self.num_held = 0
+        self.perf_models: dict[str, RoleCoefficients] = {}  # the routers' perf-model fits
         self._next_decision_at: float | None = None  # the first tick starts initial replicas
         self._last_push_error = ""
         self._last_tick_error = ""
@@ -188,6 +191,7 @@ class ControlLoop:
             self.scrapes.forget(gone)
         self.scrapes.prune(now, self.config.stable_window_s)
         self.num_held = await self.router.num_held()
+        self.perf_models = await self.router.perf_models()
 
     def _decide(self, now: float) -> tuple[Decision, dict[str, ScaleDecision]]:
         replicas = self.runtime.replicas()
@@ -197,7 +201,7 @@ class ControlLoop:
         # Every role gets signals, even at zero: the router's held requests are its demand.
         stable, panic = (
             aggregate(self.scrapes, roles, now, window, stale, self.num_held,
-                      expected_roles=self.config.roles)  # fmt: skip
+                      expected_roles=self.config.roles, perf_models=self.perf_models)  # fmt: skip
             for window in (self.config.stable_window_s, self.config.panic_window_s)
         )
         for signals in (stable, panic):  # replicas not ready past their start-up allowance

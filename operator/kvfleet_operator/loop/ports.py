@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kvfleet_router.perf_model import RoleCoefficients
+
 from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.api.status import PoolStatus
 from kvfleet_operator.decide.reconcile import RolePlan
@@ -95,6 +97,10 @@ class RouterControl(Protocol):
 
     async def num_held(self) -> int:
         """Requests the routers hold for capacity (scale-from-zero demand), summed."""
+
+    async def perf_models(self) -> dict[str, RoleCoefficients]:
+        """Role -> the routers' perf-model fit (`role_signals.combine_perf_models` over
+        every router that answered; a role with no fit yet is absent)."""
 
 
 class MetricsSource(Protocol):

@@ -2,7 +2,9 @@
 
 `HttpRouterControl` pushes a config to each router's admin API (success only when all
 accepted it), combines their views (in-flight summed per endpoint, the oldest version), and
-sums the requests they hold (`kvfleet_router_queue_length`). Endpoints: kvfleet_router.admin.
+sums the requests they hold (`kvfleet_router_queue_length`), and reads the perf-model fits
+they export (`kvfleet_router_perf_model_coefficient`, combined across routers).
+Endpoints: kvfleet_router.admin.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from typing import Any
 
 import aiohttp
 from kvfleet_engine.contract import parse_text
+from kvfleet_router.perf_model import RoleCoefficients
 
+from kvfleet_operator.decide.role_signals import combine_perf_models, parse_router_perf_models
 from kvfleet_operator.loop.ports import EndpointView, RouterControlError, RouterView
 
 QUEUE_METRIC = "kvfleet_router_queue_length"
@@ -93,6 +97,19 @@ async def get_queue_length(session: aiohttp.ClientSession, base_url: str) -> int
     return int(values[0]) if values else None
 
 
+async def get_perf_models(session: aiohttp.ClientSession, base_url: str
+                          ) -> dict[str, RoleCoefficients]:
+    """The perf-model fits one router exports; {} if unreadable (the seed then serves)."""
+    try:
+        async with session.get(f"{base_url}/metrics") as r:
+            if r.status != 200:
+                return {}
+            text = await r.text()
+    except (TimeoutError, aiohttp.ClientError, OSError):
+        return {}
+    return parse_router_perf_models(text)
+
+
 class HttpRouterControl:
     """Every router replica of one pool, by base URL, behind one admin token."""
 
@@ -124,3 +141,7 @@ class HttpRouterControl:
     async def num_held(self) -> int:
         held = await asyncio.gather(*(get_queue_length(self._session, u) for u in self.urls))
         return sum(n or 0 for n in held)
+
+    async def perf_models(self) -> dict[str, RoleCoefficients]:
+        fits = await asyncio.gather(*(get_perf_models(self._session, u) for u in self.urls))
+        return combine_perf_models(fits)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiohttp
+from kvfleet_router.perf_model import RoleCoefficients
 
 from kvfleet_operator.loop.ports import RouterControlError, RouterView
 from kvfleet_operator.runtimes.router_control import HttpRouterControl
@@ -38,3 +39,7 @@ class PodRouterControl:
     async def num_held(self) -> int:
         routers = self._routers()
         return await routers.num_held() if routers is not None else 0
+
+    async def perf_models(self) -> dict[str, RoleCoefficients]:
+        routers = self._routers()
+        return await routers.perf_models() if routers is not None else {}

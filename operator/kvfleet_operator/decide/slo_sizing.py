@@ -1,0 +1,261 @@
+"""How many replicas of a role meet the SLO: pure, from the router's own performance model.
+
+The router learns, per role, TTFT = w . [1, u, u*w_q, w_q, r, kv] and TPOT = v . [1, n, kv]
+(`kvfleet_router.perf_model`: u uncached prompt ktokens, w_q requests queued ahead, r
+running, n in flight, kv KV usage) from the fleet's finished requests. The autoscaler asks
+the same model, for N = 1, 2, ... replicas, what a request would see if the role's load
+were spread over N, and takes the smallest N whose predicted TTFT p90 and ITL meet the
+pool's targets with headroom (predicted <= target x (1 - headroom)).
+
+The queueing step, from the role's load (request rate lam, mean uncached prompt tokens U,
+mean output tokens O) to the model's features on one of N replicas (a = lam / N each):
+
+* Queued ahead, w_q. Prefill is one server per replica (the engine's token budget works
+  the queue down in arrival order). A queued request costs the requests behind it
+  S = max(w_u_wq . U + w_wq, w_u . U) seconds: the model's own marginal TTFT per request
+  ahead, at least the mean prompt's prefill time by the model's per-ktoken slope (the
+  queue terms are only identified once the fleet has queued). Utilization rho = a . S;
+  with rho >= 1 the queue grows without bound and N is infeasible. Otherwise the queue an
+  arrival sees is M/M/1's (PASTA): P(w_q >= k) = rho^(k+1), so its mean is
+  rho^2 / (1 - rho) and its q-quantile (q = 0.9 for a p90 target) is
+  max(0, ln(1 - q) / ln(rho) - 2), continuous in rho. M/M/1 over-states a queue of
+  similar prompts (M/D/1 halves the wait), which leaves room for long-prompt outliers.
+* In flight, n. Little's law: a request is in flight for its TTFT and O - 1 decode steps,
+  so L = a . (TTFT(w_q mean, r = L, kv(L)) + (O - 1) . TPOT(L + 1, kv(L))), a fixed point
+  in L solved by bisection (none below `MAX_IN_FLIGHT`: infeasible). The in-flight count of
+  an infinite-server queue is Poisson(L) (M/G/inf), so its q-quantile is
+  L + z_q . sqrt(L) (normal approximation; z_0.9 = 1.28).
+* KV usage grows with the sequences a replica holds: kv(n) = min(1, n . kv_per_seq), with
+  kv_per_seq the role's observed KV usage per running sequence (0 before any is seen).
+* Predicted TTFT p90 = w . [1, U, U . w_q(q), w_q(q), L, kv(L)]; predicted ITL = TPOT at
+  the in-flight quantile, v . [1, n_q + 1, kv(n_q)] (a request's mean inter-token time,
+  what the simulator's attainment and the router's TPOT are measured on). Both clamped to
+  at least `FLOOR_S`.
+
+Which checks apply: a unified role both targets, prefill TTFT, decode ITL (a decode
+replica's first token is the hand-off, not a prompt). A pool that sets one target gets
+the router's default SLO (`kvfleet_router.config.SloConfig`) for the other, so the
+autoscaler and the router's `slo` policy read the same SLO.
+
+Where the weights come from: the routers' fit for the role once it has seen
+`MIN_EVIDENCE` finished requests, else a seed (`seed_coefficients`: the prefill and decode
+seconds per token of the pool's `prefillTokensPerSecondPerReplica` when set, else the
+router's SLO priors), and the reason says which.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+
+from kvfleet_router.config import SloConfig
+from kvfleet_router.perf_model import RoleCoefficients, dot, tpot_features, ttft_features
+
+from kvfleet_operator.decide.role_signals import RoleSignals
+
+FLOOR_S = 1e-4  # predictions are at least this (as the router clamps them)
+MIN_SERVICE_S = 1e-3  # a queued request costs at least this much prefill time
+MAX_IN_FLIGHT = 1e5  # per replica; a fixed point beyond this is overload
+MIN_EVIDENCE = 32  # finished requests before the fleet's fit replaces the seed
+_ROUTER_SLO = SloConfig()
+HEADROOM = _ROUTER_SLO.headroom  # the router's slo policy leaves the same margin
+
+
+@dataclass(frozen=True, slots=True)
+class SloTargets:
+    """A role's SLO: TTFT p90 and ITL targets (None: not checked for this role)."""
+
+    ttft_p90_s: float | None = None
+    itl_p90_s: float | None = None
+    headroom: float = HEADROOM
+    quantile: float = 0.9
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_p90_s", "itl_p90_s"):
+            v = getattr(self, name)
+            if v is not None and not v > 0:
+                raise ValueError(f"SLO {name} must be > 0, got {v}")
+        if not 0 <= self.headroom < 1:
+            raise ValueError(f"SLO headroom must be in [0, 1), got {self.headroom}")
+        if not 0.5 <= self.quantile < 1:
+            raise ValueError(f"SLO quantile must be in [0.5, 1), got {self.quantile}")
+
+
+def role_slo(role: str, ttft_p90_s: float | None, itl_p90_s: float | None) -> SloTargets | None:
+    """The SLO a role is sized for, or None when the pool sets no target (then the
+    per-replica targets drive, as before)."""
+    if ttft_p90_s is None and itl_p90_s is None:
+        return None
+    ttft = ttft_p90_s if ttft_p90_s is not None else _ROUTER_SLO.ttft_s
+    itl = itl_p90_s if itl_p90_s is not None else _ROUTER_SLO.tpot_s
+    return SloTargets(ttft_p90_s=None if role == "decode" else ttft,
+                      itl_p90_s=None if role == "prefill" else itl)
+
+
+def seed_coefficients(prefill_tokens_per_s: float | None = None,
+                      decode_s_per_token: float | None = None) -> RoleCoefficients:
+    """Weights before the fleet has evidence: TTFT = prefill seconds per ktoken x u, TPOT
+    = decode seconds per token; no queue, running or KV terms (the queueing step still
+    queues prompts at the prefill rate)."""
+    s_per_token = (1.0 / prefill_tokens_per_s if prefill_tokens_per_s
+                   else _ROUTER_SLO.prefill_s_per_token)
+    decode = decode_s_per_token or _ROUTER_SLO.decode_s_per_token
+    return RoleCoefficients((0.0, 1000.0 * s_per_token, 0.0, 0.0, 0.0, 0.0),
+                            (decode, 0.0, 0.0))
+
+
+def choose_coefficients(fleet: RoleCoefficients | None, seed: RoleCoefficients
+                        ) -> tuple[RoleCoefficients, str]:
+    """(weights, where they came from): the fleet's once both fits have MIN_EVIDENCE."""
+    if fleet is not None and min(fleet.num_ttft_samples, fleet.num_tpot_samples) >= MIN_EVIDENCE:
+        return fleet, f"fleet model, {fleet.num_ttft_samples} requests"
+    have = 0 if fleet is None else min(fleet.num_ttft_samples, fleet.num_tpot_samples)
+    return seed, f"seed model, fleet has {have}/{MIN_EVIDENCE} requests"
+
+
+@dataclass(frozen=True, slots=True)
+class RoleLoad:
+    """A role's offered load: requests/s, and per request its mean uncached prompt tokens,
+    mean output tokens, and KV usage per running sequence on a replica."""
+
+    request_rate: float
+    uncached_prompt_tokens: float = 0.0
+    output_tokens: float = 1.0
+    kv_per_seq: float = 0.0
+
+
+def role_load(rs: RoleSignals, backlog_clear_s: float) -> RoleLoad:
+    """The load a role's signals show: the known replicas' rates extrapolated to all, plus
+    the queue (engines' waiting requests and the router's held ones) to be cleared within
+    `backlog_clear_s`; token means per request over the window."""
+    scale = rs.num_replicas / rs.num_known if rs.num_known else 0.0
+    served = rs.request_rate
+    backlog = rs.num_waiting * scale + rs.num_held_requests
+    rate = served * scale + backlog / backlog_clear_s
+    uncached = rs.uncached_prompt_tokens_per_s / served if served > 0 else 0.0
+    output = rs.generation_tokens_per_s / served if served > 0 else 1.0
+    per_replica_running = rs.num_running / rs.num_known if rs.num_known else 0.0
+    kv_per_seq = rs.kv_usage_mean / per_replica_running if per_replica_running > 0 else 0.0
+    return RoleLoad(rate, uncached, max(1.0, output), min(1.0, kv_per_seq))
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What one replica of N would see; inf latencies when N cannot keep up."""
+
+    num_replicas: int
+    ttft_p90_s: float
+    itl_p90_s: float
+    utilization: float  # of the prefill server (rho)
+    num_in_flight: float  # mean (L)
+    num_queued_p: float  # queued ahead at the quantile
+
+    @property
+    def is_feasible(self) -> bool:
+        return math.isfinite(self.ttft_p90_s) and math.isfinite(self.itl_p90_s)
+
+
+def queue_quantile(rho: float, q: float) -> float:
+    """M/M/1 requests queued ahead of an arrival at quantile q (continuous in rho)."""
+    if rho <= 0:
+        return 0.0
+    if rho >= 1:
+        return math.inf
+    return max(0.0, math.log(1.0 - q) / math.log(rho) - 2.0)
+
+
+def _in_flight(c: RoleCoefficients, load: RoleLoad, a: float, wq_mean: float) -> float:
+    """Little's law fixed point L = a . (TTFT + (O - 1) . TPOT) at load L; inf if none."""
+    decode_steps = max(0.0, load.output_tokens - 1.0)
+
+    def excess(n: float) -> float:
+        kv = min(1.0, n * load.kv_per_seq)
+        ttft = max(FLOOR_S, dot(c.ttft, ttft_features(load.uncached_prompt_tokens, wq_mean,
+                                                      n, kv)))
+        tpot = max(FLOOR_S, dot(c.tpot, tpot_features(n + 1.0, kv)))
+        return a * (ttft + decode_steps * tpot) - n
+
+    if excess(MAX_IN_FLIGHT) > 0:
+        return math.inf
+    lo, hi = 0.0, MAX_IN_FLIGHT
+    for _ in range(80):  # excess(lo) > 0 >= excess(hi)
+        mid = (lo + hi) / 2
+        if excess(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def predict(c: RoleCoefficients, load: RoleLoad, num_replicas: int, quantile: float = 0.9
+            ) -> Prediction:
+    """The module docstring's queueing step for `load` over `num_replicas` replicas."""
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+    a = load.request_rate / num_replicas
+    uk = load.uncached_prompt_tokens / 1000.0
+    service = max(c.ttft[2] * uk + c.ttft[3], c.ttft[1] * uk, MIN_SERVICE_S)
+    rho = a * service
+    wq_p = queue_quantile(rho, quantile)
+    if not math.isfinite(wq_p):
+        return Prediction(num_replicas, math.inf, math.inf, rho, math.inf, math.inf)
+    n = _in_flight(c, load, a, rho * rho / (1.0 - rho))
+    if not math.isfinite(n):
+        return Prediction(num_replicas, math.inf, math.inf, rho, math.inf, wq_p)
+    kv = min(1.0, n * load.kv_per_seq)
+    n_p = n + NormalDist().inv_cdf(quantile) * math.sqrt(n)
+    kv_p = min(1.0, n_p * load.kv_per_seq)
+    ttft = max(FLOOR_S, dot(c.ttft, ttft_features(load.uncached_prompt_tokens, wq_p, n, kv)))
+    itl = max(FLOOR_S, dot(c.tpot, tpot_features(n_p + 1.0, kv_p)))
+    return Prediction(num_replicas, ttft, itl, rho, n, wq_p)
+
+
+def meets(p: Prediction, slo: SloTargets) -> bool:
+    keep = 1.0 - slo.headroom
+    return p.is_feasible and all(
+        target is None or value <= target * keep
+        for value, target in ((p.ttft_p90_s, slo.ttft_p90_s), (p.itl_p90_s, slo.itl_p90_s)))
+
+
+def _ms(s: float) -> str:
+    return "inf" if not math.isfinite(s) else f"{s * 1000:.0f} ms"
+
+
+def describe(p: Prediction, slo: SloTargets) -> str:
+    parts = []
+    keep = 1.0 - slo.headroom
+    for name, value, target in (("TTFT p90", p.ttft_p90_s, slo.ttft_p90_s),
+                                ("ITL", p.itl_p90_s, slo.itl_p90_s)):
+        if target is not None:
+            op = "<=" if value <= target * keep else ">"
+            parts.append(f"{name} {_ms(value)} {op} {_ms(target * keep)}")
+    return ", ".join(parts)
+
+
+def size(c: RoleCoefficients, load: RoleLoad, slo: SloTargets, max_replicas: int,
+         role: str = "") -> tuple[int, str]:
+    """(smallest replica count in 1..max_replicas whose prediction meets `slo`, reason).
+    None meets: max_replicas + 1 (the clamp then says AtMaxReplicas), and the reason shows
+    the prediction at max_replicas. No load: 0."""
+    if max_replicas < 1:
+        raise ValueError(f"max_replicas must be >= 1, got {max_replicas}")
+    what = f"{role} replicas" if role else "replicas"
+    rate = f"{load.request_rate:.2f} req/s"
+    if load.request_rate <= 0:
+        return 0, f"0 {what}: no load"
+    p = None
+    for n in range(1, max_replicas + 1):
+        p = predict(c, load, n, slo.quantile)
+        if meets(p, slo):
+            return n, f"{n} {what}: predicted {describe(p, slo)} at {rate}"
+    assert p is not None
+    return max_replicas + 1, (f"over {max_replicas} {what}: predicted {describe(p, slo)} "
+                              f"at {rate} even at {max_replicas}")
+
+
+def predicted_curve(c: RoleCoefficients, load: RoleLoad, counts: Sequence[int],
+                    quantile: float = 0.9) -> list[Prediction]:
+    """Predictions at several counts (for docs, plots and tests)."""
+    return [predict(c, load, n, quantile) for n in counts]

@@ -1,0 +1,256 @@
+"""SLO sizing (decide/slo_sizing.py): the queueing step and the smallest count at its
+boundary; the start-up forecast (decide/load_forecast.py); decide() driven by the SLO."""
+
+import math
+
+import pytest
+from kvfleet_operator.api.pool import parse_pool
+from kvfleet_operator.decide.autoscaler import (
+    AutoscalerConfig,
+    History,
+    RoleLimits,
+    RoleTargets,
+    decide,
+)
+from kvfleet_operator.decide.autoscaler_spec import config_from_pool
+from kvfleet_operator.decide.load_forecast import (
+    ForecastState,
+    linear_forecast,
+    record_rate,
+    track_startup,
+)
+from kvfleet_operator.decide.role_signals import RoleSignals, Signals
+from kvfleet_operator.decide.slo_sizing import (
+    MIN_EVIDENCE,
+    RoleLoad,
+    SloTargets,
+    choose_coefficients,
+    meets,
+    predict,
+    queue_quantile,
+    role_load,
+    role_slo,
+    seed_coefficients,
+    size,
+)
+from kvfleet_router.perf_model import RoleCoefficients
+
+# An H100-like fit: 10 ms + 32.5 ms per uncached ktoken, the same per ktoken queued ahead;
+# TPOT 6.5 ms + 35 us per sequence in flight.
+FIT = RoleCoefficients((0.01, 0.0325, 0.0325, 0.0, 0.0002, 0.0), (0.0065, 3.5e-5, 0.003),
+                       500, 500)
+SLO = SloTargets(ttft_p90_s=2.0, itl_p90_s=0.05, headroom=0.2)
+
+
+def test_queue_quantile_is_mm1():
+    # P(w_q >= k) = rho^(k+1): the 0.9 quantile is ln 0.1 / ln rho - 2.
+    assert queue_quantile(0.5, 0.9) == pytest.approx(math.log(0.1) / math.log(0.5) - 2)
+    assert queue_quantile(0.3, 0.9) == 0.0  # rho^2 <= 0.1: nine arrivals in ten wait for none
+    assert queue_quantile(1.0, 0.9) == math.inf
+
+
+def test_prediction_hand_computed_at_low_load():
+    # One request per second of 4k uncached tokens and 1 output token on 1 replica:
+    # S = 0.0325 * 4 = 0.13 s, rho = 0.13, no queue at p90 (mean rho^2 / (1 - rho));
+    # L solves L = 1 * TTFT(w_q mean, r = L).
+    load = RoleLoad(1.0, 4000, 1.0)
+    p = predict(FIT, load, 1)
+    assert p.utilization == pytest.approx(0.13)
+    assert p.num_queued_p == 0.0
+    wq_mean = 0.13**2 / 0.87
+    ttft_mean = 0.01 + 0.13 + 0.13 * wq_mean
+    assert p.num_in_flight == pytest.approx(ttft_mean / (1 - 0.0002), rel=1e-6)
+    assert p.ttft_p90_s == pytest.approx(0.01 + 0.13 + 0.0002 * p.num_in_flight, rel=1e-6)
+
+
+def boundary_rate(n: int) -> float:
+    """The request rate at which n replicas just meet SLO (bisection on the predictor)."""
+    lo, hi = 0.01, 1000.0
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if meets(predict(FIT, RoleLoad(mid, 12000, 300), n), SLO):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_size_at_its_boundary(n):
+    # Just below the rate at which n replicas meet the target: n; just above: n + 1.
+    rate = boundary_rate(n)
+    below, why = size(FIT, RoleLoad(rate * 0.999, 12000, 300), SLO, 16, "unified")
+    above, _ = size(FIT, RoleLoad(rate * 1.001, 12000, 300), SLO, 16, "unified")
+    assert below == n, why
+    assert above == n + 1
+    assert why.startswith(f"{n} unified replicas: predicted TTFT p90 ")
+    assert "req/s" in why
+
+
+def test_itl_target_decides_for_decode():
+    slo = SloTargets(itl_p90_s=0.01, headroom=0.0)
+    load = RoleLoad(50.0, 0, 400)
+    n, why = size(FIT, load, slo, 64, "decode")
+    assert predict(FIT, load, n).itl_p90_s <= 0.01 < predict(FIT, load, n - 1).itl_p90_s
+    assert why.startswith(f"{n} decode replicas: predicted ITL ")
+    assert "TTFT" not in why
+
+
+def test_nothing_meets_and_no_load():
+    n, why = size(FIT, RoleLoad(1000.0, 12000, 300), SLO, 4)
+    assert n == 5 and "even at 4" in why
+    assert size(FIT, RoleLoad(0.0), SLO, 4)[0] == 0
+
+
+def test_role_load_from_signals():
+    rs = RoleSignals(num_replicas=4, num_known=2, request_rate=2.0,
+                     uncached_prompt_tokens_per_s=6000.0, generation_tokens_per_s=400.0,
+                     num_waiting=5.0, num_held_requests=3, num_running=10.0,
+                     kv_usage_mean=0.25)
+    load = role_load(rs, backlog_clear_s=10.0)
+    # 2 known of 4: rate doubled; 5 x 2 waiting + 3 held cleared in 10 s.
+    assert load.request_rate == pytest.approx(4.0 + 1.3)
+    assert load.uncached_prompt_tokens == pytest.approx(3000.0)
+    assert load.output_tokens == pytest.approx(200.0)
+    assert load.kv_per_seq == pytest.approx(0.25 / 5.0)
+
+
+def test_role_slo_and_seed():
+    assert role_slo("unified", None, None) is None
+    assert role_slo("prefill", 1.0, 0.03) == SloTargets(ttft_p90_s=1.0)
+    assert role_slo("decode", 1.0, 0.03) == SloTargets(itl_p90_s=0.03)
+    unified = role_slo("unified", 1.0, None)
+    assert unified is not None and unified.itl_p90_s == 0.05  # the router's default SLO
+    seed = seed_coefficients(2000.0)
+    assert seed.ttft[1] == pytest.approx(0.5)  # 0.5 s per ktoken at 2,000 tokens/s
+    few = RoleCoefficients(FIT.ttft, FIT.tpot, MIN_EVIDENCE - 1, 999)
+    assert choose_coefficients(few, seed)[0] is seed
+    assert choose_coefficients(FIT, seed)[0] is FIT
+    with pytest.raises(ValueError, match="SLO ttft_p90_s must be > 0"):
+        SloTargets(ttft_p90_s=0)
+
+
+# --- the forecast -------------------------------------------------------------------------
+
+
+def test_a_ramp_is_extrapolated_by_startup_seconds():
+    ramp = [(float(t), 10.0 + 0.5 * t) for t in range(0, 21)]  # +0.5 req/s per second
+    observed = 20.0  # the rate at t = 20
+    assert linear_forecast(ramp, observed, at=20.0 + 10.0) == pytest.approx(25.0)
+    assert linear_forecast(ramp, observed, at=20.0 + 0.0) == pytest.approx(20.0)
+    # Growth is capped at 2x what is observed.
+    assert linear_forecast(ramp, observed, at=20.0 + 1000.0) == pytest.approx(40.0)
+
+
+def test_flat_stays_flat_and_a_fall_does_not_scale_down_ahead():
+    flat = [(float(t), 8.0) for t in range(10)]
+    assert linear_forecast(flat, 8.0, at=100.0) == pytest.approx(8.0)
+    falling = [(float(t), 20.0 - t) for t in range(10)]
+    assert linear_forecast(falling, 11.0, at=100.0) == 11.0
+    assert linear_forecast(flat[:2], 8.0, at=100.0) == 8.0  # too few points: no trend
+
+
+def test_record_rate_keeps_one_window():
+    state = ForecastState()
+    for t in range(100):
+        record_rate(state, "unified", float(t), 1.0, window_s=20.0)
+    ts = [t for t, _ in state.rates["unified"]]
+    assert min(ts) > 99 - 30 and max(ts) == 99 - 10  # placed at the window's middle
+
+
+def test_startup_is_measured_from_ask_to_ready_and_survives_a_restart():
+    state = ForecastState()
+    track_startup(state, "prefill", now=100.0, current=2, target=4, num_ready=2)
+    track_startup(state, "prefill", now=130.0, current=4, target=4, num_ready=3)
+    assert "prefill" not in state.startup_s
+    track_startup(state, "prefill", now=160.0, current=4, target=4, num_ready=4)
+    assert state.startup_s["prefill"] == pytest.approx(60.0)
+    # A second scale-up that took 20 s: EWMA at 0.5.
+    track_startup(state, "prefill", now=200.0, current=4, target=5, num_ready=4)
+    track_startup(state, "prefill", now=220.0, current=5, target=5, num_ready=5)
+    assert state.startup_s["prefill"] == pytest.approx(40.0)
+    # A scale-down below what was asked for cancels the ask.
+    track_startup(state, "prefill", now=300.0, current=5, target=8, num_ready=5)
+    track_startup(state, "prefill", now=310.0, current=8, target=6, num_ready=5)
+    assert "prefill" not in state.pending_up
+    history = History(forecast=state)
+    assert History.from_dict(history.to_dict()).forecast == state
+
+
+# --- decide() with an SLO --------------------------------------------------------------------
+
+
+def sig(**kw):
+    return Signals(t=0.0, window_s=20.0, roles={"unified": RoleSignals(**kw)})
+
+
+def slo_config(slo=SLO, **kw):
+    targets = RoleTargets(num_waiting=2, kv_usage=0.8, slo=slo)
+    return AutoscalerConfig(roles={"unified": RoleLimits(1, 16)},
+                            targets={"unified": targets}, stable_window_s=20.0,
+                            panic_window_s=5.0, scale_down_window_s=0.0, max_step_up=16,
+                            max_step_down=16, **kw)
+
+
+def loaded(rate, n=2, perf=FIT, **kw):
+    return dict(num_replicas=n, num_known=n, request_rate=rate,
+                uncached_prompt_tokens_per_s=rate * 12000, generation_tokens_per_s=rate * 300,
+                num_running=2.0 * n, kv_usage_mean=0.05, perf=perf, **kw)
+
+
+def test_decide_is_driven_by_the_slo_when_the_pool_has_targets():
+    rate = boundary_rate(5) * 0.99  # 5 replicas just meet the SLO
+    s = sig(**loaded(rate))
+    d = decide(s, s, {"unified": 2}, slo_config(), History(), now=100.0)
+    assert d.desired["unified"] == 5, d.reasons
+    assert "slo: 5 unified replicas: predicted TTFT p90" in d.reasons["unified"]
+    assert "fleet model, 500 requests" in d.reasons["unified"]
+    # Waiting 30 (15 per replica against 2) would ask for 15 without the SLO; with it,
+    # the waiting target does not drive (the queue is in the model).
+    busy = sig(**loaded(boundary_rate(5) * 0.99 - 3.0, num_waiting=30.0))
+    d = decide(busy, busy, {"unified": 2}, slo_config(), History(), now=100.0)
+    assert d.desired["unified"] == 5, d.reasons
+    plain = decide(busy, busy, {"unified": 2}, slo_config(slo=None), History(), now=100.0)
+    assert plain.desired["unified"] == 15  # without an SLO, today's rule
+
+
+def test_kv_usage_still_caps_an_slo_driven_role():
+    s = sig(**{**loaded(0.1, n=4), "kv_usage_mean": 0.95})  # little traffic, full KV
+    d = decide(s, s, {"unified": 4}, slo_config(), History(), now=100.0)
+    assert d.desired["unified"] == 5 and "kv 0.95" in d.reasons["unified"]
+
+
+def test_forecast_asks_ahead_of_a_ramp():
+    config = slo_config(startup_s_initial=60.0)
+    hist = History()
+    base = boundary_rate(4) * 0.5
+    # A ramp: the window rate grows 2% of the base per second for 20 s.
+    for t in range(21):
+        rate = base * (1 + 0.02 * t)
+        s = sig(**loaded(rate, n=4))
+        d = decide(s, s, {"unified": 4}, config, hist, now=float(t))
+        hist = d.history
+    now_only, _ = size(FIT, RoleLoad(base * 1.4, 12000, 300), SLO, 16)
+    assert d.desired["unified"] > now_only, d.reasons
+    assert "forecast 60s ahead" in d.reasons["unified"]
+
+
+def test_config_from_pool_sets_the_slo_only_with_targets():
+    def pool(targets):
+        return parse_pool({
+            "apiVersion": "kvfleet.io/v1alpha1", "kind": "InferencePool",
+            "metadata": {"name": "p"},
+            "spec": {
+                "model": {"name": "m", "source": "builtin://llama3-8b-sim"},
+                "engine": {"kind": "builtin", "runner": "simulated",
+                           "profile": "h100-llama3-8b"},
+                "topology": {"prefill": {"replicas": {"min": 1, "max": 4}},
+                             "decode": {"replicas": {"min": 1, "max": 4}}},
+                "autoscaling": {"targets": targets}}}).spec
+
+    c = config_from_pool(pool({"ttftP90Seconds": 1.5, "prefillTokensPerSecondPerReplica": 4000}))
+    assert c.targets["prefill"].slo == SloTargets(ttft_p90_s=1.5)
+    assert c.targets["decode"].slo == SloTargets(itl_p90_s=0.05)
+    assert c.perf_seed["prefill"].ttft[1] == pytest.approx(0.25)
+    c = config_from_pool(pool({}))
+    assert all(t.slo is None for t in c.targets.values())
