@@ -13,8 +13,8 @@ scalers and policies on the same trace slice and seed, one table; `gate` replays
 baseline and a candidate pool and exits 1 when the candidate's SLO attainment is lower, or
 its replica-seconds higher, beyond a tolerance (the check a GitOps pull request runs);
 `--scaler oracle` (run, compare) replays the hindsight optimum (`oracle.py`: the fewest
-replica-seconds that met the SLO knowing the future, found by many replays; about eight
-full replays for a 5-minute window at the default 60 s `--oracle-interval-s`), and
+replica-seconds that met the SLO knowing the future, found by many replays; about nine
+of the whole slice for a 5-minute window at the default 60 s `--oracle-interval-s`), and
 whenever it is solved the table gains "× optimum", each row's replica-seconds over the
 oracle's; `--optimum` solves it for that column without listing it as a row.
 `efficiency` pins the pool at each N replicas and bisects the rate multiplier for the

@@ -39,7 +39,9 @@ It is an upper bound on the true optimum at this granularity: greedy in time (a 
 chosen for one interval is never revisited to help the next), one count per interval.
 A scaler with finer moves can come in under it; × optimum below 1.0 means that.
 Cost: about two to three replays per interval and role, each of the prefix up to that
-interval (a 5-minute window at 60 s is about eight full replays).
+interval: five minutes of the Azure conversation trace at 8x (120 s warm-up, 60 s
+intervals, 1..4 replicas) took 12 replays, 3,787 virtual seconds, about nine replays of
+the whole slice.
 """
 
 from __future__ import annotations
