@@ -10,9 +10,11 @@ How it is found (`solve`):
    through that interval. The warm-up (before the window, not measured, not paid for)
    holds the first interval's counts.
 2. Intervals are settled in order. For interval k, with the counts of intervals 0..k-1
-   already chosen, a count n is tried by replaying the trace from its start up to interval
-   k's last arrival, with the plan 0..k-1 then n (held after the interval, so the
-   interval's last requests finish under it): n passes when the requests that arrived in
+   already chosen, a count n is tried by replaying the arrivals from `history_s` before
+   the interval (default: as long as the slice's warm-up, which the caller judged enough
+   to warm a fleet; the fleet follows the plan through the quiet time before them) up to
+   interval k's last arrival, with the plan 0..k-1 then n (held after the interval, so
+   the interval's last requests finish under it): n passes when the requests that arrived in
    interval k meet the SLO by the report's rule (`report.summarize`: TTFT <= the TTFT SLO
    and mean ITL <= the ITL SLO; a failed request is a miss) for at least the target.
    The smallest passing n is found by a galloping search from the previous interval's
@@ -38,10 +40,9 @@ How it is found (`solve`):
 It is an upper bound on the true optimum at this granularity: greedy in time (a count
 chosen for one interval is never revisited to help the next), one count per interval.
 A scaler with finer moves can come in under it; × optimum below 1.0 means that.
-Cost: about two to three replays per interval and role, each of the prefix up to that
-interval: five minutes of the Azure conversation trace at 8x (120 s warm-up, 60 s
-intervals, 1..4 replicas) took 12 replays, 3,787 virtual seconds, about nine replays of
-the whole slice.
+Cost: about two to three replays per interval and role, each of history + one interval,
+so linear in the window's length (with the whole prefix replayed each time, `history_s`
+math.inf, it is quadratic), plus a full replay per check.
 """
 
 from __future__ import annotations
@@ -233,7 +234,8 @@ class OracleResult:
     targets: list[float]  # per interval
     attainments: list[float]  # per interval, in the full replay (NaN: no arrivals)
     num_replays: int
-    replay_s: float  # virtual seconds replayed in all
+    replay_s: float  # virtual seconds replayed in all (quiet time before a history too)
+    num_requests: int  # arrivals replayed in all (the cost: the slice has len(trace))
     misses: list[int] = field(default_factory=list)  # intervals still under their target
 
     def to_dict(self) -> dict[str, Any]:
@@ -245,6 +247,7 @@ class OracleResult:
             "misses": self.misses,
             "num_replays": self.num_replays,
             "replay_s": self.replay_s,
+            "num_requests": self.num_requests,
         }
 
 
@@ -253,7 +256,7 @@ class _Replays:
 
     def __init__(self, load_pool: Callable[[], InferencePool], trace: Sequence[TraceRequest],
                  settings: SimSettings, limits: Limits, slo: tuple[float, float],
-                 edges: list[float], interval_s: float) -> None:  # fmt: skip
+                 edges: list[float], interval_s: float, history_s: float) -> None:  # fmt: skip
         self.load_pool = load_pool
         self.trace = trace
         self.settings = settings
@@ -261,22 +264,28 @@ class _Replays:
         self.slo = slo
         self.edges = edges
         self.interval_s = interval_s
+        self.history_s = history_s
         self.horizon = edges[-1] + limits.lead_s  # the schedule holds its last request after
         self.cache: dict[tuple[Any, ...], SimResult] = {}
         self.seconds = 0.0  # virtual seconds replayed
+        self.num_requests = 0  # arrivals replayed
 
-    def run(self, counts: tuple[Counts, ...], cut: int) -> SimResult:
-        """The plan `counts` over the arrivals before edges[cut + 1] (all of them at the
-        last interval)."""
+    def run(self, counts: tuple[Counts, ...], cut: int | None) -> SimResult:
+        """The plan `counts` over the arrivals in [edges[cut] - history_s, edges[cut + 1])
+        (to the end at the last interval); cut None: the whole trace."""
         plan = Plan(self.edges[0], self.interval_s, counts)
         key = (plan.key(), cut)
         if key not in self.cache:
-            end = self.edges[cut + 1] if cut < len(self.edges) - 2 else math.inf
-            part = [r for r in self.trace if r.t < end]
+            begin, end = -math.inf, math.inf
+            if cut is not None:
+                begin = self.edges[cut] - self.history_s
+                end = self.edges[cut + 1] if cut < len(self.edges) - 2 else math.inf
+            part = [r for r in self.trace if begin <= r.t < end]
             sim = FleetSim(self.load_pool(), sim_scaler(plan, self.limits, self.horizon),
                            self.settings)  # fmt: skip
             self.cache[key] = sim.run(part)
             self.seconds += self.cache[key].end_s
+            self.num_requests += len(part)
         return self.cache[key]
 
     def attainment(self, result: SimResult, k: int) -> float:
@@ -335,19 +344,25 @@ def solve(
     interval_s: float = DEFAULT_INTERVAL_S,
     log: Callable[[str], None] | None = None,
     max_repairs: int = MAX_REPAIRS,
+    history_s: float | None = None,
 ) -> OracleResult:
     """The hindsight plan for `trace` (module docstring). `load_pool()` gives a fresh pool
-    per replay; `log` hears one line per settled interval and repair."""
+    per replay; `log` hears one line per settled interval and repair. A probe of interval
+    k replays the arrivals of the `history_s` before it (default: as long as the warm-up,
+    `measure_from`; math.inf: the whole prefix, exact and quadratic in the intervals)."""
     if not interval_s > 0:
         raise ValueError(f"oracle interval must be > 0 s, got {interval_s:g}")
     if not measure_to > measure_from >= 0:
         raise ValueError("need 0 <= measure_from < measure_to")
+    history = measure_from if history_s is None else history_s
+    if not history >= 0:
+        raise ValueError(f"oracle history must be >= 0 s, got {history:g}")
     say = log or (lambda _: None)
     limits = Limits.of(load_pool(), settings)
     num = max(1, math.ceil((measure_to - measure_from) / interval_s - 1e-9))
     edges = [measure_from + k * interval_s for k in range(num)] + [measure_to]
     replays = _Replays(load_pool, trace, settings, limits, (ttft_slo_s, itl_slo_s), edges,
-                       interval_s)  # fmt: skip
+                       interval_s, history)  # fmt: skip
     chosen: list[Counts] = []
     targets: list[float] = []
     for k in range(num):
@@ -360,7 +375,7 @@ def solve(
             f"{len(replays.cache)} replays so far")  # fmt: skip
 
     def check() -> tuple[SimResult, list[float], list[int]]:
-        final = replays.run(tuple(chosen), num - 1)
+        final = replays.run(tuple(chosen), None)
         atts = [replays.attainment(final, k) for k in range(num)]
         return final, atts, [k for k in range(num) if not _meets(atts[k], targets[k])]
 
@@ -374,9 +389,12 @@ def solve(
         final, atts, misses = check()
         say(f"oracle: repair {attempt + 1}: intervals {[k + 1 for k in bumpable]} +1 replica; "
             f"{len(misses)} still under target")  # fmt: skip
-    say(f"oracle: done, {len(replays.cache)} replays, {replays.seconds:.0f} virtual s")
+    slices = replays.num_requests / len(trace) if trace else 0.0
+    say(f"oracle: done, {len(replays.cache)} replays, {replays.num_requests} arrivals "
+        f"replayed ({slices:.1f}x the slice's)")  # fmt: skip
     return OracleResult(Plan(measure_from, interval_s, tuple(chosen)), final, targets, atts,
-                        len(replays.cache), replays.seconds, misses)  # fmt: skip
+                        len(replays.cache), replays.seconds, replays.num_requests,
+                        misses)  # fmt: skip
 
 
 def _counts(c: Counts) -> str:

@@ -1,6 +1,7 @@
 """The hindsight optimum (sim/kvfleet_sim/oracle.py): the feasible schedule, the search, a
 tiny trace whose optimum is known by hand, and the CLI's "× optimum" column."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,16 @@ def test_the_burst_gets_two_replicas_ready_in_time_and_nothing_more(pool_path):
     first_two = min(t for t, p, _ in timeline if p == 2)
     assert 12.0 - STARTUP_S - 2.0 <= first_two <= 12.0 - STARTUP_S  # not needlessly early
     assert len(lines) == 4 and "interval 2/3" in lines[1] and "unified 2" in lines[1]
+
+
+def test_a_probe_replays_only_the_history_before_its_interval(pool_path):
+    trace = burst_trace()
+    windowed = run_oracle(pool_path, trace, history_s=4.0)
+    whole = run_oracle(pool_path, trace, history_s=math.inf)
+    assert windowed.plan == whole.plan and windowed.attainments == whole.attainments
+    assert windowed.num_requests < 0.8 * whole.num_requests  # fewer arrivals per probe
+    with pytest.raises(ValueError, match="oracle history must be >= 0"):
+        run_oracle(pool_path, trace, history_s=-1.0)
 
 
 def test_attainment_ceiling_lowers_the_target_instead_of_buying_max(pool_path):
