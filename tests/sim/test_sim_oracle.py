@@ -199,3 +199,23 @@ def test_prefill_decode_roles_are_settled_in_turn(tmp_path):
     assert found.misses == [] and all(a >= 0.99 for a in found.attainments)
     by_role = found.result.role_timeline[-1][1]
     assert by_role == {"prefill": 1, "decode": 1}
+
+
+def test_cli_says_when_the_oracle_plan_misses(pool_path, tmp_path, capsys, monkeypatch):
+    from kvfleet_sim import oracle
+
+    real = oracle.solve
+
+    def missing(*args, **kw):
+        found = real(*args, **kw)
+        found.misses = [1]  # as if interval 2 stayed under its target after the repairs
+        return found
+
+    monkeypatch.setattr(oracle, "solve", missing)
+    rows = [f"2023-11-16 18:00:{t:02d}.0000000,1000,20\n" for t in range(30)]
+    trace = tmp_path / "flat.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(rows))
+    assert sim_cli(["run", "--trace", str(trace), "--pool", pool_path, "--start-s", "5",
+                    "--warmup-s", "5", "--duration-s", "20", "--compress", "1",
+                    "--oracle-interval-s", "10", "--scaler", "oracle", "--no-progress"]) == 0
+    assert "note: oracle: intervals [2] stay under their target" in capsys.readouterr().out
