@@ -59,6 +59,11 @@ kv_sharing:                      # peer prefix hints (peer_hint.py); builtin + p
 limits: {max_body_bytes: 4194304,   # client bodies; larger is 413
          body_read_timeout_s: 30.0,  # a whole client body must arrive within (else 408)
          max_uploads_per_client: 64} # unfinished client bodies per address (else 429)
+quotas:                          # per-tenant rate limits (quota.py; router/README.md)
+  default: {rpm: 0, tpm: 0}      # tenants not listed; 0 = no limit (the default: off)
+  tenants: {}                    # name -> {rpm: requests/min, tpm: tokens/min}
+  burst_s: 2.0                   # bucket depth: this many seconds of the limit
+  default_max_tokens: 256        # charged up front when a request sets no max_tokens
 ```
 
 The document is validated by pydantic: each field declares its type, default and range once
@@ -426,6 +431,37 @@ class LimitsConfig:
                                         le=100_000)
 
 
+# --- quotas: per-tenant requests and tokens per minute (quota.py reads it) ---
+
+QuotaTenant = Annotated[str, Strict(), Field(min_length=1, max_length=128)]
+
+
+@config_type
+class TenantQuota:
+    """One tenant's limits; 0 means no limit."""
+
+    rpm: Int = Field(default=0, ge=0, le=1_000_000_000)  # requests per minute
+    tpm: Int = Field(default=0, ge=0, le=1_000_000_000_000)  # tokens per minute
+
+
+@config_type
+class QuotasConfig:
+    """Token buckets per tenant (quota.py), answered as OpenAI does (429 and
+    `x-ratelimit-*` headers). Off by default: `default` has no limits."""
+
+    default: TenantQuota = Field(default_factory=TenantQuota)  # tenants not listed
+    tenants: dict[QuotaTenant, TenantQuota] = Field(default_factory=dict)
+    # A bucket holds this many seconds of its limit (at least one request): any 60 s window
+    # admits at most limit x (1 + burst_s / 60) plus one request's overshoot.
+    burst_s: Float = Field(default=2.0, ge=0.01, le=60)
+    # tokens charged for the answer when a request sets no max_tokens (settled on usage)
+    default_max_tokens: Int = Field(default=256, ge=1, le=10_000_000)
+
+    @property
+    def is_enabled(self) -> bool:
+        return any(q.rpm or q.tpm for q in (self.default, *self.tenants.values()))
+
+
 @config_type
 class RouterConfig:
     version: Int = Field(default=0, ge=0, le=2**63 - 1)
@@ -440,6 +476,7 @@ class RouterConfig:
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     retries: RetriesConfig = Field(default_factory=RetriesConfig)
     pd: PDConfig = Field(default_factory=PDConfig)
+    quotas: QuotasConfig = Field(default_factory=QuotasConfig)
     kv_sharing: KVSharingConfig = Field(default_factory=KVSharingConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     schema: Annotated[Str, OneOf((SCHEMA,))] = SCHEMA
