@@ -31,6 +31,17 @@ def error_response(message: str, status: int, param: str | None = None,
                         text=json.dumps(error_body(message, status, param, code)))
 
 
+def openai_error(message: str, status: int, err_type: str, code: str | None,
+                 param: str | None = None,
+                 headers: dict[str, str] | None = None) -> web.Response:
+    """An error whose `type` and `code` are OpenAI's own for the case, not the status's:
+    `rate_limit_exceeded` has type `requests` or `tokens`; a bad API key is an
+    `invalid_request_error` (code `invalid_api_key`, or null when no key was sent)."""
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+    return web.Response(status=status, headers=headers, content_type="application/json",
+                        text=json.dumps(body))
+
+
 def sse_error_event(message: str, status: int = 502, code: str = "backend_error") -> bytes:
     """The event a broken stream ends with; the openai client raises APIError on it."""
     return b"data: " + json.dumps(error_body(message, status, None, code)).encode() + \
