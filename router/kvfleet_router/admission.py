@@ -28,7 +28,8 @@ def admit(core: RouterCore, raw: bytes, path: str,
           headers: Mapping[str, str]) -> tuple[RequestInfo, str | None]:
     """(what routing needs, the policy override or None); raises RequestError."""
     cfg = core.cfg
-    info = parse_request(raw, path, headers, cfg.session.header, cfg.session.use_user_field)
+    info = parse_request(raw, path, headers, cfg.session.header, cfg.session.use_user_field,
+                         cfg.flow_control.tenant_header, cfg.flow_control.default_tenant)
     policy = None
     if cfg.policy.allow_override:
         policy = headers.get(cfg.policy.override_header) or None

@@ -48,8 +48,9 @@ class RouterApp:
     def __init__(self, cfg: RouterConfig, admin_token: str | None = None,
                  epp: EppOptions | None = None) -> None:
         core = self.core = RouterCore(cfg)
-        queue = self.queue = WaitQueue(cfg.queue.max_size)
-        metrics = self.metrics = RouterMetrics(lambda: core, lambda: len(queue))
+        queue = self.queue = WaitQueue(cfg.queue.max_size, cfg.flow_control)
+        metrics = self.metrics = RouterMetrics(lambda: core, lambda: len(queue),
+                                               band_lengths=queue.band_lengths)
         forwarder = self.forwarder = Forwarder(cfg.timeouts)
         feedback = HealthFeedback(metrics, lambda: core.cfg)
         dispatcher = Dispatcher(core, queue, metrics, forwarder, feedback)
@@ -68,7 +69,8 @@ class RouterApp:
 
     def _resize_queue(self, cfg: RouterConfig) -> None:
         self.queue.max_size = cfg.queue.max_size
-        self.queue.wake()  # the head may fit somewhere new
+        self.queue.configure(cfg.flow_control)
+        self.queue.wake()  # the head may fit somewhere new (or the first endpoint came)
 
     def _sync_followers(self, cfg: RouterConfig) -> None:
         if self._followers is not None:

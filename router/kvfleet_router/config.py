@@ -64,6 +64,16 @@ quotas:                          # per-tenant rate limits (quota.py; router/READ
   tenants: {}                    # name -> {rpm: requests/min, tpm: tokens/min}
   burst_s: 2.0                   # bucket depth: this many seconds of the limit
   default_max_tokens: 256        # charged up front when a request sets no max_tokens
+flow_control:                    # tenants, bands, fair shares (flow/; router/README.md)
+  tenant_header: x-kvfleet-tenant
+  default_tenant: default        # requests without the header
+  default_band: standard         # unconfigured tenants (weight 1 each)
+  tenants: {}                    # name -> {band: critical|standard|sheddable|<int>, weight: 1}
+  max_queued_per_band: {}        # band -> bound (queue.max_size bounds them all)
+  service_window_s: 60           # attained-service decay (weighted least attained service)
+  max_tenant_labels: 20          # tenants with their own metric label; the rest: other
+  forward_priority: true         # the band as the body's `priority` (not to vLLM unless
+  forward_priority_to_vllm: false  # it runs --scheduling-policy priority)
 ```
 
 The document is validated by pydantic: each field declares its type, default and range once
@@ -358,6 +368,93 @@ class QueueConfig:
     retry_after_s: Int = Field(default=1, ge=0, le=HOUR_S)
 
 
+# --- flow_control: tenants, priority bands, fair shares (flow/ reads it) ---
+
+# Named priority bands and their integers: lower is served first, as with vLLM's and the
+# engine's `priority`. A tenant's band is one of these names or any integer in BAND_RANGE.
+BAND_VALUES = {"critical": -1, "standard": 0, "sheddable": 1}
+BAND_RANGE = (-100, 100)
+TENANT_NAME_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.:@]{0,126}[A-Za-z0-9])?$"
+
+
+def band_value(band: str | int) -> int:
+    """A band (a name of BAND_VALUES or an integer) as its integer; lower goes first."""
+    return BAND_VALUES[band] if isinstance(band, str) else band
+
+
+def _check_band(band: str | int) -> str | int:
+    if isinstance(band, str):
+        if band not in BAND_VALUES:
+            raise PydanticCustomError("band", "must be one of {names} or an integer in "
+                                      "[{low}, {high}]; got {value!r}",
+                                      {"names": ", ".join(BAND_VALUES), "low": BAND_RANGE[0],
+                                       "high": BAND_RANGE[1], "value!r": repr(band)})
+    elif not BAND_RANGE[0] <= band <= BAND_RANGE[1]:
+        raise PydanticCustomError("band", "an integer band must be in [{low}, {high}]; got "
+                                  "{value}", {"low": BAND_RANGE[0], "high": BAND_RANGE[1],
+                                              "value": band})
+    return band
+
+
+@config_type
+class TenantConfig:
+    band: Str | Int = "standard"
+    weight: Float = Field(default=1.0, gt=0, le=MAX_WEIGHT)  # share inside its band
+
+    @field_validator("band")
+    @classmethod
+    def _band(cls, band: str | int) -> str | int:
+        return _check_band(band)
+
+
+TenantName = Annotated[str, Strict(), Field(min_length=1, max_length=128,
+                                            pattern=TENANT_NAME_PATTERN)]
+
+
+@config_type
+class FlowControlConfig:
+    """Who is asking and who goes first when every endpoint is busy (flow/). The queue's
+    total bound, its TTL and Retry-After stay in `queue`; bands may be bounded further."""
+
+    tenant_header: Str = Field(default="x-kvfleet-tenant", min_length=1)
+    default_tenant: TenantName = "default"  # requests without the header
+    # Unconfigured tenants: the default band, weight 1 each.
+    default_band: Str | Int = "standard"
+    tenants: dict[TenantName, TenantConfig] = Field(default_factory=dict)
+    # band (a name, or an integer written as a string) -> queued requests it may hold
+    max_queued_per_band: dict[Str, Annotated[Int, Field(ge=0, le=100_000)]] = Field(
+        default_factory=dict)
+    # attained service (input + output tokens) decays with this time constant
+    service_window_s: Float = Field(default=60.0, ge=1, le=24 * HOUR_S)
+    # tenants with their own metric label (configured ones always); the rest are `other`
+    max_tenant_labels: Int = Field(default=20, ge=0, le=10_000)
+    # send the effective band as the body's `priority` (kvfleet engines order and preempt
+    # by it); vLLM refuses a priority unless started with --scheduling-policy priority
+    forward_priority: Bool = True
+    forward_priority_to_vllm: Bool = False
+
+    @field_validator("default_band")
+    @classmethod
+    def _default_band(cls, band: str | int) -> str | int:
+        return _check_band(band)
+
+    @model_validator(mode="after")
+    def _band_bounds(self) -> FlowControlConfig:
+        for key in self.max_queued_per_band:
+            try:
+                _check_band(int(key) if key.lstrip("-").isdigit() else key)
+            except PydanticCustomError as exc:
+                raise ConfigError(f"max_queued_per_band.{key}: {exc.message()}") from None
+        return self
+
+    def band_bound(self, band: int) -> int | None:
+        """The bound of the band with integer `band`, or None (the total bound only)."""
+        for key, bound in self.max_queued_per_band.items():
+            if band_value(int(key) if key.lstrip("-").isdigit() else key) == band:
+                return bound
+        return None
+
+
 def _at_least(obj: _C, high: str, low: str) -> _C:
     """A cross-field rule: field `high` is not below field `low`."""
     hi, lo = getattr(obj, high), getattr(obj, low)
@@ -479,6 +576,7 @@ class RouterConfig:
     quotas: QuotasConfig = Field(default_factory=QuotasConfig)
     kv_sharing: KVSharingConfig = Field(default_factory=KVSharingConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    flow_control: FlowControlConfig = Field(default_factory=FlowControlConfig)
     schema: Annotated[Str, OneOf((SCHEMA,))] = SCHEMA
 
     @model_validator(mode="after")

@@ -14,6 +14,8 @@ import asyncio
 import functools
 import json
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -21,6 +23,14 @@ from multidict import CIMultiDict
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.errors import error_response
 from kvfleet_router.feedback import HealthFeedback
+from kvfleet_router.flow.saturation import admissible
+from kvfleet_router.flow.tenants import (
+    TenantLabels,
+    band_label,
+    engine_priority,
+    request_band,
+    tenant_share,
+)
 from kvfleet_router.metrics import RouterMetrics
 from kvfleet_router.pd_plan import peer_hint, with_kv_transfer_params
 from kvfleet_router.proxy import BackendFailure, Forwarder, Outcome
@@ -29,6 +39,20 @@ from kvfleet_router.router_core import Routed, RouterCore
 from kvfleet_router.wait_queue import QueueFull, WaitQueue
 
 _POLL_S = 0.05  # how often a queued head re-checks for capacity without a wake-up
+_GONE_POLL_S = 0.1  # how often a queued request looks whether its client is still there
+DROP_REASON_HEADER = "x-kvfleet-drop-reason"
+
+
+@dataclass(slots=True, frozen=True)
+class _Flow:
+    """One request's flow-control standing: its band, tenant weight, the `priority` the
+    engine gets, and its metric labels."""
+
+    band: int
+    weight: float
+    engine_priority: int
+    label: str  # the tenant's metric label
+    band_label: str
 
 
 class Rejected(Exception):
@@ -49,6 +73,7 @@ class Dispatcher:
         self.forwarder = forwarder
         self.feedback = feedback
         self._request_counters: dict[tuple[str, str], object] = {}
+        self._labels = TenantLabels(core.cfg.flow_control.max_tenant_labels)
 
     def try_route(self, info: RequestInfo, role: str, policy: str | None,
                   exclude: frozenset[str], allowed: frozenset[str] | None = None) -> Routed:
@@ -69,55 +94,112 @@ class Dispatcher:
             counter.inc()  # type: ignore[attr-defined]
         return routed
 
-    def _reject(self, reason: str) -> Rejected:
+    def _reject(self, reason: str, flow: _Flow | None = None) -> Rejected:
+        """Refuse with OpenAI's error shape and `x-kvfleet-drop-reason`: 503 when no
+        endpoint is ready (none configured, all starting or unhealthy), 499 when the client
+        left while queued, else 429 with Retry-After (saturated past the TTL, queue full)."""
         cfg = self.core.cfg
         self.metrics.rejected.labels(reason).inc()
+        if flow is not None:
+            self.metrics.flow_rejected.labels(flow.band_label, flow.label, reason).inc()
+        headers = {DROP_REASON_HEADER: reason}
         if reason == "no-endpoint":
             return Rejected(error_response("no healthy endpoint can serve this request", 503,
-                                           code="no_endpoint"))
-        return Rejected(error_response(
-            "all endpoints are saturated; retry later", 429, code="saturated",
-            headers={"Retry-After": str(cfg.queue.retry_after_s)}))
+                                           code="no_endpoint", headers=headers))
+        if reason == "client-gone":
+            return Rejected(error_response("client closed the connection while queued",
+                                           499, code="client_gone", headers=headers))
+        headers["Retry-After"] = str(cfg.queue.retry_after_s)
+        what = ("the queue for this priority band is full" if reason == "queue-full" else
+                "all endpoints are saturated")
+        return Rejected(error_response(f"{what}; retry later", 429, code="saturated",
+                                       headers=headers))
+
+    def _flow(self, info: RequestInfo) -> _Flow:
+        fc = self.core.cfg.flow_control
+        tenant_band, weight = tenant_share(fc, info.tenant)
+        band = request_band(tenant_band, info.priority)
+        self._labels.max_labels = fc.max_tenant_labels
+        return _Flow(band, weight, engine_priority(tenant_band, info.priority),
+                     self._labels.label(info.tenant, fc), band_label(band))
+
+    def _route_now(self, info: RequestInfo, role: str, policy: str | None,
+                   exclude: frozenset[str], allowed: frozenset[str] | None) -> Routed | str:
+        """A decision, or why none: no-endpoint (none ready) or saturated (flow/saturation:
+        a stale scrape counts as saturated)."""
+        cfg = self.core.cfg
+        num_ready, free = admissible(self.core.registry.endpoints, role, time.monotonic(),
+                                     cfg.saturation, exclude, allowed)
+        if not num_ready:
+            return "no-endpoint"
+        if not free:
+            return "saturated"
+        routed = self.try_route(info, role, policy, exclude, free)
+        if routed.decision.endpoint is None:
+            return "saturated"
+        return routed
+
+    def _dispatched(self, info: RequestInfo, flow: _Flow, routed: Routed) -> Routed:
+        tokens = info.estimated_prompt_tokens(self.core.cfg.prefix.chars_per_token) \
+            + info.max_tokens
+        self.queue.charge(info.tenant, tokens)
+        self.metrics.flow_dispatched.labels(flow.band_label, flow.label).inc()
+        return routed
 
     async def acquire(self, info: RequestInfo, role: str, policy: str | None,
-                      exclude: frozenset[str], allowed: frozenset[str] | None = None) -> Routed:
-        """Route now, or wait in the bounded priority queue; raises Rejected. `allowed`
-        narrows the candidates (RouterCore.route); the HTTP front never sets it."""
+                      exclude: frozenset[str], allowed: frozenset[str] | None = None,
+                      is_gone: Callable[[], bool] | None = None) -> Routed:
+        """Route now, or wait in the bounded fair queue (flow/) until dispatched or its TTL
+        (`queue.timeout_s`) passes; raises Rejected. `allowed` narrows the candidates
+        (RouterCore.route; the HTTP front never sets it); `is_gone()` says the client left
+        (the queued request then leaves at once: aiohttp does not cancel handlers)."""
         queue, qcfg = self.queue, self.core.cfg.queue
+        flow = self._flow(info)
+        now = time.monotonic()
         reason = "saturated"
-        if len(queue) == 0 or exclude:  # never overtake requests already waiting
-            routed = self.try_route(info, role, policy, exclude, allowed)
-            if routed.decision.endpoint is not None:
-                return routed
-            reason = routed.decision.reason
+        if queue.would_lead(flow.band) or exclude:  # never overtake the ones waiting
+            got = self._route_now(info, role, policy, exclude, allowed)
+            if not isinstance(got, str):
+                return self._dispatched(info, flow, got)
+            reason = got
             if exclude and reason == "no-endpoint":
-                raise self._reject("no-endpoint")  # a retry with nowhere else to go
+                raise self._reject("no-endpoint", flow)  # a retry with nowhere else to go
+        expires = now + qcfg.timeout_s
+        order_by = min(expires, now + info.slo_ttft_s) if info.slo_ttft_s else expires
         try:
-            fut = queue.enter(info.priority)
+            fut = queue.enter(info.priority, tenant=info.tenant, band=flow.band,
+                              weight=flow.weight, deadline=order_by)
         except QueueFull:
-            raise self._reject("queue-full") from None
-        deadline = time.monotonic() + qcfg.timeout_s
+            raise self._reject("queue-full", flow) from None
+        self.metrics.flow_queued.labels(flow.band_label, flow.label).inc()
         if queue.is_head(fut):
             queue.wake()  # nobody ahead: try at once
         try:
             while True:
-                remaining = deadline - time.monotonic()
+                remaining = expires - time.monotonic()
                 if remaining <= 0:
-                    raise self._reject(reason)
-                # Only the head polls (for health or signal changes that wake nobody);
-                # the others sleep until woken, since leave() wakes each new head.
+                    raise self._reject(reason, flow)
+                # The head polls (for health or signal changes that wake nobody); the
+                # others sleep until woken (leave() wakes each new head), or until the
+                # next look at their client.
                 wait_s = min(remaining, _POLL_S) if queue.is_head(fut) else remaining
+                if is_gone is not None:
+                    wait_s = min(wait_s, _GONE_POLL_S)
                 try:
                     await asyncio.wait_for(asyncio.shield(fut), wait_s)
                 except TimeoutError:
                     pass
+                if is_gone is not None and is_gone():
+                    raise self._reject("client-gone", flow)
                 if fut.done():
                     fut = queue.rearm(fut)
                 if queue.is_head(fut):
-                    routed = self.try_route(info, role, policy, exclude, allowed)
-                    if routed.decision.endpoint is not None:
-                        return routed
-                    reason = routed.decision.reason
+                    got = self._route_now(info, role, policy, exclude, allowed)
+                    if not isinstance(got, str):
+                        self.metrics.flow_queue_seconds.labels(
+                            flow.band_label, flow.label).observe(time.monotonic() - now)
+                        return self._dispatched(info, flow, got)
+                    reason = got
         finally:
             queue.leave(fut)
 
@@ -138,8 +220,33 @@ class Dispatcher:
         self.metrics.peer_hint_blocks.inc(decision.num_blocks)
         return json.dumps(with_kv_transfer_params(info.body, hint)).encode()
 
-    def _on_outcome(self, e: EndpointState, routed: Routed, outcome: Outcome) -> None:
+    def with_priority(self, body: bytes, info: RequestInfo, e: EndpointState) -> bytes:
+        """The body with the request's effective priority (`flow.tenants.engine_priority`:
+        its tenant's band, or its own lower one) as `priority`, for engines that order and
+        preempt by it; vLLM only with `forward_priority_to_vllm`. Untouched (no copy) when
+        the body already says so, which is the default tenant's common case."""
+        fc = self.core.cfg.flow_control
+        if not fc.forward_priority or (e.engine == "vllm" and not fc.forward_priority_to_vllm):
+            return body
+        want = self._flow(info).engine_priority
+        if info.body.get("priority", 0) == want:
+            return body
+        data = json.loads(body)  # the body as forwarded (a peer hint may be in it)
+        data["priority"] = want
+        return json.dumps(data).encode()
+
+    def _on_outcome(self, e: EndpointState, routed: Routed, info: RequestInfo,
+                    outcome: Outcome) -> None:
         self.feedback.exchange_done(e, routed, outcome, time.monotonic())
+        # What the tenant was served: the prompt, and the output actually streamed (else
+        # max_tokens, as charged at dispatch); the difference is refunded to its service.
+        output = min(outcome.num_events, info.max_tokens) if outcome.is_stream \
+            else info.max_tokens
+        if output < info.max_tokens:
+            self.queue.charge(info.tenant, output - info.max_tokens)
+        flow = self._flow(info)
+        self.metrics.flow_tokens.labels(flow.band_label, flow.label).inc(
+            info.estimated_prompt_tokens(self.core.cfg.prefix.chars_per_token) + output)
 
     async def serve(self, request: web.Request, raw: bytes, info: RequestInfo, role: str,
                     policy: str | None, first: Routed | None = None,
@@ -153,7 +260,8 @@ class Dispatcher:
                 routed = first
             else:
                 try:
-                    routed = await self.acquire(info, role, policy, frozenset(tried))
+                    routed = await self.acquire(info, role, policy, frozenset(tried),
+                                                is_gone=functools.partial(_is_gone, request))
                 except Rejected as rej:
                     if last is None:
                         return rej.response
@@ -161,9 +269,10 @@ class Dispatcher:
             e = routed.decision.endpoint
             assert e is not None
             try:
-                body = self.with_peer_hint(raw, info, routed, role)
+                body = self.with_priority(self.with_peer_hint(raw, info, routed, role), info, e)
                 return await self.forwarder.forward(
-                    request, e, body, functools.partial(self._on_outcome, e, routed), headers)
+                    request, e, body, functools.partial(self._on_outcome, e, routed, info),
+                    headers)
             except BackendFailure as exc:
                 last = exc
                 tried.add(e.name)
@@ -174,3 +283,10 @@ class Dispatcher:
                 self.release(e)
         assert last is not None
         return error_response(f"upstream failed: {last}", last.status, code="upstream_error")
+
+
+def _is_gone(request: web.Request) -> bool:
+    """The client closed its connection (aiohttp drops the transport; it does not cancel
+    the handler unless asked to)."""
+    transport = request.transport
+    return transport is None or transport.is_closing()

@@ -32,6 +32,18 @@ kvfleet_router_perf_model_coefficient{role,target,feature}
                                                    TPOT_FEATURES): what the operator's
                                                    autoscaler sizes the role with
 kvfleet_router_perf_model_evidence{role,target}    finished streams behind those weights
+Flow control (flow/; tenant labels capped by flow_control.max_tenant_labels, the rest
+`other`; band: critical | standard | sheddable | the integer):
+kvfleet_router_flow_queue_length{band}             requests waiting, per band
+kvfleet_router_flow_queued_total{band,tenant}      requests that had to wait
+kvfleet_router_flow_dispatched_total{band,tenant}  requests dispatched (waited or not)
+kvfleet_router_flow_rejected_total{band,tenant,reason}  queue-full | saturated (TTL
+                                                   expired, 429) | no-endpoint (503) |
+                                                   client-gone (left while queued)
+kvfleet_router_flow_queue_seconds{band,tenant}     time waited before dispatch
+kvfleet_router_flow_tokens_total{band,tenant}      tokens served: prompt (estimated) +
+                                                   output (SSE events on streams, else
+                                                   max_tokens)
 """
 
 from __future__ import annotations
@@ -44,6 +56,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kvfleet_router.flow.tenants import band_label
 from kvfleet_router.peer_hint import REASONS as PEER_HINT_REASONS
 from kvfleet_router.perf_model import (
     TPOT_FEATURES,
@@ -64,10 +77,12 @@ class _LiveCollector(Collector):
     """Values computed at scrape time from the live registry."""
 
     def __init__(self, core: Callable[[], RouterCore], queue_len: Callable[[], int],
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float],
+                 band_lengths: Callable[[], dict[int, int]] | None = None) -> None:
         self._core = core
         self._queue_len = queue_len
         self._clock = clock
+        self._band_lengths = band_lengths
 
     def collect(self):  # type: ignore[no-untyped-def]
         core = self._core()
@@ -91,6 +106,12 @@ class _LiveCollector(Collector):
                                 value=self._queue_len())
         yield GaugeMetricFamily("kvfleet_router_config_version", "config version",
                                 value=core.cfg.version)
+        by_band = GaugeMetricFamily("kvfleet_router_flow_queue_length",
+                                    "requests waiting, per band", labels=["band"])
+        lengths = self._band_lengths() if self._band_lengths is not None else {}
+        for band in sorted({*lengths, 0}):  # the standard band always has a series
+            by_band.add_metric([band_label(band)], lengths.get(band, 0))
+        yield by_band
         yield from perf_model_error(core)
         yield from perf_model_export(core)
 
@@ -171,7 +192,8 @@ def perf_model_export(core: RouterCore):  # type: ignore[no-untyped-def]
 
 class RouterMetrics:
     def __init__(self, core: Callable[[], RouterCore], queue_len: Callable[[], int],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 band_lengths: Callable[[], dict[int, int]] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("kvfleet_router_requests", "routed requests",
@@ -197,7 +219,19 @@ class RouterMetrics:
             self.peer_hints.labels(reason)
         self.peer_hint_blocks = Counter("kvfleet_router_peer_hint_blocks",
                                         "KV blocks named in attached peer hints", registry=r)
-        r.register(_LiveCollector(core, queue_len, clock))
+        flow = ["band", "tenant"]
+        self.flow_queued = Counter("kvfleet_router_flow_queued", "requests that waited",
+                                   flow, registry=r)
+        self.flow_dispatched = Counter("kvfleet_router_flow_dispatched",
+                                       "requests dispatched", flow, registry=r)
+        self.flow_rejected = Counter("kvfleet_router_flow_rejected", "requests refused by "
+                                     "flow control", [*flow, "reason"], registry=r)
+        self.flow_queue_seconds = Histogram(
+            "kvfleet_router_flow_queue_seconds", "time waited before dispatch", flow,
+            registry=r, buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
+        self.flow_tokens = Counter("kvfleet_router_flow_tokens", "tokens served", flow,
+                                   registry=r)
+        r.register(_LiveCollector(core, queue_len, clock, band_lengths))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

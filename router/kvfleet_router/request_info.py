@@ -20,6 +20,9 @@ PRIORITY_HEADER = "x-kvfleet-priority"
 SLO_TTFT_HEADER = "x-kvfleet-slo-ttft-ms"
 SLO_TPOT_HEADER = "x-kvfleet-slo-tpot-ms"
 MAX_SLO_MS = 3_600_000.0  # an hour: anything longer is not a latency target
+TENANT_HEADER = "x-kvfleet-tenant"  # flow_control.tenant_header's default
+DEFAULT_TENANT = "default"
+MAX_TENANT_CHARS = 128
 
 
 @dataclass(slots=True)
@@ -33,6 +36,7 @@ class RequestInfo:
     max_tokens: int = 16
     slo_ttft_s: float | None = None  # SLO_TTFT_HEADER, in seconds
     slo_tpot_s: float | None = None  # SLO_TPOT_HEADER, in seconds
+    tenant: str = DEFAULT_TENANT  # flow_control.tenant_header, or the default tenant
     body: dict[str, Any] = field(default_factory=dict)
 
     def estimated_prompt_tokens(self, chars_per_token: float) -> int:
@@ -78,7 +82,8 @@ def _prompt(prompt: Any) -> tuple[str, list[int] | None]:
 
 
 def parse_request(raw: bytes, path: str, headers: Any, session_header: str,
-                  use_user_field: bool) -> RequestInfo:
+                  use_user_field: bool, tenant_header: str = TENANT_HEADER,
+                  default_tenant: str = DEFAULT_TENANT) -> RequestInfo:
     try:
         body = strict_loads(raw)  # depth, digits and NaN refused before parsing
     except JSONRejected as exc:
@@ -116,7 +121,20 @@ def parse_request(raw: bytes, path: str, headers: Any, session_header: str,
         raise RequestError("priority must be an integer", param="priority") from None
     info.slo_ttft_s = _slo_target(headers, SLO_TTFT_HEADER)
     info.slo_tpot_s = _slo_target(headers, SLO_TPOT_HEADER)
+    info.tenant = _tenant(headers.get(tenant_header), tenant_header) or default_tenant
     return info
+
+
+def _tenant(raw: Any, name: str) -> str | None:
+    """The tenant id a header names; None when absent or empty. Printable, at most
+    MAX_TENANT_CHARS characters."""
+    if not raw:
+        return None
+    tenant = str(raw).strip()
+    if len(tenant) > MAX_TENANT_CHARS or not tenant.isprintable():
+        raise RequestError(f"header {name} must be a printable tenant id of at most "
+                           f"{MAX_TENANT_CHARS} characters", param=name)
+    return tenant or None
 
 
 def _slo_target(headers: Any, name: str) -> float | None:
