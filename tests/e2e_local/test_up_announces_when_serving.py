@@ -1,5 +1,7 @@
 """`kvfleet up` prints its endpoint only once the router can serve: a request sent the moment
-the endpoint line appears succeeds (before, it waited 5 s and got 503 "no healthy endpoint")."""
+the endpoint line appears succeeds (before, it waited 5 s and got 503 "no healthy endpoint"),
+and the router's URL is printed nowhere before that line (issue 28: "router ready on
+http://..." came first)."""
 
 import json
 import re
@@ -44,3 +46,7 @@ def test_the_first_request_at_the_announcement_succeeds(start_fleet, pool, model
     roles = {"sim-unified.yaml": ["unified"], "sim-pd.yaml": ["prefill", "decode"]}[pool]
     for role in roles:
         assert any(re.search(rf"{role}-\d+ ready on", line) for line in lines[:announced])
+    # The router's URL appears once, in the announcement (no "router ready on http://...").
+    router_url = re.compile(re.escape(endpoint.removesuffix("/v1")) + r"(?!\d)")
+    assert [i for i, line in enumerate(lines) if router_url.search(line)] == [announced]
+    assert any(line.endswith("router ready") for line in lines[:announced])

@@ -260,7 +260,10 @@ class LocalRuntime:
             if is_healthy:
                 child.state = READY
                 child.last_error = ""
-                self._say(ev.EventReason.REPLICA_READY, f"{child.name} ready on {child.address}")
+                # The router's address is the pool's endpoint: `kvfleet up` announces it
+                # once, when the pool serves, so this line does not show it.
+                where = "" if child.name == ROUTER_NAME else f" on {child.address}"
+                self._say(ev.EventReason.REPLICA_READY, f"{child.name} ready{where}")
             elif self.clock() - child.started_at > self.startup_timeout_s:
                 limit = self.startup_timeout_s
                 child.kill_reason = f"not healthy after {limit:g}s of start-up"
