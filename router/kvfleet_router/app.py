@@ -11,6 +11,8 @@ Each piece gets only what it uses:
 - Disaggregator (core, dispatcher, forwarder, feedback, metrics): P/D legs, with a
   pluggable decider (pd_deciders.py).
 - ConfigStore (core): versioned, atomic config swaps; listeners follow each swap.
+- QuotaGate (config getter, API keys): tenant by API key (401), per-tenant quotas (429),
+  x-ratelimit-* headers on every answer of a limited tenant (on_response_prepare).
 - AdminAPI (store, token), OpenAIFront and StatusFront (front.py): the HTTP handlers.
 Background tasks probe /health, scrape /metrics and (for precise endpoints) follow
 /v1/kv_events, all over the forwarder's session.
@@ -29,6 +31,7 @@ from aiohttp import web
 
 from kvfleet_router import health, signals
 from kvfleet_router.admin import AdminAPI
+from kvfleet_router.api_keys import ApiKeys
 from kvfleet_router.config import MAX_BODY_BYTES_CEILING, RouterConfig
 from kvfleet_router.config_store import ConfigStore
 from kvfleet_router.dispatch import Dispatcher
@@ -40,13 +43,14 @@ from kvfleet_router.kv_events import KVEventFollowers
 from kvfleet_router.metrics import RouterMetrics
 from kvfleet_router.pd import Disaggregator
 from kvfleet_router.proxy import Forwarder
+from kvfleet_router.quota_gate import QuotaGate
 from kvfleet_router.router_core import RouterCore
 from kvfleet_router.wait_queue import WaitQueue
 
 
 class RouterApp:
     def __init__(self, cfg: RouterConfig, admin_token: str | None = None,
-                 epp: EppOptions | None = None) -> None:
+                 epp: EppOptions | None = None, api_keys: ApiKeys | None = None) -> None:
         core = self.core = RouterCore(cfg)
         queue = self.queue = WaitQueue(cfg.queue.max_size, cfg.flow_control)
         metrics = self.metrics = RouterMetrics(lambda: core, lambda: len(queue),
@@ -62,7 +66,10 @@ class RouterApp:
         self.store.on_apply(lambda c: forwarder.set_timeouts(c.timeouts))
         self.store.on_apply(self._resize_queue)
         self.admin = AdminAPI(self.store, admin_token)
-        self.front = OpenAIFront(core, dispatcher, disaggregator, forwarder)
+        self.gate = QuotaGate(lambda: core.cfg, api_keys,
+                              on_reject=lambda reason: metrics.rejected.labels(reason).inc())
+        self.store.on_apply(self.gate.configure)
+        self.front = OpenAIFront(core, dispatcher, disaggregator, forwarder, self.gate)
         self.status = StatusFront(core, metrics)
         self._followers: KVEventFollowers | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -131,6 +138,7 @@ class RouterApp:
         webapp.router.add_get("/health", self.status.health)
         webapp.router.add_get("/metrics", self.status.metrics_text)
         self.admin.add_routes(webapp)
+        webapp.on_response_prepare.append(self.gate.on_prepare)  # x-ratelimit-* headers
         webapp.on_startup.append(self._startup)
         webapp.on_cleanup.append(self._cleanup)
         return webapp

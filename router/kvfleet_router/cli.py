@@ -10,7 +10,9 @@ Endpoint Picker (Envoy ext_proc over gRPC, TLS with a self-signed certificate un
 it programs a router. It needs the `epp` extra (grpcio, grpcio-health-checking,
 xds-protos, cryptography).
 The admin token comes from --admin-token-file, else from $KVFLEET_ADMIN_TOKEN; without
-either, /admin answers 401 to everyone. A bad config or flag is one line and exit code 2.
+either, /admin answers 401 to everyone. `--api-keys-file F` maps client API keys to tenants
+(api_keys.py): completions then need `Authorization: Bearer <key>`.
+A bad config or flag is one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import logging
 import os
 import sys
 
+from kvfleet_router.api_keys import ApiKeys
 from kvfleet_router.config import ConfigError, RouterConfig, load_file
 from kvfleet_router.epp.options import EppOptions
 
@@ -41,6 +44,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--admin-token-file", help=f"file holding the admin bearer token "
                    f"(default: ${TOKEN_ENV})")
+    p.add_argument("--api-keys-file", help="YAML mapping of client API key to tenant "
+                   "(api_keys.py; a mounted Secret on Kubernetes): clients must then send "
+                   "Authorization: Bearer <key>, else 401")
     p.add_argument("--log-level", default="warning",
                    choices=["debug", "info", "warning", "error"])
     g = p.add_argument_group("endpoint picker (GIE ext_proc front)")
@@ -118,6 +124,7 @@ def main(argv: list[str]) -> int:
         cfg = load_file(args.config) if args.config else RouterConfig()
         token = read_token(args.admin_token_file)
         epp = epp_options(args)
+        keys = ApiKeys(args.api_keys_file) if args.api_keys_file else None
     except ConfigError as exc:
         print(f"kvfleet router: {exc}", file=sys.stderr)
         return 2
@@ -135,6 +142,8 @@ def main(argv: list[str]) -> int:
     asyncio.set_event_loop(loop)
     def say_listening() -> None:
         admin = "admin API behind a bearer token" if token else "admin API disabled (no token)"
+        if keys is not None:
+            admin += f"; {len(keys)} client API key(s)"
         print(f"kvfleet router listening on http://{args.host}:{args.port} "
               f"(policy {cfg.policy.name}, {len(cfg.endpoints)} endpoint(s), "
               f"config version {cfg.version}; {admin})", flush=True)
@@ -145,7 +154,7 @@ def main(argv: list[str]) -> int:
                   f"{epp.num_fallbacks} fallback(s))", flush=True)
 
     try:
-        loop.run_until_complete(serve(RouterApp(cfg, token, epp).build(), args.host,
+        loop.run_until_complete(serve(RouterApp(cfg, token, epp, keys).build(), args.host,
                                       args.port, say_listening))
     except OSError as exc:
         why = f"cannot listen on {args.host}:{args.port}: {exc.strerror}" if exc.strerror \

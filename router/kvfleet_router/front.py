@@ -2,7 +2,8 @@
 /metrics. Built from what they use; the wiring into an aiohttp app is in app.py.
 
 A completion is read within the body limits, admitted (admission.py: parsed once, no
-tokenizer; policy override and model checked, as the ext_proc front does too), then handed
+tokenizer; policy override and model checked, as the ext_proc front does too), charged to its
+tenant's quota (quota_gate.py: API key -> tenant, 401, 429), then handed
 to the P/D orchestrator when the pool has decode endpoints, else to the dispatcher as a
 unified request.
 """
@@ -10,6 +11,7 @@ unified request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
@@ -26,6 +28,8 @@ from kvfleet_router.metrics import RouterMetrics
 from kvfleet_router.pd import Disaggregator
 from kvfleet_router.pd_plan import entry_role
 from kvfleet_router.proxy import Forwarder
+from kvfleet_router.quota_gate import QuotaGate
+from kvfleet_router.request_info import RequestInfo
 from kvfleet_router.router_core import RouterCore
 
 log = logging.getLogger(__name__)
@@ -78,16 +82,27 @@ async def read_body(request: web.Request, limits: LimitsConfig, uploads: UploadS
 
 class OpenAIFront:
     def __init__(self, core: RouterCore, dispatcher: Dispatcher, disaggregator: Disaggregator,
-                 forwarder: Forwarder) -> None:
+                 forwarder: Forwarder, gate: QuotaGate) -> None:
         self.core = core
         self.dispatcher = dispatcher
         self.disaggregator = disaggregator
         self.forwarder = forwarder  # its pooled session also answers /v1/models
+        self.gate = gate  # API key -> tenant, per-tenant quotas (quota_gate.py)
         self.uploads = UploadSlots(core.cfg.limits.max_uploads_per_client)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        key_tenant = self.gate.identify(request)  # 401 before the body is read
+        if isinstance(key_tenant, web.Response):
+            return key_tenant
+        request = self.gate.forwarded(request)  # engines never see a client's API key
         raw = await read_body(request, self.core.cfg.limits, self.uploads)
         info, policy = admit(self.core, raw, request.path, request.headers)
+        return await self.gate.serve(request, info, key_tenant,
+                                     functools.partial(self._route, raw=raw, info=info,
+                                                       policy=policy))
+
+    async def _route(self, request: web.Request, raw: bytes, info: RequestInfo,
+                     policy: str | None) -> web.StreamResponse:
         role = entry_role(self.core)
         if role == "decode":
             return await self.disaggregator.serve(request, raw, info, policy)
