@@ -85,11 +85,14 @@ def test_output_lengths_and_mape():
     assert mape.value == pytest.approx(0.3)
 
 
-def two_speed_core(ttft_s: float = 2.0) -> tuple[RouterCore, HealthFeedback]:
+def two_speed_core(ttft_s: float = 2.0, policy: str = "slo"
+                   ) -> tuple[RouterCore, HealthFeedback]:
     cfg = RouterConfig.from_dict({
         "endpoints": [{"name": n, "url": f"http://127.0.0.1:{9000 + i}", "capacity": 64}
                       for i, n in enumerate(["fast", "slow"])],
-        "policy": {"name": "slo", "slo": {"min_samples": 16, "ttft_s": ttft_s}}})
+        "policy": {"name": policy, "slo": {"min_samples": 16, "ttft_s": ttft_s},
+                   "pipelines": {"tiered": {"scorers": {"slo": 1.0}, "picker": "slo-tiered",
+                                            "filters": ["bounded-load"]}}}})
     core = RouterCore(cfg, rng=random.Random(3))
     return core, HealthFeedback(RouterMetrics(lambda: core, lambda: 0), lambda: core.cfg)
 
@@ -132,19 +135,43 @@ def test_predictor_learns_each_endpoint_through_the_router():
     assert 'kvfleet_router_perf_model_mape{role="unified",target="ttft"}' in text
 
 
-def test_slo_policy_spreads_among_endpoints_that_meet_and_else_takes_the_least_late():
+def test_slo_policy_ranks_by_headroom_and_queue_and_else_takes_the_least_late():
     core, feedback = two_speed_core()
     teach(core, feedback, 60)
-    picks = [core.route(RequestInfo(prompt_text=f"{i}" + "q" * 4000, max_tokens=32),
-                        "unified", 200.0).decision.endpoint.name for i in range(200)]
-    # both meet a 2 s TTFT with headroom: weighted random by headroom, not argmax
-    assert 0 < picks.count("slow") < picks.count("fast"), picks.count("slow")
+    fast = next(e for e in core.registry.endpoints if e.name == "fast")
+
+    def pick(i: int) -> str:
+        info = RequestInfo(prompt_text=f"{i}" + "q" * 4000, max_tokens=32)
+        return core.route(info, "unified", 200.0).decision.endpoint.name
+
+    # idle, both meet a 2 s TTFT: the faster (more headroom) wins every time
+    assert {pick(i) for i in range(20)} == {"fast"}
+    # the queue term: with requests in flight on fast only, slow takes the next ones
+    fast.num_in_flight += 8
+    assert {pick(i) for i in range(20)} == {"slow"}
+    fast.num_in_flight -= 8
+    # held requests spread them: the bounded load and the queue term share the work out
+    held = [core.start(core.route(RequestInfo(prompt_text=f"h{i}" + "q" * 4000, max_tokens=32),
+                                  "unified", 200.0)) for i in range(40)]
+    counts = {n: sum(1 for e in held if e is not None and e.name == n) for n in ("fast", "slow")}
+    assert counts["slow"] > 0 and counts["fast"] > counts["slow"], counts
+    for e in held:
+        core.finish(e)
     # a 0.5 s target: 25k tokens meet it nowhere (0.77 s / 1.54 s); the least late wins
     core, feedback = two_speed_core(ttft_s=0.5)
     teach(core, feedback, 60)
     strict_picks = {core.route(RequestInfo(prompt_text=f"{i}" + "z" * 100000, max_tokens=32),
                                "unified", 300.0).decision.endpoint.name for i in range(20)}
     assert strict_picks == {"fast"}
+
+
+def test_slo_tiered_pipeline_spreads_among_endpoints_that_meet():
+    core, feedback = two_speed_core(policy="tiered")
+    teach(core, feedback, 60)
+    picks = [core.route(RequestInfo(prompt_text=f"{i}" + "q" * 4000, max_tokens=32),
+                        "unified", 200.0).decision.endpoint.name for i in range(200)]
+    # both meet a 2 s TTFT with headroom: weighted random by headroom, not argmax
+    assert 0 < picks.count("slow") < picks.count("fast"), picks.count("slow")
 
 
 def test_slo_tiered_picker():

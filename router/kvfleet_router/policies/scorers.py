@@ -36,8 +36,10 @@ min-max(x) below means (max - x) / (max - min) over the candidates, 1.0 for all 
            meet both with `headroom` to spare score 0.5 + 0.5 x their headroom (the TTFT
            and TPOT headrooms weighted by the request's predicted prefill / decode share,
            output tokens from the session's or model's history), the others
-           0.49 x (1 - headroom) / lateness; the `slo-tiered` picker draws at random among
-           those above 0.5, weighted by the excess, else takes the least late.
+           0.49 x (1 - headroom) / lateness, so any endpoint that meets outranks every
+           one that does not. The `slo` preset adds the queue scorer (1:1) inside
+           bounded-load; the `slo-tiered` picker instead draws at random among those above
+           0.5, weighted by the excess, else takes the least late.
 """
 
 from __future__ import annotations
@@ -221,9 +223,9 @@ def slo(cfg: RouterConfig) -> Scorer:
     Meets (both predictions <= (1 - headroom) x target): 0.5 + 0.5 * h, with
     h = (1 - f) * (1 - ttft / T_ttft) + f * (1 - tpot / T_tpot) and f the request's
     predicted decode share out * tpot / (ttft + out * tpot). Misses: 0.49 * (1 - headroom)
-    / lateness, lateness = max(ttft / T_ttft, tpot / T_tpot). The `slo-tiered` picker then
-    draws among the endpoints above 0.5, weighted by the score above it, else takes the
-    least late."""
+    / lateness, lateness = max(ttft / T_ttft, tpot / T_tpot). The `slo` preset adds the
+    queue scorer; the `slo-tiered` picker instead draws among the endpoints above 0.5,
+    weighted by the score above it, else takes the least late."""
     model = role_model(cfg)
     s = cfg.policy.slo
     prior_a, prior_b, margin = s.prefill_s_per_token, s.decode_s_per_token, 1.0 - s.headroom
