@@ -64,7 +64,14 @@ def variants() -> dict[str, dict[str, Any]]:
         "vllm-sidecar": _variant(unified, "side-unified", "routing", "placement", "sidecar"),
         "builtin-pd-sidecar": _variant(pd, "side-pd", "routing", "placement", "sidecar"),
         "vllm-lmcache": lmcache_pool(),
+        "builtin-flow-keys": _variant(cpu, "flow-pool", "routing", "flowControl", FLOW_CONTROL),
     }
+
+
+# routing.flowControl with an API-keys Secret: the router pods mount it read-only.
+FLOW_CONTROL = {"tenants": [{"name": "team-a", "band": "critical", "weight": 2,
+                             "quotas": {"rpm": 600}}],
+                "apiKeysSecretRef": {"name": "team-keys", "key": "keys.yaml"}}
 
 
 def lmcache_pool() -> dict[str, Any]:

@@ -25,6 +25,7 @@ from kvfleet_router.config import (
 from pydantic import Field, model_validator
 
 from .errors import SpecError, UnservableSpecError
+from .flow_control import FlowControlSpec
 from .validation import Bool, Float, Int, Quantity, Str, spec_type
 from .vllm_compat import check_vllm_engine
 
@@ -299,6 +300,7 @@ class RoutingSpec:
     gateway: GatewaySpec | None = None
     kv_sharing: KVSharingSpec = Field(default_factory=KVSharingSpec)
     pipeline: PipelineSpec | None = None
+    flow_control: FlowControlSpec | None = None  # unset: the router's defaults (flow_control.py)
 
     @model_validator(mode="after")
     def _pipeline_with_its_policy(self) -> RoutingSpec:

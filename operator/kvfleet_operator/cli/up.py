@@ -75,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=0,
                    help="port of the control plane's /metrics on 127.0.0.1 (default: a free one)")
     p.add_argument("--quiet", action="store_true", help="print only the endpoint and errors")
+    p.add_argument("--api-keys-file", type=Path, metavar="FILE",
+                   help="YAML mapping of client API key to tenant, for the router (what "
+                   "routing.flowControl.apiKeysSecretRef mounts on Kubernetes; required when "
+                   "the pool sets it): clients must then send Authorization: Bearer KEY")
     return p
 
 
@@ -155,6 +159,7 @@ def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir]:
         raise UpError(f"--metrics-port {args.metrics_port} is out of range")
     if args.metrics_port and not procs.can_bind(args.metrics_port, HOST):
         raise UpError(f"port {args.metrics_port} on {HOST} is in use")
+    _check_api_keys(pool, args.api_keys_file)
     state_dir = StateDir(args.state_dir or default_state_dir(pool.name))
     pid = running_pid(state_dir.read_state())
     if pid is not None and pid != os.getpid():
@@ -165,6 +170,18 @@ def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir]:
         raise UpError(f"cannot create state dir {state_dir.path}: {exc.strerror}") from None
     fleet_registry.register(pool.name, state_dir.path)  # so `kvfleet status` finds it from anywhere
     return pool, state_dir
+
+
+def _check_api_keys(pool: InferencePool, path: Path | None) -> None:
+    """A pool that names an API-keys Secret never runs open: locally the keys come from
+    --api-keys-file (the same YAML the Secret holds)."""
+    fc = pool.spec.routing.flow_control
+    ref = fc.api_keys_secret_ref if fc is not None else None
+    if ref is not None and path is None:
+        raise UpError(f"spec.routing.flowControl.apiKeysSecretRef names Secret {ref.name} "
+                      "(Kubernetes); locally pass its keys file with --api-keys-file FILE")
+    if path is not None and not os.access(path, os.R_OK):
+        raise UpError(f"--api-keys-file {path}: not a readable file")
 
 
 def is_serving(desired: dict[str, int], pushed: dict[str, Any] | None) -> bool:
@@ -185,6 +202,7 @@ async def run_fleet(
     stop: asyncio.Event,
     backoff: Backoff | None = None,
     metrics_port: int = 0,
+    api_keys_file: Path | None = None,
 ) -> int:
     # Details (tracebacks of a failed control-loop tick) go to a file, not the terminal.
     logging.basicConfig(filename=state_dir.log_file("up"), level=logging.INFO,
@@ -202,9 +220,10 @@ async def run_fleet(
     events = Fanout(progress, loop_metrics)
     async with LocalRuntime(state_dir, backoff=backoff, events=events,
                             engine_env=engine_token) as runtime:  # fmt: skip
+        keys = ["--api-keys-file", str(api_keys_file.resolve())] if api_keys_file else []
         router = runtime.start_router(
             lambda p: kvfleet_argv("router", "--host", HOST, "--port", str(p),
-                                   "--admin-token-file", str(state_dir.token_file)),
+                                   "--admin-token-file", str(state_dir.token_file), *keys),
             port=port or None,
             env=engine_token,
         )
@@ -279,6 +298,6 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
             loop.add_signal_handler(sig, stop.set)
         backoff = Backoff(base_s=args.restart_backoff, max_s=max(30.0, args.restart_backoff))
         return await run_fleet(pool, state_dir, args.port, progress, stop, backoff,
-                               args.metrics_port)
+                               args.metrics_port, args.api_keys_file)
 
     return asyncio.run(_main())

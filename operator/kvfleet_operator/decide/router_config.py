@@ -9,6 +9,11 @@ Public API:
   With `routing.kvSharing.enabled` on builtin engines, every endpoint is marked
   `engine: builtin` and the router's `kv_sharing` section carries the margin (peer hints,
   kvfleet_router/peer_hint.py); vLLM pools share KV through LMCache, not the router.
+  With `routing.flowControl`, the router's `flow_control` (tenants, bands, weights, the
+  tenant header, band bounds), `quotas` (only when some tenant has a limit) and `queue`
+  (the TTL, which wins over the cold-start hold, and the total bound) come from the pool;
+  vLLM endpoints are marked `engine: vllm` so the router forwards a band as `priority`
+  only to engines started with `--scheduling-policy priority`.
 - `next_version(previous, candidate) -> int`: the version only moves when the content
   (everything but `version`) changes, so a steady pool never re-pushes.
 """
@@ -90,9 +95,35 @@ def build_router_config(
         config["kv_sharing"] = {"enabled": True, "margin": float(r.kv_sharing.margin)}
     if spec.topology.is_disaggregated:
         config["pd"] = {"prefill_threshold_tokens": r.pd_threshold_tokens}
+    queue: dict[str, Any] = {}
     if spec.autoscaling.scale_to_zero.enabled:
-        config["queue"] = {"timeout_s": COLD_START_HOLD_S}
+        queue["timeout_s"] = COLD_START_HOLD_S
+    if (fc := r.flow_control) is not None:
+        config["flow_control"] = fc.router_flow_control()
+        if not spec.engine.is_builtin:  # the router forwards the band as `priority`
+            config["flow_control"]["forward_priority_to_vllm"] = is_vllm_priority(spec)
+            for ep in config["endpoints"]:
+                ep.setdefault("engine", "vllm")
+        if (quotas := fc.router_quotas()) is not None:
+            config["quotas"] = quotas
+        if fc.queue_ttl_seconds is not None:
+            queue["timeout_s"] = float(fc.queue_ttl_seconds)
+        if fc.max_queued is not None:
+            queue["max_size"] = fc.max_queued
+    if queue:
+        config["queue"] = queue
     return config
+
+
+def is_vllm_priority(spec: PoolSpec) -> bool:
+    """The pool's vLLM engines schedule by priority (`--scheduling-policy priority` in
+    engine.args); without it vLLM refuses a request that carries a non-zero priority."""
+    args = list(spec.engine.args)
+    for i, arg in enumerate(args):
+        if arg == "--scheduling-policy=priority" or (
+                arg == "--scheduling-policy" and args[i + 1:i + 2] == ["priority"]):
+            return True
+    return False
 
 
 def next_version(previous: dict[str, Any] | None, candidate: dict[str, Any]) -> int:
