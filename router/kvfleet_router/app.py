@@ -40,7 +40,7 @@ from kvfleet_router.errors import json_errors
 from kvfleet_router.feedback import HealthFeedback
 from kvfleet_router.front import OpenAIFront, StatusFront
 from kvfleet_router.kv_events import KVEventFollowers
-from kvfleet_router.metrics import RouterMetrics
+from kvfleet_router.metrics import RouterMetrics, fairness
 from kvfleet_router.pd import Disaggregator
 from kvfleet_router.proxy import Forwarder
 from kvfleet_router.quota_gate import QuotaGate
@@ -54,7 +54,8 @@ class RouterApp:
         core = self.core = RouterCore(cfg)
         queue = self.queue = WaitQueue(cfg.queue.max_size, cfg.flow_control)
         metrics = self.metrics = RouterMetrics(lambda: core, lambda: len(queue),
-                                               band_lengths=queue.band_lengths)
+                                               band_lengths=queue.band_lengths,
+                                               fairness=lambda: fairness(queue))
         forwarder = self.forwarder = Forwarder(cfg.timeouts)
         feedback = HealthFeedback(metrics, lambda: core.cfg)
         dispatcher = Dispatcher(core, queue, metrics, forwarder, feedback)

@@ -44,13 +44,23 @@ kvfleet_router_flow_queue_seconds{band,tenant}     time waited before dispatch
 kvfleet_router_flow_tokens_total{band,tenant}      tokens served: prompt (estimated) +
                                                    output (SSE events on streams, else
                                                    max_tokens)
+kvfleet_router_flow_fairness{band}                 Jain's index (sum x)^2 / (n sum x^2) over
+                                                   the band's backlogged tenants, x = decayed
+                                                   attained service (tokens) / weight, at
+                                                   scrape time; 1 = shares exactly by weight,
+                                                   1/n = one tenant got everything; 1 with
+                                                   fewer than two backlogged (`fairness`).
+                                                   The fair queue's own counter: a tenant
+                                                   joining a backlog starts at the least
+                                                   backlogged one's level (VTC's lift), so
+                                                   the index judges service since then
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -69,6 +79,7 @@ from kvfleet_router.policies.context import RouteContext
 from kvfleet_router.policies.filters import ELIGIBILITY, FILTERS
 from kvfleet_router.policies.guard import imbalance_ratio
 from kvfleet_router.router_core import RouterCore
+from kvfleet_router.wait_queue import WaitQueue
 
 _NO_RNG = random.Random(0)  # filters draw nothing; spares seeding one per scrape
 
@@ -78,11 +89,13 @@ class _LiveCollector(Collector):
 
     def __init__(self, core: Callable[[], RouterCore], queue_len: Callable[[], int],
                  clock: Callable[[], float],
-                 band_lengths: Callable[[], dict[int, int]] | None = None) -> None:
+                 band_lengths: Callable[[], dict[int, int]] | None = None,
+                 fairness: Callable[[], dict[int, float]] | None = None) -> None:
         self._core = core
         self._queue_len = queue_len
         self._clock = clock
         self._band_lengths = band_lengths
+        self._fairness = fairness
 
     def collect(self):  # type: ignore[no-untyped-def]
         core = self._core()
@@ -112,8 +125,34 @@ class _LiveCollector(Collector):
         for band in sorted({*lengths, 0}):  # the standard band always has a series
             by_band.add_metric([band_label(band)], lengths.get(band, 0))
         yield by_band
+        fair = GaugeMetricFamily("kvfleet_router_flow_fairness", "Jain's index of attained "
+                                 "service per weight among a band's backlogged tenants",
+                                 labels=["band"])
+        indices = self._fairness() if self._fairness is not None else {}
+        for band in sorted({*indices, 0}):
+            fair.add_metric([band_label(band)], indices.get(band, 1.0))
+        yield fair
         yield from perf_model_error(core)
         yield from perf_model_export(core)
+
+
+def jain_index(values: Iterable[float]) -> float:
+    """Jain's fairness index (sum x)^2 / (n sum x^2), in [1/n, 1]; 1 for fewer than two
+    values or when all are zero (nobody has been served more than anyone)."""
+    xs = list(values)
+    sq = sum(x * x for x in xs)
+    return 1.0 if len(xs) < 2 or sq <= 0 else sum(xs) ** 2 / (len(xs) * sq)
+
+
+def fairness(queue: WaitQueue) -> dict[int, float]:
+    """band -> Jain's index over its backlogged tenants (those with a queued request) of
+    their attained service (decayed tokens, the fair queue's own counter) per weight."""
+    now = queue.clock()
+    out: dict[int, float] = {}
+    for band, q in queue.fair._bands.items():  # read-only view of the fair queue's bands
+        out[band] = jain_index(queue.service.value(name, now) / heap[0][1].weight
+                               for name, heap in q.tenants.items())
+    return out
 
 
 def load_imbalance(core: RouterCore, now: float) -> dict[str, float]:
@@ -193,7 +232,8 @@ def perf_model_export(core: RouterCore):  # type: ignore[no-untyped-def]
 class RouterMetrics:
     def __init__(self, core: Callable[[], RouterCore], queue_len: Callable[[], int],
                  clock: Callable[[], float] = time.monotonic,
-                 band_lengths: Callable[[], dict[int, int]] | None = None) -> None:
+                 band_lengths: Callable[[], dict[int, int]] | None = None,
+                 fairness: Callable[[], dict[int, float]] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter("kvfleet_router_requests", "routed requests",
@@ -231,7 +271,7 @@ class RouterMetrics:
             registry=r, buckets=(0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120))
         self.flow_tokens = Counter("kvfleet_router_flow_tokens", "tokens served", flow,
                                    registry=r)
-        r.register(_LiveCollector(core, queue_len, clock, band_lengths))
+        r.register(_LiveCollector(core, queue_len, clock, band_lengths, fairness))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
