@@ -149,9 +149,9 @@ def fairness(queue: WaitQueue) -> dict[int, float]:
     their attained service (decayed tokens, the fair queue's own counter) per weight."""
     now = queue.clock()
     out: dict[int, float] = {}
-    for band, q in queue.fair._bands.items():  # read-only view of the fair queue's bands
-        out[band] = jain_index(queue.service.value(name, now) / heap[0][1].weight
-                               for name, heap in q.tenants.items())
+    for band, weights in queue.fair.backlogged().items():
+        out[band] = jain_index(queue.service.value(name, now) / weight
+                               for name, weight in weights.items())
     return out
 
 

@@ -67,6 +67,11 @@ class FairQueue:
     def band_lengths(self) -> dict[int, int]:
         return {b: q.num_tickets for b, q in self._bands.items()}
 
+    def backlogged(self) -> dict[int, dict[str, float]]:
+        """band -> {tenant with a queued request: its weight} (the fairness metric's set)."""
+        return {b: {name: heap[0][1].weight for name, heap in q.tenants.items() if heap}
+                for b, q in self._bands.items()}
+
     def next_seq(self) -> int:
         return next(self._seq)
 
