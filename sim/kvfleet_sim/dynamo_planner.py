@@ -133,26 +133,27 @@ class EngineProfile:
     def prefill_tokens_per_s(self, isl: float, ttft_target_s: float) -> float:
         """Best prompt tokens/s of one replica at `isl` whose TTFT meets the target (the
         one-prompt figure where none does)."""
-        isls = sorted({p.isl for p in self.prefill})
-        best = []
-        for i in isls:
-            points = [p for p in self.prefill if p.isl == i]
-            meeting = [p.tokens_per_s for p in points if p.ttft_s <= ttft_target_s]
-            best.append(max(meeting) if meeting else min(points, key=lambda p: p.batch)
-                        .tokens_per_s)  # fmt: skip
-        return _interpolate([float(i) for i in isls], best, isl)
+        return _best_meeting([(p.isl, p.ttft_s, p.batch, p.tokens_per_s) for p in self.prefill],
+                             isl, ttft_target_s)
 
     def decode_tokens_per_s(self, context: float, itl_target_s: float) -> float:
         """Best decode tokens/s of one replica at `context` whose ITL meets the target (the
         one-sequence figure where none does)."""
-        contexts = sorted({p.context for p in self.decode})
-        best = []
-        for c in contexts:
-            points = [p for p in self.decode if p.context == c]
-            meeting = [p.tokens_per_s for p in points if p.itl_s <= itl_target_s]
-            best.append(max(meeting) if meeting else min(points, key=lambda p: p.batch)
-                        .tokens_per_s)  # fmt: skip
-        return _interpolate([float(c) for c in contexts], best, context)
+        return _best_meeting([(p.context, p.itl_s, p.batch, p.tokens_per_s)
+                              for p in self.decode], context, itl_target_s)
+
+
+def _best_meeting(points: list[tuple[float, float, int, float]], at: float,
+                  target_s: float) -> float:
+    """points: (level, latency, batch, tokens/s). Per level, the best tokens/s whose
+    latency meets `target_s` (the smallest batch's where none does), interpolated at `at`."""
+    levels = sorted({level for level, _, _, _ in points})
+    best = []
+    for level in levels:
+        here = [p for p in points if p[0] == level]
+        meeting = [tps for _, latency, _, tps in here if latency <= target_s]
+        best.append(max(meeting) if meeting else min(here, key=lambda p: p[2])[3])
+    return _interpolate([float(v) for v in levels], best, at)
 
 
 def _powers_of_two_to(n: int) -> list[int]:
