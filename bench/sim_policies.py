@@ -205,16 +205,20 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     ):
         out.append((
             f"Autoscalers on {name}, unified and prefill/decode pools",
-            "kvfleet's autoscaler, fixed at max, the KEDA rule (waiting > 5 per replica) and "
+            "kvfleet's autoscaler, fixed at max, the KEDA rule (waiting > 5 per replica), "
             "a Knative-KPA-style baseline (concurrency over the pool's stable and panic "
-            f"windows, target 0.7 x maxNumSeqs), each on {sizes}; the "
+            "windows, target 0.7 x maxNumSeqs), a Dynamo-style throughput planner and "
+            "llm-d's token-aware KEDA formula (sim/kvfleet_sim/scalers.py), each on "
+            f"{sizes}, with the hindsight optimum's replica-seconds as the x optimum column "
+            "(sim/kvfleet_sim/oracle.py); the "
             "trace at its own pace (30 minutes measured after 5 of warm-up); replica-seconds "
             "per role are in the JSON." + (ceiling_note(str(TRACES / trace), 900, float(a_dur))
                                            if trace.startswith("mooncake") else ""), "compare",
             ["--trace", str(TRACES / trace), "--start-s", "900", "--warmup-s", "300",
              "--duration-s", a_dur, "--compress", "1", "--pool", unified, "--pool", pd,
              "--scaler", "kvfleet", "--scaler", "fixed-max", "--scaler", "waiting-5",
-             "--scaler", "kpa"],
+             "--scaler", "kpa", "--scaler", "dynamo-planner", "--scaler", "llmd-keda",
+             "--optimum"],
         ))  # fmt: skip
     counts = [2**k for k in range(5 if quick else 9)]  # 1..16 or 1..256
     out.append((
