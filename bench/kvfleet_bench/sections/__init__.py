@@ -14,6 +14,7 @@ from kvfleet_bench.sections import (
     engine_server,
     engine_throughput,
     epp_overhead,
+    flow_control,
     kv_pool,
     operator_scale,
     router_cache_hits,
@@ -44,6 +45,6 @@ SECTIONS: dict[str, Section] = {
     for s in map(_section, [
         autoscale_local, sim_policies, sim_scale, sim_fidelity, router_overhead, epp_overhead,
         router_cache_hits, engine_throughput, engine_server, operator_scale,
-        router_vllm_overhead, kv_pool, sim_kv_pool,
+        router_vllm_overhead, kv_pool, sim_kv_pool, flow_control,
     ])
 }  # fmt: skip
