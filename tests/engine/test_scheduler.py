@@ -234,3 +234,52 @@ def test_waiting_prompt_tokens_count_uncached_tokens_and_leave_on_abort():
 def test_config_rejects_bad_values(bad, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig(**bad)
+
+
+def seats_config(**kw):
+    return EngineConfig(num_blocks=64, block_size=4, max_num_seqs=2,
+                        max_num_batched_tokens=100, max_model_len=64, **kw)
+
+
+def test_a_more_important_request_takes_the_seat_of_the_least_important_one():
+    sched = make(seats_config())
+    sched.add(req("low-old", 4, priority=1, arrival=0.0, first=10))
+    sched.add(req("low-new", 4, priority=1, arrival=0.5, first=20))
+    finish_step(sched, sched.schedule(now=1.0))  # both seats taken, both decoding
+    sched.add(req("high", 4, priority=0, arrival=1.0, first=30))
+    out = sched.schedule(now=1.0)
+    assert [r.request_id for r in out.preempted] == ["low-new"]
+    assert plan(out) == [("low-old", 1), ("high", 4)]  # the victim's token went to "high"
+    victim = out.preempted[0]
+    assert victim.status is RequestStatus.WAITING and victim.num_computed_tokens == 0
+    assert sched.num_waiting == 1
+
+
+def test_no_seat_is_taken_at_equal_priority_or_from_a_request_aging_made_first():
+    sched = make(seats_config())
+    sched.add(req("a", 4, priority=0, arrival=0.0, first=10))
+    sched.add(req("b", 4, priority=0, arrival=0.5, first=20))
+    finish_step(sched, sched.schedule(now=1.0))
+    sched.add(req("c", 4, priority=0, arrival=1.0, first=30))
+    out = sched.schedule(now=1.0)
+    assert out.preempted == [] and "c" not in [r for r, _ in plan(out)]
+    # aging 10 s per class: a priority-1 request that arrived at 0 has key 10; a priority-0
+    # one arriving at 10 has key 10 too, not earlier: no seat; arriving at 9.9, it takes one
+    for arrival, expect in ((10.0, []), (9.9, ["old-low"])):
+        sched = make(seats_config())
+        sched.add(req("old-low", 4, priority=1, arrival=0.0, first=10))
+        sched.add(req("filler", 4, priority=0, arrival=0.0, first=20))
+        finish_step(sched, sched.schedule(now=0.0))
+        sched.add(req("urgent", 4, priority=0, arrival=arrival, first=30))
+        out = sched.schedule(now=arrival)
+        assert [r.request_id for r in out.preempted] == expect, arrival
+
+
+def test_seats_are_not_taken_when_preempt_for_priority_is_off():
+    sched = make(seats_config(preempt_for_priority=False))
+    sched.add(req("low-old", 4, priority=1, arrival=0.0, first=10))
+    sched.add(req("low-new", 4, priority=1, arrival=0.5, first=20))
+    finish_step(sched, sched.schedule(now=1.0))
+    sched.add(req("high", 4, priority=0, arrival=1.0, first=30))
+    out = sched.schedule(now=1.0)
+    assert out.preempted == [] and plan(out) == [("low-old", 1), ("low-new", 1)]

@@ -23,6 +23,9 @@ class EngineConfig:
     kv_safety_margin: float = 0.05  # fraction of blocks kept free when admitting new requests
     enable_prefix_caching: bool = True
     aging_seconds: float | None = 10.0  # waiting time worth one priority class
+    # a waiting request that outranks the least important running one takes its seat when
+    # all max_num_seqs are taken (that one is preempted by recompute)
+    preempt_for_priority: bool = True
     long_prefill_token_threshold: int = 0  # cap on one request's chunk per step; 0 = no cap
     max_pending_kv_events: int = 100_000  # undrained KV events kept; older ones are dropped
 

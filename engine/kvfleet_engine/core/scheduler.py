@@ -10,7 +10,11 @@ of decode. There is no prefill/decode split; all share the loop below.
    waiting queue with its progress reset. It may be the request itself.
 2. Then, if nothing was preempted, waiting requests are admitted in order while the
    budget, `max_num_seqs` and the KV safety margin allow. The head of the queue blocks
-   the rest (no overtaking), so order is what the key below says.
+   the rest (no overtaking), so order is what the key below says. With every seat taken
+   (`max_num_seqs`), a head that outranks the least important running request (a lower
+   priority value and an earlier waiting key, so aging still protects it) takes its seat:
+   that one is preempted by recompute (`preempt_for_priority`, vLLM's priority policy
+   does the same), so a critical request never waits behind a batch of sheddable ones.
 
 Waiting order with aging: key = arrival_time + priority * aging_seconds, i.e. a request
 of priority p counts as if it had arrived p * aging_seconds later. Since every waiting
@@ -157,10 +161,15 @@ class Scheduler:
         kv = self.kv_cache
         cap = config.long_prefill_token_threshold
         bs = config.block_size
-        while budget > 0 and len(self.running) < config.max_num_seqs:
+        while budget > 0:
             request = self._peek_waiting()
             if request is None:
                 return
+            if len(self.running) >= config.max_num_seqs:
+                refund = self._free_seat_for(request, out)
+                if refund is None:
+                    return
+                budget += refund
             preload = request.preloaded_kv
             if preload is not None:
                 hits: list = []
@@ -196,6 +205,26 @@ class Scheduler:
             self._insert_running(request)
             out.scheduled.append((request, num_new))
             budget -= num_new
+
+    def _free_seat_for(self, request: Request, out: SchedulerOutput) -> int | None:
+        """Preempt the least important running request for `request` when it outranks it
+        (lower priority value and earlier waiting key); the tokens the victim was given in
+        this step go back to the budget. None: no seat for it."""
+        if not self.config.preempt_for_priority or not self.running:
+            return None
+        victim = self.running[-1]  # kept in _running_key order: the last is the least
+        if victim.priority <= request.priority or victim.sort_key <= request.sort_key:
+            return None
+        self.running.pop()
+        refund = 0
+        for k, (scheduled, n) in enumerate(out.scheduled):
+            if scheduled is victim:
+                refund = n
+                del out.scheduled[k]
+                break
+        self._preempt(victim)
+        out.preempted.append(victim)
+        return refund
 
     def _insert_running(self, request: Request) -> None:
         running = self.running
