@@ -3,9 +3,10 @@ when the router stops isolating tenants.
 
 The smoke run (`--quick`, ~30 s) starts one simulated-runner engine and a kvfleet router,
 runs tenant A alone and then beside tenant B's flood (ten times A's rate, past the pool's
-capacity), and checks that A loses nothing and its TTFT stays near its figure alone, far
-below B's. Run once with `--fairness off` (every request one tenant's, FCFS) it failed: A's
-TTFT p90 ratio was about 90x and A lost requests to the TTL.
+capacity), and checks that A loses nothing and that its TTFT stays within one engine slot's
+wait of its figure alone, far below B's. Run once with `--fairness off` (every request one
+tenant's, FCFS) it failed: A's TTFT p90 was about 90x its figure alone and A lost requests
+to the TTL.
 """
 
 from __future__ import annotations
@@ -124,4 +125,7 @@ def test_flow_control_quick_isolates_a_light_tenant_from_a_flood(tmp_path):
     # B's flood waits seconds in the queue; A goes to its head and waits one slot at most
     assert not math.isnan(a["ttft_p90_ms"])
     assert a["ttft_p90_ms"] < b["ttft_p50_ms"] / 2, (a, b)
-    assert iso["a_ttft_p90_ratio"]["median"] < 15, iso
+    # at the queue's head A waits for one engine slot: at most about one flood request's
+    # time in the slot after its first token (B's decode time), not B's backlog
+    alone = row["alone"]["tenants"]["A"]["ttft_p90_ms"]
+    assert a["ttft_p90_ms"] <= alone + 2 * b["decode_p50_ms"], (alone, a, b)
