@@ -29,7 +29,7 @@ Each run has `--warmup-s` unmeasured, then `--measure-s` measured (latency by st
 throughput by end time); every request is counted as ok, refused (429/503 with a reason), or
 lost (anything else). Repetitions alternate the order of the two configurations compared.
 
-    flock /tmp/kvfleet-cpu.lock .venv/bin/python bench/flow_control.py     # ~15 min
+    flock /tmp/kvfleet-cpu.lock .venv/bin/python bench/flow_control.py     # ~10 min
     .venv/bin/python bench/flow_control.py --quick     # isolation only, ~40 s (smoke test)
     .venv/bin/python bench/flow_control.py --quick --fairness off   # the same, unfair
 """
