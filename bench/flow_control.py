@@ -30,7 +30,10 @@ throughput by end time); every request is counted as ok, refused (429/503 with a
 lost (anything else). Repetitions alternate the order of the two configurations compared.
 
     flock /tmp/kvfleet-cpu.lock .venv/bin/python bench/flow_control.py     # ~10 min
-    .venv/bin/python bench/flow_control.py --quick     # isolation only, ~40 s (smoke test)
+    flock /tmp/kvfleet-cpu.lock .venv/bin/python bench/flow_control.py --scenarios \
+        isolation,priority --capacity 8 --out bench/results/flow_control_cap2x.json  # ~6 min:
+        # the operator's cap (twice the batch), the README's second table
+    .venv/bin/python bench/flow_control.py --quick     # isolation only, ~30 s (smoke test)
     .venv/bin/python bench/flow_control.py --quick --fairness off   # the same, unfair
 """
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from kvfleet_bench.sections._fmt import code, pct, stat, table
 
-FILES = ("flow_control",)
+FILES = ("flow_control", "flow_control_cap2x")  # the main run; the cap at twice the batch
 
 
 def _ms(d: dict[str, float]) -> str:
@@ -108,4 +108,31 @@ def render_flow_control(results: dict[str, Any]) -> str:
                          [[name, f"{fa['weight'][name]:g}",
                            pct(1)(fa["weight_share"][name]), stat(s, pct(1))]
                           for name, s in fa["share"].items()]))
+    if cap2 := results.get("flow_control_cap2x"):
+        out += ["", _cap_table(r, cap2)]
     return "\n".join(out)
+
+
+def _cap_table(main: dict[str, Any], cap2: dict[str, Any]) -> str:
+    """Isolation and priorities with the router's in-flight cap at the batch (the main run)
+    and at twice the batch (what the operator configures)."""
+    a2 = cap2["meta"]["args"]
+    lines = [f"The router's in-flight cap per endpoint, {main['meta']['args']['capacity']} (the "
+             f"main run) against {a2['capacity']} (twice the batch, as the operator sets it; "
+             f"`{cap2['meta']['command'].rstrip()}`, {a2['reps']} repetitions, "
+             f"commit `{cap2['meta']['git']['commit'][:10]}`):", ""]
+    rows = []
+    for run in (main, cap2):
+        f, cap = run["figures"], run["meta"]["args"]["capacity"]
+        iso, pr = f.get("isolation"), f.get("priority")
+        rows.append([
+            str(cap),
+            f"{_ms(iso['a_ttft_p90_flood_ms'])}, {_x(iso['a_ttft_p90_ratio'])}" if iso else "",
+            str(iso["a_lost"]) if iso else "",
+            f"{_ms(pr['crit_ttft_p99_flood_ms'])}, {_x(pr['crit_ttft_p99_ratio'])}" if pr else "",
+            str(pr["crit_lost"]) if pr else "",
+        ])
+    lines.append(table(["in-flight cap", "A's TTFT p90 under the flood, ratio to alone",
+                        "A not served", "critical TTFT p99 under the flood, ratio to alone",
+                        "critical not served"], rows))
+    return "\n".join(lines)
