@@ -58,6 +58,36 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("Router rejections", "reqps", [
         (f"sum by (reason) (rate(kvfleet_router_rejected_total{{{SEL}}}[5m]))", "{{reason}}"),
     ]),
+    # Flow control (router/README.md "Flow control", "Quotas and API keys")
+    ("Flow control: queued per band", "short", [
+        (f"sum by (band) (kvfleet_router_flow_queue_length{{{SEL}}})", "{{band}}"),
+    ]),
+    ("Flow control: dispatched per tenant", "reqps", [
+        (f"sum by (band, tenant) (rate(kvfleet_router_flow_dispatched_total{{{SEL}}}[5m]))",
+         "{{band}} / {{tenant}}"),
+    ]),
+    ("Flow control: requests that waited per tenant", "reqps", [
+        (f"sum by (band, tenant) (rate(kvfleet_router_flow_queued_total{{{SEL}}}[5m]))",
+         "{{band}} / {{tenant}}"),
+    ]),
+    ("Flow control: rejected by reason", "reqps", [
+        (f"sum by (tenant, reason) (rate(kvfleet_router_flow_rejected_total{{{SEL}}}[5m])) "
+         f"or sum by (reason) (rate(kvfleet_router_rejected_total{{{SEL}, "
+         "reason=~\"quota-.*|no-api-key|invalid-api-key\"}[5m]))", "{{tenant}} {{reason}}"),
+    ]),
+    ("Flow control: queue time p90 per tenant", "s", [
+        ("histogram_quantile(0.9, sum by (band, tenant, le) "
+         f"(rate(kvfleet_router_flow_queue_seconds_bucket{{{SEL}}}[5m])))",
+         "{{band}} / {{tenant}}"),
+    ]),
+    ("Flow control: tokens served per tenant", "short", [
+        (f"sum by (band, tenant) (rate(kvfleet_router_flow_tokens_total{{{SEL}}}[5m]))",
+         "{{band}} / {{tenant}}"),
+    ]),
+    ("Flow control: fairness among backlogged tenants (Jain's index; 1 = by weight)",
+     "percentunit", [
+        (f"min by (band) (kvfleet_router_flow_fairness{{{SEL}}})", "{{band}}"),
+    ]),
 ]
 
 

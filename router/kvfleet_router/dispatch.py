@@ -74,6 +74,17 @@ class Dispatcher:
         self.feedback = feedback
         self._request_counters: dict[tuple[str, str], object] = {}
         self._labels = TenantLabels(core.cfg.flow_control.max_tenant_labels)
+        self._zero_default_series()
+
+    def _zero_default_series(self) -> None:
+        """The default tenant's flow series exist from the start, at 0 (Prometheus' advice
+        for known label sets), so dashboards and alerts see them before anything queues."""
+        m = self.metrics
+        flow = self._flow(RequestInfo(tenant=self.core.cfg.flow_control.default_tenant))
+        for family in (m.flow_queued, m.flow_dispatched, m.flow_tokens, m.flow_queue_seconds):
+            family.labels(flow.band_label, flow.label)
+        for reason in ("saturated", "queue-full", "no-endpoint", "client-gone"):
+            m.flow_rejected.labels(flow.band_label, flow.label, reason)
 
     def try_route(self, info: RequestInfo, role: str, policy: str | None,
                   exclude: frozenset[str], allowed: frozenset[str] | None = None) -> Routed:

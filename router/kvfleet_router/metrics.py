@@ -243,7 +243,8 @@ class RouterMetrics:
             buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 1e-1))
         self.rejected = Counter("kvfleet_router_rejected", "rejected requests", ["reason"],
                                 registry=r)
-        for reason in ("saturated", "queue-full", "no-endpoint"):
+        for reason in ("saturated", "queue-full", "no-endpoint", "quota-requests",
+                       "quota-tokens"):
             self.rejected.labels(reason)  # exported at 0, so rate() and alerts see the series
         self.retries = Counter("kvfleet_router_retries", "retries on another endpoint",
                                registry=r)
