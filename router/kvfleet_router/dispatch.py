@@ -159,13 +159,15 @@ class Dispatcher:
 
     async def acquire(self, info: RequestInfo, role: str, policy: str | None,
                       exclude: frozenset[str], allowed: frozenset[str] | None = None,
-                      is_gone: Callable[[], bool] | None = None) -> Routed:
+                      is_gone: Callable[[], bool] | None = None,
+                      flow: _Flow | None = None) -> Routed:
         """Route now, or wait in the bounded fair queue (flow/) until dispatched or its TTL
         (`queue.timeout_s`) passes; raises Rejected. `allowed` narrows the candidates
         (RouterCore.route; the HTTP front never sets it); `is_gone()` says the client left
-        (the queued request then leaves at once: aiohttp does not cancel handlers)."""
+        (the queued request then leaves at once: aiohttp does not cancel handlers).
+        `flow`: the request's standing when the caller already has it (`serve`)."""
         queue, qcfg = self.queue, self.core.cfg.queue
-        flow = self._flow(info)
+        flow = flow or self._flow(info)
         now = time.monotonic()
         reason = "saturated"
         if queue.would_lead(flow.band) or exclude:  # never overtake the ones waiting
@@ -231,7 +233,8 @@ class Dispatcher:
         self.metrics.peer_hint_blocks.inc(decision.num_blocks)
         return json.dumps(with_kv_transfer_params(info.body, hint)).encode()
 
-    def with_priority(self, body: bytes, info: RequestInfo, e: EndpointState) -> bytes:
+    def with_priority(self, body: bytes, info: RequestInfo, e: EndpointState,
+                      flow: _Flow | None = None) -> bytes:
         """The body with the request's effective priority (`flow.tenants.engine_priority`:
         its tenant's band, or its own lower one) as `priority`, for engines that order and
         preempt by it; vLLM only with `forward_priority_to_vllm`. Untouched (no copy) when
@@ -239,14 +242,14 @@ class Dispatcher:
         fc = self.core.cfg.flow_control
         if not fc.forward_priority or (e.engine == "vllm" and not fc.forward_priority_to_vllm):
             return body
-        want = self._flow(info).engine_priority
+        want = (flow or self._flow(info)).engine_priority
         if info.body.get("priority", 0) == want:
             return body
         data = json.loads(body)  # the body as forwarded (a peer hint may be in it)
         data["priority"] = want
         return json.dumps(data).encode()
 
-    def _on_outcome(self, e: EndpointState, routed: Routed, info: RequestInfo,
+    def _on_outcome(self, e: EndpointState, routed: Routed, info: RequestInfo, flow: _Flow,
                     outcome: Outcome) -> None:
         self.feedback.exchange_done(e, routed, outcome, time.monotonic())
         # What the tenant was served: the prompt, and the output actually streamed (else
@@ -255,7 +258,6 @@ class Dispatcher:
             else info.max_tokens
         if output < info.max_tokens:
             self.queue.charge(info.tenant, output - info.max_tokens)
-        flow = self._flow(info)
         self.metrics.flow_tokens.labels(flow.band_label, flow.label).inc(
             info.estimated_prompt_tokens(self.core.cfg.prefix.chars_per_token) + output)
 
@@ -265,6 +267,7 @@ class Dispatcher:
         """Forward with retries; `first` is an already-acquired decision (P/D decode leg)."""
         tried: set[str] = set()
         attempts = self.core.cfg.retries.max_attempts
+        flow = self._flow(info)  # once per request, not per attempt
         last: BackendFailure | None = None
         for attempt in range(attempts):
             if first is not None and attempt == 0:
@@ -272,7 +275,8 @@ class Dispatcher:
             else:
                 try:
                     routed = await self.acquire(info, role, policy, frozenset(tried),
-                                                is_gone=functools.partial(_is_gone, request))
+                                                is_gone=functools.partial(_is_gone, request),
+                                                flow=flow)
                 except Rejected as rej:
                     if last is None:
                         return rej.response
@@ -280,9 +284,10 @@ class Dispatcher:
             e = routed.decision.endpoint
             assert e is not None
             try:
-                body = self.with_priority(self.with_peer_hint(raw, info, routed, role), info, e)
+                body = self.with_priority(self.with_peer_hint(raw, info, routed, role), info, e,
+                                          flow)
                 return await self.forwarder.forward(
-                    request, e, body, functools.partial(self._on_outcome, e, routed, info),
+                    request, e, body, functools.partial(self._on_outcome, e, routed, info, flow),
                     headers)
             except BackendFailure as exc:
                 last = exc
