@@ -305,9 +305,7 @@ def slo_demand(
     ahead when `forecast` is given (and this window's rate recorded in it)."""
     seed = config.perf_seed.get(role) or seed_coefficients()
     weights, source = choose_coefficients(rs.perf, seed)
-    load = role_load(rs, config.backlog_clear_s)
-    if role == "decode":  # its prompt arrives as KV from the prefill leg: no prefill queue
-        load = dataclasses.replace(load, uncached_prompt_tokens=0.0)
+    load = role_load(rs, config.backlog_clear_s, role)
     ahead = ""
     if forecast is not None:
         record_rate(forecast, role, now, load.request_rate, config.stable_window_s)

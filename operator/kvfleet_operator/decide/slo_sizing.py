@@ -126,15 +126,18 @@ class RoleLoad:
     kv_per_seq: float = 0.0
 
 
-def role_load(rs: RoleSignals, backlog_clear_s: float) -> RoleLoad:
+def role_load(rs: RoleSignals, backlog_clear_s: float, role: str = "") -> RoleLoad:
     """The load a role's signals show: the known replicas' rates extrapolated to all, plus
     the queue (engines' waiting requests and the router's held ones) to be cleared within
-    `backlog_clear_s`; token means per request over the window."""
+    `backlog_clear_s`; token means per request over the window. A decode role computes no
+    prompt (it arrives as KV from the prefill leg), so it has no uncached prompt tokens
+    to queue behind, whatever its engines count as prompt tokens."""
     scale = rs.num_replicas / rs.num_known if rs.num_known else 0.0
     served = rs.request_rate
     backlog = rs.num_waiting * scale + rs.num_held_requests
     rate = served * scale + backlog / backlog_clear_s
-    uncached = rs.uncached_prompt_tokens_per_s / served if served > 0 else 0.0
+    uncached = rs.uncached_prompt_tokens_per_s / served if served > 0 and role != "decode" \
+        else 0.0
     output = rs.generation_tokens_per_s / served if served > 0 else 1.0
     per_replica_running = rs.num_running / rs.num_known if rs.num_known else 0.0
     kv_per_seq = rs.kv_usage_mean / per_replica_running if per_replica_running > 0 else 0.0
