@@ -105,7 +105,20 @@ class ProcessGroup:
         env: dict[str, str] | None = None,
         port: int | None = None,
     ) -> ServerProcess:
-        port = port or free_port()
+        # A port we picked can be taken by another process between the pick and the bind
+        # (tests run beside each other): then pick again, a bounded number of times.
+        attempts = 1 if port else 3
+        for attempt in range(attempts):
+            server = self._launch(argv, port or free_port(), env)
+            try:
+                wait_healthy(server, health_path, timeout_s)
+                return server
+            except RuntimeError:
+                if attempt + 1 == attempts or not _lost_the_port(server):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _launch(self, argv: list[str], port: int, env: dict[str, str] | None) -> ServerProcess:
         argv = [a.replace("{port}", str(port)) for a in argv]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"proc-{len(self.processes)}-{port}.log"
@@ -116,7 +129,6 @@ class ProcessGroup:
             )
         server = ServerProcess(proc, port, log_path)
         self.processes.append(server)
-        wait_healthy(server, health_path, timeout_s)
         return server
 
     def close(self) -> None:
@@ -129,6 +141,10 @@ class ProcessGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _lost_the_port(server: ServerProcess) -> bool:
+    return not server.is_running() and "address already in use" in server.log_text()
 
 
 def wait_healthy(server: ServerProcess, health_path: str = "/health",
