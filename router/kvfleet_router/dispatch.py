@@ -15,7 +15,6 @@ import functools
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -23,14 +22,9 @@ from multidict import CIMultiDict
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.errors import error_response
 from kvfleet_router.feedback import HealthFeedback
-from kvfleet_router.flow.saturation import admissible
-from kvfleet_router.flow.tenants import (
-    TenantLabels,
-    band_label,
-    engine_priority,
-    request_band,
-    tenant_share,
-)
+from kvfleet_router.flow.gate import FlowGate
+from kvfleet_router.flow.seats import Seat, standing
+from kvfleet_router.flow.tenants import Flow, TenantLabels, request_flow
 from kvfleet_router.metrics import RouterMetrics
 from kvfleet_router.pd_plan import peer_hint, with_kv_transfer_params
 from kvfleet_router.proxy import BackendFailure, Forwarder, Outcome
@@ -41,18 +35,6 @@ from kvfleet_router.wait_queue import QueueFull, WaitQueue
 _POLL_S = 0.05  # how often a queued head re-checks for capacity without a wake-up
 _GONE_POLL_S = 0.1  # how often a queued request looks whether its client is still there
 DROP_REASON_HEADER = "x-kvfleet-drop-reason"
-
-
-@dataclass(slots=True, frozen=True)
-class _Flow:
-    """One request's flow-control standing: its band, tenant weight, the `priority` the
-    engine gets, and its metric labels."""
-
-    band: int
-    weight: float
-    engine_priority: int
-    label: str  # the tenant's metric label
-    band_label: str
 
 
 class Rejected(Exception):
@@ -74,6 +56,7 @@ class Dispatcher:
         self.feedback = feedback
         self._request_counters: dict[tuple[str, str], object] = {}
         self._labels = TenantLabels(core.cfg.flow_control.max_tenant_labels)
+        self.gate = FlowGate()  # seats and standings (flow/seats.py)
         self._zero_default_series()
 
     def _zero_default_series(self) -> None:
@@ -87,10 +70,11 @@ class Dispatcher:
             m.flow_rejected.labels(flow.band_label, flow.label, reason)
 
     def try_route(self, info: RequestInfo, role: str, policy: str | None,
-                  exclude: frozenset[str], allowed: frozenset[str] | None = None) -> Routed:
+                  exclude: frozenset[str], allowed: frozenset[str] | None = None,
+                  outranked: dict[str, int] | None = None) -> Routed:
         core, metrics = self.core, self.metrics
         t0 = time.perf_counter()
-        routed = core.route(info, role, time.monotonic(), policy, exclude, allowed)
+        routed = core.route(info, role, time.monotonic(), policy, exclude, allowed, outranked)
         e = routed.decision.endpoint
         if e is not None:
             core.start(routed)
@@ -105,7 +89,7 @@ class Dispatcher:
             counter.inc()  # type: ignore[attr-defined]
         return routed
 
-    def _reject(self, reason: str, flow: _Flow | None = None) -> Rejected:
+    def _reject(self, reason: str, flow: Flow | None = None) -> Rejected:
         """Refuse with OpenAI's error shape and `x-kvfleet-drop-reason`: 503 when no
         endpoint is ready (none configured, all starting or unhealthy), 499 when the client
         left while queued, else 429 with Retry-After (saturated past the TTL, queue full)."""
@@ -126,41 +110,42 @@ class Dispatcher:
         return Rejected(error_response(f"{what}; retry later", 429, code="saturated",
                                        headers=headers))
 
-    def _flow(self, info: RequestInfo) -> _Flow:
+    def _flow(self, info: RequestInfo) -> Flow:
         fc = self.core.cfg.flow_control
-        tenant_band, weight = tenant_share(fc, info.tenant)
-        band = request_band(tenant_band, info.priority)
         self._labels.max_labels = fc.max_tenant_labels
-        return _Flow(band, weight, engine_priority(tenant_band, info.priority),
-                     self._labels.label(info.tenant, fc), band_label(band))
+        return request_flow(fc, info.tenant, info.priority, self._labels.label(info.tenant, fc))
 
     def _route_now(self, info: RequestInfo, role: str, policy: str | None,
-                   exclude: frozenset[str], allowed: frozenset[str] | None) -> Routed | str:
-        """A decision, or why none: no-endpoint (none ready) or saturated (flow/saturation:
-        a stale scrape counts as saturated)."""
-        cfg = self.core.cfg
-        num_ready, free = admissible(self.core.registry.endpoints, role, time.monotonic(),
-                                     cfg.saturation, exclude, allowed)
-        if not num_ready:
-            return "no-endpoint"
-        if not free:
+                   exclude: frozenset[str], allowed: frozenset[str] | None,
+                   flow: Flow, outranking_only: bool = False) -> Routed | str:
+        """A decision, or why none (flow/gate.py: no-endpoint when none is ready, saturated
+        when all are for this request; a stale scrape counts as saturated, seats the
+        request outranks do not). `outranking_only`: it may pass the queue only there."""
+        core = self.core
+        got = self.gate.candidates(flow, core.registry.endpoints, role, time.monotonic(),
+                                   core.cfg.saturation, exclude, allowed, outranking_only)
+        if isinstance(got, str):
+            return got
+        free, outranked = got
+        routed = self.try_route(info, role, policy, exclude, free, outranked)
+        e = routed.decision.endpoint
+        if e is None:
             return "saturated"
-        routed = self.try_route(info, role, policy, exclude, free)
-        if routed.decision.endpoint is None:
-            return "saturated"
+        routed.seat = self.gate.take(flow, e, time.monotonic())
         return routed
 
-    def _dispatched(self, info: RequestInfo, flow: _Flow, routed: Routed) -> Routed:
+    def _dispatched(self, info: RequestInfo, flow: Flow, routed: Routed) -> Routed:
         tokens = info.estimated_prompt_tokens(self.core.cfg.prefix.chars_per_token) \
             + info.max_tokens
         self.queue.charge(info.tenant, tokens)
+        self.gate.charge(info.tenant, tokens, time.monotonic())
         self.metrics.flow_dispatched.labels(flow.band_label, flow.label).inc()
         return routed
 
     async def acquire(self, info: RequestInfo, role: str, policy: str | None,
                       exclude: frozenset[str], allowed: frozenset[str] | None = None,
                       is_gone: Callable[[], bool] | None = None,
-                      flow: _Flow | None = None) -> Routed:
+                      flow: Flow | None = None) -> Routed:
         """Route now, or wait in the bounded fair queue (flow/) until dispatched or its TTL
         (`queue.timeout_s`) passes; raises Rejected. `allowed` narrows the candidates
         (RouterCore.route; the HTTP front never sets it); `is_gone()` says the client left
@@ -170,10 +155,13 @@ class Dispatcher:
         flow = flow or self._flow(info)
         now = time.monotonic()
         reason = "saturated"
-        if queue.would_lead(flow.band) or exclude:  # never overtake the ones waiting
-            got = self._route_now(info, role, policy, exclude, allowed)
-            if not isinstance(got, str):
-                return self._dispatched(info, flow, got)
+        # Never overtake the ones waiting, except on seats it outranks (flow/seats.py: a
+        # tenant under its share passes the flood's queue as it passes the flood's seats).
+        leads = queue.would_lead(flow.band) or bool(exclude)
+        got = self._route_now(info, role, policy, exclude, allowed, flow, not leads)
+        if not isinstance(got, str):
+            return self._dispatched(info, flow, got)
+        if leads:
             reason = got
             if exclude and reason == "no-endpoint":
                 raise self._reject("no-endpoint", flow)  # a retry with nowhere else to go
@@ -207,7 +195,7 @@ class Dispatcher:
                 if fut.done():
                     fut = queue.rearm(fut)
                 if queue.is_head(fut):
-                    got = self._route_now(info, role, policy, exclude, allowed)
+                    got = self._route_now(info, role, policy, exclude, allowed, flow)
                     if not isinstance(got, str):
                         self.metrics.flow_queue_seconds.labels(
                             flow.band_label, flow.label).observe(time.monotonic() - now)
@@ -216,7 +204,10 @@ class Dispatcher:
         finally:
             queue.leave(fut)
 
-    def release(self, e: EndpointState) -> None:
+    def release(self, e: EndpointState, seat: Seat | None = None) -> None:
+        """The exchange on `e` ended; `seat`: the one `acquire` took (Routed.seat)."""
+        if seat is not None:
+            self.gate.give_back(seat)
         self.core.finish(e)
         self.queue.wake()
 
@@ -234,22 +225,25 @@ class Dispatcher:
         return json.dumps(with_kv_transfer_params(info.body, hint)).encode()
 
     def with_priority(self, body: bytes, info: RequestInfo, e: EndpointState,
-                      flow: _Flow | None = None) -> bytes:
-        """The body with the request's effective priority (`flow.tenants.engine_priority`:
-        its tenant's band, or its own lower one) as `priority`, for engines that order and
-        preempt by it; vLLM only with `forward_priority_to_vllm`. Untouched (no copy) when
-        the body already says so, which is the default tenant's common case."""
+                      seat: Seat | None = None) -> bytes:
+        """The body with the request's standing on `e` (`seat`, flow/seats.py: twice its
+        tenant's band or its own lower priority, less one while its tenant is under its
+        share there) as `priority`, for engines that order and preempt by it; vLLM only
+        with `forward_priority_to_vllm`. Untouched (no copy) when the body already says
+        so, which is the default tenant's common case. Without a seat: the standing of a
+        tenant not under its share."""
         fc = self.core.cfg.flow_control
         if not fc.forward_priority or (e.engine == "vllm" and not fc.forward_priority_to_vllm):
             return body
-        want = (flow or self._flow(info)).engine_priority
+        want = seat.standing if seat is not None else \
+            standing(self._flow(info).engine_priority, False)
         if info.body.get("priority", 0) == want:
             return body
         data = json.loads(body)  # the body as forwarded (a peer hint may be in it)
         data["priority"] = want
         return json.dumps(data).encode()
 
-    def _on_outcome(self, e: EndpointState, routed: Routed, info: RequestInfo, flow: _Flow,
+    def _on_outcome(self, e: EndpointState, routed: Routed, info: RequestInfo, flow: Flow,
                     outcome: Outcome) -> None:
         self.feedback.exchange_done(e, routed, outcome, time.monotonic())
         # What the tenant was served: the prompt, and the output actually streamed (else
@@ -258,6 +252,7 @@ class Dispatcher:
             else info.max_tokens
         if output < info.max_tokens:
             self.queue.charge(info.tenant, output - info.max_tokens)
+            self.gate.charge(info.tenant, output - info.max_tokens, time.monotonic())
         self.metrics.flow_tokens.labels(flow.band_label, flow.label).inc(
             info.estimated_prompt_tokens(self.core.cfg.prefix.chars_per_token) + output)
 
@@ -285,7 +280,7 @@ class Dispatcher:
             assert e is not None
             try:
                 body = self.with_priority(self.with_peer_hint(raw, info, routed, role), info, e,
-                                          flow)
+                                          routed.seat)
                 return await self.forwarder.forward(
                     request, e, body, functools.partial(self._on_outcome, e, routed, info, flow),
                     headers)
@@ -296,7 +291,7 @@ class Dispatcher:
                 if attempt + 1 < attempts:
                     self.metrics.retries.inc()
             finally:
-                self.release(e)
+                self.release(e, routed.seat)
         assert last is not None
         return error_response(f"upstream failed: {last}", last.status, code="upstream_error")
 

@@ -101,7 +101,7 @@ class Disaggregator:
             if step.kv is not None:
                 raw = json.dumps(with_kv_transfer_params(info.body, step.kv)).encode()
         except BaseException:
-            self.dispatcher.release(decode.decision.endpoint)  # type: ignore[arg-type]
+            self.dispatcher.release(decode.decision.endpoint, decode.seat)  # type: ignore[arg-type]
             raise
         return await self.dispatcher.serve(request, raw, info, plan.role, policy, first=decode,
                                            headers=headers)

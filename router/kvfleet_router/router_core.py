@@ -33,6 +33,7 @@ from kvfleet_engine.contract.peer_prefix import peer_prefix_hint
 
 from kvfleet_router.config import RouterConfig
 from kvfleet_router.endpoint import EndpointState
+from kvfleet_router.flow.seats import Seat
 from kvfleet_router.peer_hint import (
     NO_PEER,
     NOT_ELIGIBLE,
@@ -61,6 +62,7 @@ class Routed:
     # block size -> (router chain of the prompt's token blocks, endpoint -> leading blocks)
     precise: dict[int, tuple[list[int], dict[str, int]]] = field(default_factory=dict)
     num_hinted_blocks: int = 0  # blocks named in an attached peer hint
+    seat: Seat | None = None  # the dispatcher's record of the seat taken (flow/seats.py)
 
     @property
     def matched_fraction(self) -> float:
@@ -129,9 +131,11 @@ class RouterCore:
 
     def route(self, info: RequestInfo, role: str, now: float, policy_name: str | None = None,
               exclude: frozenset[str] = frozenset(),
-              allowed: frozenset[str] | None = None) -> Routed:
+              allowed: frozenset[str] | None = None,
+              outranked: dict[str, int] | None = None) -> Routed:
         """`exclude`: endpoints already tried; `allowed`: only these may serve (a gateway's
-        subset hint), None for any."""
+        subset hint), None for any; `outranked`: endpoint -> seats the request outranks
+        (RouteContext.outranked)."""
         name = policy_name or self.cfg.policy.name
         policy = self.policies[name]
         endpoints = self.registry.endpoints
@@ -142,7 +146,8 @@ class RouterCore:
         ctx = RouteContext(request=info, role=role, now=now, rng=self.rng,
                            num_prompt_tokens=info.estimated_prompt_tokens(
                                self.cfg.prefix.chars_per_token),
-                           slo_ttft_s=info.slo_ttft_s, slo_tpot_s=info.slo_tpot_s)
+                           slo_ttft_s=info.slo_ttft_s, slo_tpot_s=info.slo_tpot_s,
+                           outranked=outranked or {})
         by_size: dict[int, tuple[list[int], dict[str, int]]] = {}
         ctx.prefix_fraction = self.prefix_fractions(info, hashes, endpoints, by_size)
         if self.cfg.kv_sharing.enabled and by_size and policy.scores_prefix:

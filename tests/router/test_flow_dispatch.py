@@ -172,10 +172,10 @@ def test_band_bound_answers_429_queue_full():
 
 @pytest.mark.parametrize("tenant_band, priority, engine, forwarded", [
     ("standard", 0, "builtin", None),   # nothing to say: the body is forwarded untouched
-    ("critical", 0, "builtin", -1),
+    ("critical", 0, "builtin", -2),     # twice the band (seats.standing), not under share
     ("critical", 0, "vllm", None),      # vLLM only with forward_priority_to_vllm
     ("standard", -5, "unknown", 0),     # no request lifts itself above its tenant's band
-    ("standard", 3, "builtin", 3),      # but may go lower
+    ("standard", 3, "builtin", 6),      # but may go lower
 ])
 def test_priority_forwarded_to_the_engine(tenant_band, priority, engine, forwarded):
     d, _, _, _ = _dispatcher({"flow_control": {"tenants": {"t": {"band": tenant_band}}}})
@@ -189,3 +189,93 @@ def test_priority_forwarded_to_the_engine(tenant_band, priority, engine, forward
         assert out is raw
     else:
         assert json.loads(out)["priority"] == forwarded
+
+
+# --- seats past the cap (flow/seats.py): the engine preempts for a tenant under its share ---
+
+def _cap(n: int) -> dict:
+    return {**EP, "capacity": n}
+
+
+async def test_a_tenant_under_its_share_passes_a_cap_the_flood_holds():
+    d, core, queue, _ = _dispatcher({"endpoints": [_cap(2)], "queue": {"timeout_s": 10}})
+    e = core.registry.endpoints[0]
+    flood = [await d.acquire(_info("flood"), "unified", None, frozenset()) for _ in range(2)]
+    assert e.num_in_flight == 2 and [r.seat.standing for r in flood] == [0, 0]
+    queued = asyncio.create_task(d.acquire(_info("flood"), "unified", None, frozenset()))
+    await asyncio.sleep(0.05)
+    assert len(queue) == 1  # the flood's third waits at the cap
+    quiet = await asyncio.wait_for(d.acquire(_info("quiet"), "unified", None, frozenset()), 1)
+    assert quiet.seat.standing == -1 and e.num_in_flight == 3  # past the cap, lifted
+    raw = json.dumps({"prompt": "hello"}).encode()
+    assert json.loads(d.with_priority(raw, _info("quiet"), e, quiet.seat))["priority"] == -1
+    # at its share (1 of 2) it is no longer lifted: its second waits like anyone else
+    second = asyncio.create_task(d.acquire(_info("quiet"), "unified", None, frozenset()))
+    await asyncio.sleep(0.1)
+    assert not second.done() and e.num_in_flight == 3
+    for r in [*flood, quiet]:
+        d.release(e, r.seat)
+    await asyncio.wait_for(asyncio.gather(queued, second), 2)
+    assert e.num_in_flight == 2
+
+
+async def test_one_tenant_alone_never_passes_the_cap():
+    d, core, queue, _ = _dispatcher({"endpoints": [_cap(2)], "queue": {"timeout_s": 10}})
+    e = core.registry.endpoints[0]
+    held = [await d.acquire(_info("a"), "unified", None, frozenset()) for _ in range(2)]
+    d.release(e, held[0].seat)
+    held[1:] += [await d.acquire(_info("a"), "unified", None, frozenset())]
+    third = asyncio.create_task(d.acquire(_info("a"), "unified", None, frozenset()))
+    await asyncio.sleep(0.1)
+    assert not third.done() and e.num_in_flight == 2
+    d.release(e, held[1].seat)
+    await asyncio.wait_for(third, 1)
+    assert e.num_in_flight == 2
+
+
+async def test_critical_passes_a_cap_full_of_sheddable_seats_but_not_critical_ones():
+    d, core, queue, _ = _dispatcher({
+        "endpoints": [_cap(1)], "queue": {"timeout_s": 10},
+        "flow_control": {"tenants": {"batch": {"band": "sheddable"},
+                                     "pager": {"band": "critical"}}}})
+    e = core.registry.endpoints[0]
+    batch = await d.acquire(_info("batch"), "unified", None, frozenset())
+    pager = await asyncio.wait_for(d.acquire(_info("pager"), "unified", None, frozenset()), 1)
+    assert (batch.seat.standing, pager.seat.standing) == (2, -2) and e.num_in_flight == 2
+    again = asyncio.create_task(d.acquire(_info("pager"), "unified", None, frozenset()))
+    await asyncio.sleep(0.1)
+    assert not again.done()  # a critical seat is not outranked by a critical request
+    d.release(e, pager.seat)
+    await asyncio.wait_for(again, 1)
+
+
+async def test_seats_the_dispatcher_cannot_see_count_against_everyone():
+    d, core, queue, _ = _dispatcher({"endpoints": [_cap(1)], "queue": {"timeout_s": 0.2},
+                                     "flow_control": {"tenants": {"pager": {
+                                         "band": "critical"}}}})
+    core.registry.endpoints[0].num_in_flight = 1  # e.g. a P/D prefill leg: no seat
+    with pytest.raises(Rejected):
+        await d.acquire(_info("pager"), "unified", None, frozenset())
+
+
+async def test_a_tenant_under_its_seat_share_passes_the_flood_queue_whatever_its_service():
+    """The queue would put it behind the flood's head (more attained service, e.g. two
+    requests close together), but on seats it outranks it does not wait for the flood."""
+    d, core, queue, _ = _dispatcher({"endpoints": [_cap(4)], "queue": {"timeout_s": 10}})
+    e = core.registry.endpoints[0]
+    flood = [await d.acquire(_info("flood"), "unified", None, frozenset()) for _ in range(3)]
+    first = await d.acquire(_info("quiet"), "unified", None, frozenset())
+    assert first.seat.standing == -1  # 0 of its 2 seats
+    queued = asyncio.create_task(d.acquire(_info("flood"), "unified", None, frozenset()))
+    await asyncio.sleep(0.05)
+    assert len(queue) == 1
+    queue.charge("quiet", 1e6)  # far more service than the flood: last in the queue's order
+    second = await asyncio.wait_for(d.acquire(_info("quiet"), "unified", None, frozenset()), 1)
+    assert second.seat.standing == -1 and e.num_in_flight == 5 and not queued.done()
+    # at its share (2 of 2) it outranks nothing: it waits in the queue like anyone else
+    third = asyncio.create_task(d.acquire(_info("quiet"), "unified", None, frozenset()))
+    await asyncio.sleep(0.1)
+    assert not third.done() and len(queue) == 2
+    for r in [*flood, first, second]:
+        d.release(e, r.seat)
+    await asyncio.wait_for(asyncio.gather(queued, third), 2)

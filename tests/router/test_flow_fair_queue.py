@@ -126,3 +126,20 @@ def test_service_decays_over_the_window():
     s = AttainedService(window_s=10.0)
     s.charge("a", 1000, 0.0)
     assert s.value("a", 10.0) == pytest.approx(1000 / 2.718281828, rel=1e-6)
+
+
+def test_a_newcomer_at_the_floor_goes_before_the_tenant_at_the_floor():
+    """The lift puts a newly backlogged tenant just below the band's least normalised
+    service: its first request is next, not behind the flood's queued ones."""
+    q = _queue(window_s=60.0)
+    q.service.charge("flood", 5000, 0.0)
+    for _ in range(3):
+        _push(q, "flood", 0.0)
+    _push(q, "quiet", 7.3)  # quiet never served: lifted to flood's (decayed) service
+    head = q.head(11.9)
+    assert head is not None and head.tenant == "quiet"
+    assert q.service.value("quiet", 7.3) == pytest.approx(q.service.value("flood", 7.3))
+    q.remove(head)
+    q.service.charge("quiet", 100, 11.9)
+    head = q.head(11.9)
+    assert head is not None and head.tenant == "flood"  # one request ahead, no more

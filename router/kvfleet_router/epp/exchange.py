@@ -268,7 +268,7 @@ class Exchange:
         if served == address(e.url):
             return
         p.feedback.failure(e, "connect", now)  # the gateway moved on to a fallback
-        p.dispatcher.release(e)
+        p.dispatcher.release(e, routed.seat)
         p.dispatcher.metrics.retries.inc()
         self.active = None
         alt = p.endpoint_at(served)
@@ -292,4 +292,4 @@ class Exchange:
                               is_client_gone=self.status == 0,
                               is_client_fault=self.status >= 400)
             p.feedback.exchange_done(e, routed, outcome, now)
-        p.dispatcher.release(e)
+        p.dispatcher.release(e, routed.seat)

@@ -6,8 +6,9 @@
 2. Tenants inside a band: weighted least attained service. The next ticket is the head
    of the tenant with the least `service / weight` (`service.py`: input + output
    tokens, decayed), so backlogged tenants converge to served tokens in proportion to
-   their weights. A tenant that becomes backlogged starts at the band's least
-   normalised service among the backlogged ones (VTC's lift), so idling banks nothing.
+   their weights. A tenant that becomes backlogged starts just below the band's least
+   normalised service among the backlogged ones (VTC's lift, ties to the newcomer), so
+   idling banks nothing and a tenant that rarely queues is next, not behind the flood.
 3. Inside a tenant: (priority, deadline, arrival). The deadline is arrival + the
    request's TTFT SLO where it gives one, else arrival + the queue TTL, so requests
    without SLOs are served first come, first served and SLOs give earliest deadline.
@@ -24,6 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvfleet_router.flow.service import AttainedService
+
+# A lifted newcomer sits this far below the floor, so that it is ahead of the tenant at
+# the floor whatever the rounding of the two decayed values (equal up to ~1e-15).
+_JUST_BELOW = 1.0 - 1e-9
 
 
 class QueueFull(Exception):
@@ -87,7 +92,7 @@ class FairQueue:
             if q.tenants:
                 floor = min(self.service.value(name, now) / h[0][1].weight
                             for name, h in q.tenants.items())
-                self.service.lift(t.tenant, floor * t.weight, now)
+                self.service.lift(t.tenant, floor * t.weight * _JUST_BELOW, now)
             heap = q.tenants[t.tenant] = []
         heapq.heappush(heap, (t.key(), t))
         q.num_tickets += 1

@@ -10,11 +10,33 @@ its tenant's own requests.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kvfleet_router.config import BAND_VALUES, FlowControlConfig, band_value
 
 SHEDDABLE = BAND_VALUES["sheddable"]
 OTHER = "other"
 _NAMES = {v: k for k, v in BAND_VALUES.items()}
+
+
+@dataclass(slots=True, frozen=True)
+class Flow:
+    """One request's flow-control standing: its tenant, band, tenant weight, the base of
+    the `priority` its engine gets (`engine_priority`), and its metric labels."""
+
+    tenant: str
+    band: int
+    weight: float
+    engine_priority: int
+    label: str  # the tenant's metric label
+    band_label: str
+
+
+def request_flow(cfg: FlowControlConfig, tenant: str, priority: int, label: str) -> Flow:
+    tenant_band, weight = tenant_share(cfg, tenant)
+    band = request_band(tenant_band, priority)
+    return Flow(tenant, band, weight, engine_priority(tenant_band, priority), label,
+                band_label(band))
 
 
 def tenant_share(cfg: FlowControlConfig, tenant: str) -> tuple[int, float]:
@@ -31,8 +53,10 @@ def request_band(tenant_band: int, priority: int) -> int:
 
 
 def engine_priority(tenant_band: int, priority: int) -> int:
-    """The `priority` the engine gets (lower runs first): the tenant's band, or the
-    request's own positive priority when that is lower still. No request promotes itself."""
+    """The base of the `priority` the engine gets (lower runs first): the tenant's band,
+    or the request's own positive priority when that is lower still. No request promotes
+    itself. The engine gets the request's standing on its endpoint (`seats.standing`:
+    twice this, less one while the tenant is under its share there)."""
     return max(tenant_band, priority) if priority > 0 else tenant_band
 
 

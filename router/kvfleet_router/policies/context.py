@@ -43,6 +43,9 @@ class RouteContext:
     # SLO targets the request carries (x-kvfleet-slo-ttft-ms / -tpot-ms); None: config's
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
+    # endpoint -> seats there the request outranks (flow/seats.py: the engine preempts one
+    # of them for it), which the saturation filter does not count; empty outside flow control
+    outranked: dict[str, int] = field(default_factory=dict)
     now: float = 0.0
     rng: random.Random = field(default_factory=random.Random)
     # Filled in by Policy.choose for the chosen endpoint, read back by the learning hook

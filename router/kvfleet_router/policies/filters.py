@@ -9,7 +9,9 @@ Each factory takes the RouterConfig and returns `f(endpoints, ctx) -> endpoints`
 * model:        keep e if e.models is empty or ctx.request.model is None or in e.models.
 * saturation:   drop e if in_flight >= capacity, or engine waiting >= max_waiting (when > 0,
                 fresh scrape only), or KV usage >= max_kv_usage (fresh scrape only; at the
-                limit is saturated, so even max_kv_usage 1.0 drops a full endpoint).
+                limit is saturated, so even max_kv_usage 1.0 drops a full endpoint). Seats
+                the request outranks (ctx.outranked, flow/seats.py) are not counted, and
+                with any the engine's signals do not drop e: it preempts one for it.
 * bounded-load: consistent hashing with bounded loads, capacity-relative: keep e if
                 q_e + 1 <= ceil(load_factor * (Q + 1) * capacity_e / C), q = queue depth
                 (in-flight + foreign load), Q and C their sums over the candidates; none
@@ -71,10 +73,22 @@ def is_saturated(e: EndpointState, max_waiting: int, max_kv_usage: float) -> boo
     return e.signals.kv_usage >= max_kv_usage
 
 
+def _is_full_outranking(e: EndpointState, outranked: int, max_waiting: int,
+                        max_kv_usage: float) -> bool:
+    if not outranked:
+        return e.num_in_flight >= e.capacity or (
+            e.is_signals_fresh and is_saturated(e, max_waiting, max_kv_usage))
+    return e.num_in_flight - outranked >= e.capacity
+
+
 def saturation(cfg: RouterConfig) -> Filter:
     max_waiting, max_kv = cfg.saturation.max_waiting, cfg.saturation.max_kv_usage
 
     def keep(eps: list[EndpointState], ctx: RouteContext) -> list[EndpointState]:
+        outranked = ctx.outranked
+        if outranked:
+            return [e for e in eps if not _is_full_outranking(e, outranked.get(e.name, 0),
+                                                              max_waiting, max_kv)]
         return [e for e in eps if not (e.num_in_flight >= e.capacity or (
             e.is_signals_fresh and is_saturated(e, max_waiting, max_kv)))]  # fmt: skip
 
