@@ -6,6 +6,10 @@ conversation trace (JSONL with `hash_ids`), sliced, time-scaled and rate-multipl
 * Slicing: requests arriving in [start_s, start_s + duration_s) of the trace's own time.
 * `compress`: arrival times (relative to the slice start) are divided by it, so
   compress 4 replays ten minutes in 150 s at four times the request rate.
+* Flow control: a Mooncake row may carry `tenant` (a non-empty string, default
+  `default`, the router's default tenant) and `priority` (an integer, default 0, lower
+  first as in vLLM); the simulated router's flow control (issue 28) reads both, as the
+  live router reads `x-kvfleet-tenant` and `x-kvfleet-priority`. Copies keep them.
 * `rate`: multiplies the request count over the same span. Request i gets
   floor((i+1)·rate) − floor(i·rate) copies (exact and deterministic; rate < 1 thins),
   spread evenly up to the next arrival. A copy of a Mooncake request gets its own
@@ -24,6 +28,7 @@ requests get fresh ids of their own (those traces have no prefix sharing to mode
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import math
@@ -36,6 +41,8 @@ from pathlib import Path
 
 MOONCAKE_BLOCK_TOKENS = 512
 MAX_RATE = 1000.0
+DEFAULT_TENANT = "default"  # the router's flow_control.default_tenant
+MAX_TENANT_CHARS = 128
 _AZURE_ID_BASE = 1 << 40  # synthetic hash ids for Azure requests, clear of Mooncake's
 
 
@@ -53,11 +60,24 @@ class TraceRequest:
     # fake backends (one hash id = 512 characters of text, 512 bytes to the router's
     # prefix index) gives 64: 64 token ids, which the router packs 8 bytes each.
     block_tokens: int = MOONCAKE_BLOCK_TOKENS
+    tenant: str = DEFAULT_TENANT  # who asks (flow control's tenant)
+    priority: int = 0  # the request's own priority, lower first (vLLM's convention)
 
     def __post_init__(self) -> None:
         if not 1 <= self.block_tokens <= MOONCAKE_BLOCK_TOKENS:
             raise TraceError(f"block_tokens must be in 1..{MOONCAKE_BLOCK_TOKENS}, "
                              f"got {self.block_tokens}")
+        if problem := flow_fields_problem(self.tenant, self.priority):
+            raise TraceError(problem)
+
+
+def flow_fields_problem(tenant: object, priority: object) -> str | None:
+    """Why a request's `tenant` / `priority` cannot be used, or None when they can."""
+    if not isinstance(tenant, str) or not 1 <= len(tenant) <= MAX_TENANT_CHARS:
+        return f"tenant must be a string of 1..{MAX_TENANT_CHARS} characters, got {tenant!r}"
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        return f"priority must be an integer, got {priority!r}"
+    return None
 
 
 def _check_scaling(start_s: float, duration_s: float, compress: float) -> None:
@@ -108,9 +128,27 @@ def load_azure_csv(
     return out
 
 
+@dataclass(slots=True, frozen=True)
+class MooncakeRow:
+    line: int
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+    tenant: str = DEFAULT_TENANT
+    priority: int = 0
+
+
 def mooncake_rows(path: str | Path) -> Iterator[tuple[int, float, int, int, tuple[int, ...]]]:
-    """(line number, timestamp ms, input_length, output_length, hash_ids) per row, checked:
-    a row that is not one JSON object with those fields raises TraceError naming its line."""
+    """(line number, timestamp ms, input_length, output_length, hash_ids) per row, checked
+    as `mooncake_records` checks them."""
+    for r in mooncake_records(path):
+        yield r.line, r.timestamp_ms, r.input_length, r.output_length, r.hash_ids
+
+
+def mooncake_records(path: str | Path) -> Iterator[MooncakeRow]:
+    """One `MooncakeRow` per row, checked: a row that is not one JSON object with those
+    fields raises TraceError naming its line (and, for a bad `tenant` or `priority`, why)."""
     try:
         with open(path, encoding="utf-8") as fh:
             for i, line in enumerate(fh, start=1):
@@ -127,7 +165,10 @@ def mooncake_rows(path: str | Path) -> Iterator[tuple[int, float, int, int, tupl
                     ok = False
                 if not ok:
                     raise TraceError(f"{path}:{i}: malformed Mooncake row {line.strip()[:80]!r}")
-                yield i, ts, n_in, n_out, ids
+                tenant, priority = row.get("tenant", DEFAULT_TENANT), row.get("priority", 0)
+                if problem := flow_fields_problem(tenant, priority):
+                    raise TraceError(f"{path}:{i}: {problem}")
+                yield MooncakeRow(i, ts, n_in, n_out, ids, tenant, priority)
     except (OSError, UnicodeDecodeError) as exc:
         raise TraceError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
 
@@ -135,15 +176,18 @@ def mooncake_rows(path: str | Path) -> Iterator[tuple[int, float, int, int, tupl
 def load_mooncake(
     path: str | Path, start_s: float = 0.0, duration_s: float = 3600.0, compress: float = 1.0
 ) -> list[TraceRequest]:
-    """Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`."""
+    """Mooncake JSONL: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`, and
+    optionally `tenant` and `priority` (flow control)."""
     _check_scaling(start_s, duration_s, compress)
     out: list[TraceRequest] = []
     t0: float | None = None
-    for _, ts, n_in, n_out, ids in mooncake_rows(path):
+    for row in mooncake_records(path):
+        ts = row.timestamp_ms
         t0 = ts if t0 is None else t0
         t = (ts - t0) / 1000.0 - start_s
         if 0 <= t < duration_s:
-            out.append(TraceRequest(t / compress, n_in, n_out, ids))
+            out.append(TraceRequest(t / compress, row.input_length, row.output_length,
+                                    row.hash_ids, tenant=row.tenant, priority=row.priority))
     if t0 is None:
         raise TraceError(f"{path}: no requests in the file")
     if not out:
@@ -165,8 +209,7 @@ def multiply_rate(reqs: list[TraceRequest], rate: float) -> list[TraceRequest]:
         gap = (reqs[i + 1].t - r.t) if i + 1 < len(reqs) else 0.0
         for c in range(n):
             ids = tuple(h + c * stride for h in r.hash_ids) if c and r.hash_ids else r.hash_ids
-            out.append(TraceRequest(r.t + gap * c / n, r.num_prompt_tokens,
-                                    r.num_output_tokens, ids))  # fmt: skip
+            out.append(dataclasses.replace(r, t=r.t + gap * c / n, hash_ids=ids))
     if not out:
         raise TraceError(f"rate multiplier {rate:g} leaves no requests")
     return out
