@@ -139,7 +139,8 @@ class FakeBackendEngine:
 
     def add_request(self, request_id: str, prompt: list[int], params: Any,
                     arrival_time: float | None = None, hold_kv: bool = False,
-                    preloaded_kv: Any = None, prefix_kv: Any = None) -> PrefixInstall:
+                    preloaded_kv: Any = None, prefix_kv: Any = None,
+                    priority: int = 0) -> PrefixInstall:  # a fake backend ignores priority
         if hold_kv or preloaded_kv is not None or prefix_kv is not None:
             raise ValueError("the fake backend serves unified requests only (no P/D, no "
                              "peer prefix fetch)")

@@ -20,8 +20,23 @@ What is real and what is simulated:
   (zero latency: KV events arrive at
   the end of the step that made them; `client_latency_s`, default 0, is the client's fixed
   cost per request, its hops through the router, added to the reported first-token and
-  finish times), and the router's hold queue (unbounded and FIFO
-  here; the real router answers 429 after its queue timeout).
+  finish times).
+
+Flow control is the router's own: each arrival is admitted as the dispatcher's `acquire`
+admits it, through the same pure pieces (`kvfleet_router.flow`): its `Flow` (tenant, band,
+weight) from the pushed `flow_control`; tried at once when nothing of its band or better is
+queued (`FairQueue.would_lead`), else only on endpoints where it outranks seats; the
+`FlowGate` gives the endpoints not saturated for it, the routing core picks among them, and
+the gate seats it there (the engine gets the seat's standing as `priority`, so the real
+scheduler orders and preempts by it, as a live kvfleet engine does). What cannot go now
+waits in the bounded `FairQueue` (bands, weighted least attained service between tenants,
+FCFS inside one); only its head is retried (on every request end, scrape, tick and config
+push); one that waits past `queue.timeout_s` is refused (`saturated`, or `no-endpoint`
+when none was ready), as is one that finds the queue full (`queue-full`). A refused request
+counts as failed. A tenant is charged its prompt plus `max_tokens` at dispatch and refunded
+the output it did not get when the request ends. A trace without tenants is one tenant in
+one band: first come, first served, as before flow control. P/D pools admit the decode
+leg this way (the prefill leg is routed after it, seatless, at priority 0, as pd.py does).
 
 Events run in time order: arrivals, replica steps (each replica on its own clock), the
 router's scrapes of its endpoints every `scrape_interval_s`, control-loop ticks every
@@ -51,6 +66,7 @@ from kvfleet_operator.loop.ports import Saved
 from kvfleet_operator.loop.state import LoopState
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.endpoint import Signals as EndpointSignals
+from kvfleet_router.flow.fair_queue import QueueFull, Ticket
 from kvfleet_router.pd_plan import PDPlan, Planner, RoutePrefill, RunPrefill, Step, peer_hint
 from kvfleet_router.policies.guard import imbalance_ratio
 from kvfleet_router.proxy import Outcome
@@ -134,6 +150,10 @@ class SimResult:
     peer: PeerStats | None = None  # routing.kvSharing: hints and fetches, measured
     # the router's perf model, measured: ((sum |err|/actual, n) for TTFT, the same for TPOT)
     perf_error: tuple[tuple[float, int], tuple[float, int]] = ((0.0, 0), (0.0, 0))
+    # flow control: request id -> its tenant, for requests not of the default tenant
+    tenants: dict[str, str] = field(default_factory=dict)
+    # requests the router refused (they are in `finished`, aborted), by reason
+    refusals: dict[str, int] = field(default_factory=dict)
 
 
 def engine_config(pool: InferencePool) -> EngineConfig:
@@ -189,6 +209,9 @@ class FleetSim:
         self.role_timeline: list[tuple[float, dict[str, int]]] = []
         self.imbalance: list[tuple[float, float]] = []
         self.serving: dict[str, EndpointState] = {}  # request id -> the endpoint it holds
+        self.seated: dict[str, HeldRequest] = {}  # request id -> a dispatched request
+        self.tenants: dict[str, str] = {}  # request id -> tenant (default tenant omitted)
+        self.refusals: dict[str, int] = {}
         self.routed: dict[str, Routed] = {}  # request id -> its routing decision (feedback)
         self.prefix_at_start: tuple[int, int] | None = None  # engines' counters at warm-up end
         self.perf_at_start: tuple[tuple[float, int], tuple[float, int]] | None = None
@@ -247,8 +270,11 @@ class FleetSim:
                 prompt = prompt_tokens(req, i, limit)
                 if progress is not None and not i & 255:
                     progress(i)
-                self.router.held.append(HeldRequest(f"q{i}", prompt, req.num_output_tokens, t))
-                self.dispatch(t)
+                h = HeldRequest(f"q{i}", prompt, req.num_output_tokens, t, req.tenant,
+                                req.priority)
+                if req.tenant != "default":
+                    self.tenants[h.request_id] = req.tenant
+                self.arrive(h, t)
                 i += 1
                 continue
             t, _, kind, name = heapq.heappop(self.heap)
@@ -270,6 +296,8 @@ class FleetSim:
                 self.peer_answers(name, t)
             elif kind == "fetched":
                 self.fetch_done(name, t)
+            elif kind == "expire":
+                self.expire(name, t)
             elif kind == "kill":
                 for f in self.runtime.kill(name):
                     if f.request_id.startswith("p:"):
@@ -303,7 +331,8 @@ class FleetSim:
                          end, len(scale), num_clipped, scale, self.imbalance,
                          (queried - q0, hit - h0), self.router.core.prefix_hit_ratio, roles,
                          self.role_timeline, self.num_prefill_legs, self.peer_stats(),
-                         ((ta - ta0, tn - tn0), (pa - pa0, pn - pn0)))
+                         ((ta - ta0, tn - tn0), (pa - pa0, pn - pn0)), dict(self.tenants),
+                         dict(self.refusals))
 
     def perf_error(self) -> tuple[tuple[float, int], tuple[float, int]]:
         """The router's perf-model error trackers summed over its endpoints so far."""
@@ -345,44 +374,111 @@ class FleetSim:
 
     # --- data plane ---
 
-    def dispatch(self, t: float) -> None:
-        """Route held requests in arrival order through the router core; stop at the first
-        one it cannot place (no endpoint, or all saturated): it waits at the queue's head.
-        Each request follows the router's own plan (`kvfleet_router.pd_plan`, as pd.py
-        does): in a disaggregated pool decode first, then a prefill leg when the decider
-        wants one and a prefill endpoint is free; in a unified one, the peer hint."""
-        held = self.router.held
-        if not held:
+    def arrive(self, h: HeldRequest, t: float) -> None:
+        """A request reaches the router: the dispatcher's `acquire` up to the queue. It is
+        tried at once when it would lead the queue (nothing of its band or better waits),
+        else only where it outranks seats; failing that it queues, with its TTL."""
+        r = self.router
+        h.flow = flow = r.flow(h.tenant, h.priority)
+        leads = r.queue.would_lead(flow.band)
+        got = self.place(h, t, outranking_only=not leads)
+        if got is None:
             return
-        model = self.spec.model.api_name
-        num_routed = 0
-        for h in held:
-            info = RequestInfo(model=model, prompt_token_ids=h.prompt, max_tokens=h.num_output)
-            plan: PDPlan[PreloadedKV] = PDPlan(self.planner, info)
-            routed, ep = self.route_leg(info, plan.role, t)
-            if ep is None:
-                break
-            num_routed += 1
-            self.serving[h.request_id] = ep
-            self.routed[h.request_id] = routed
-            step: Step[PreloadedKV] = plan.chosen(routed)
-            if isinstance(step, RoutePrefill):
-                step = plan.prefill_routed(self.route_leg(info, "prefill", t)[0])
-            if isinstance(step, RunPrefill):
-                self.num_prefill_legs += 1
-                self.prefilling[h.request_id] = (h, step.endpoint, plan)
-                self.send(step.endpoint.name, "p:" + h.request_id, h, t, is_prefill=True)
-                continue
-            if self.start_fetch(routed, plan.role, ep, h, t):
-                continue
-            self.send(ep.name, h.request_id, h, t)
-        if num_routed:
-            del held[:num_routed]
+        if leads:
+            h.reason = got
+        timeout = r.core.cfg.queue.timeout_s
+        ticket = Ticket(tenant=h.tenant, band=flow.band, weight=flow.weight,
+                        priority=h.priority, deadline=t + timeout, seq=r.queue.next_seq(),
+                        enqueued_at=t)
+        try:
+            r.queue.push(ticket, t)
+        except QueueFull:
+            self.refuse(h, "queue-full", t)
+            return
+        h.ticket = ticket
+        r.held[h.request_id] = h
+        r.by_ticket[ticket] = h
+        self.push(t + timeout, "expire", h.request_id)
+        self.dispatch(t)
+
+    def dispatch(self, t: float) -> None:
+        """Retry the queue's head (the one flow control serves next) until one cannot be
+        placed (no endpoint, or all saturated for it): it stays at the head."""
+        r = self.router
+        while (ticket := r.queue.head(t)) is not None:
+            h = r.by_ticket[ticket]
+            got = self.place(h, t)
+            if got is not None:
+                h.reason = got
+                return
+            self.unqueue(h)
+
+    def unqueue(self, h: HeldRequest) -> None:
+        r = self.router
+        assert h.ticket is not None
+        r.queue.remove(h.ticket)
+        del r.by_ticket[h.ticket], r.held[h.request_id]
+        h.ticket = None
+
+    def expire(self, rid: str, t: float) -> None:
+        """A queued request's TTL passed: refused (429 saturated, or 503 no-endpoint)."""
+        h = self.router.held.get(rid)
+        if h is not None:
+            self.unqueue(h)
+            self.refuse(h, h.reason, t)
+
+    def refuse(self, h: HeldRequest, reason: str, t: float) -> None:
+        """The router answers 429/503 with `reason`: a failed request, never served."""
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+        self.finished.append(Finished(h.request_id, "router", h.arrival, t, t, 0, True))
+
+    def place(self, h: HeldRequest, t: float, outranking_only: bool = False) -> str | None:
+        """Dispatch `h` now, or say why not (no-endpoint, saturated): the dispatcher's
+        `_route_now` and `_dispatched` (FlowGate, then the routing core over the endpoints
+        not saturated for it), then the router's own plan (`kvfleet_router.pd_plan`, as
+        pd.py does): in a disaggregated pool decode first, then a prefill leg when the
+        decider wants one and a prefill endpoint is free; in a unified one, the peer hint."""
+        r, core = self.router, self.router.core
+        flow = h.flow
+        assert flow is not None
+        info = RequestInfo(model=self.spec.model.api_name, prompt_token_ids=h.prompt,
+                           max_tokens=h.num_output, tenant=h.tenant, priority=h.priority)
+        plan: PDPlan[PreloadedKV] = PDPlan(self.planner, info)
+        got = r.gate.candidates(flow, core.registry.endpoints, plan.role, t, core.cfg.saturation,
+                                outranking_only=outranking_only)
+        if isinstance(got, str):
+            return got
+        free, outranked = got
+        routed = core.route(info, plan.role, t, None, frozenset(), free, outranked)
+        ep = core.start(routed)
+        if ep is None:
+            return "saturated"
+        r.feedback.attempt(ep, t)
+        h.seat = r.gate.take(flow, ep, t)
+        tokens = info.estimated_prompt_tokens(core.cfg.prefix.chars_per_token) + info.max_tokens
+        h.num_charged_output = info.max_tokens
+        r.service.charge(h.tenant, tokens, t)
+        r.gate.charge(h.tenant, tokens, t)
+        self.serving[h.request_id] = ep
+        self.routed[h.request_id] = routed
+        self.seated[h.request_id] = h
+        step: Step[PreloadedKV] = plan.chosen(routed)
+        if isinstance(step, RoutePrefill):
+            step = plan.prefill_routed(self.route_leg(info, "prefill", t)[0])
+        if isinstance(step, RunPrefill):
+            self.num_prefill_legs += 1
+            self.prefilling[h.request_id] = (h, step.endpoint, plan)
+            self.send(step.endpoint.name, "p:" + h.request_id, h, t, is_prefill=True)
+            return None
+        if self.start_fetch(routed, plan.role, ep, h, t):
+            return None
+        self.send(ep.name, h.request_id, h, t)
+        return None
 
     def route_leg(self, info: RequestInfo, role: str, t: float
                   ) -> tuple[Routed, EndpointState | None]:  # fmt: skip
         """One routing decision, counted in flight and as an attempt (the dispatcher's
-        `try_route`); never waits."""
+        `try_route`); never waits. The P/D prefill leg's (seatless, as in pd.py)."""
         routed = self.router.core.route(info, role, t)
         ep = self.router.core.start(routed)
         if ep is not None:
@@ -441,9 +537,11 @@ class FleetSim:
         replica = self.runtime.by_name[name]
         num_output = 1 if is_prefill else min(h.num_output,
                                               self.config.max_model_len - len(h.prompt))
+        ep = self.serving.get(h.request_id)
+        priority = 0 if is_prefill or ep is None else self.router.engine_priority(ep, h.seat)
         installed = replica.add(request_id, h.prompt, num_output, h.arrival,
                                 hold_kv=is_prefill, preloaded_kv=preloaded,
-                                prefix_kv=prefix_kv)  # fmt: skip
+                                prefix_kv=prefix_kv, priority=priority)  # fmt: skip
         if not replica.is_stepping:
             replica.is_stepping = True
             self.push(max(t, replica.clock.now_s), "step", name)
@@ -485,9 +583,19 @@ class FleetSim:
     def release(self, request_id: str, done: Finished | None = None) -> None:
         """The exchange ended: the endpoint's in-flight count drops, and a completed one
         feeds the router's health feedback (breaker, latency/UCB/SLO learners) as the
-        dispatcher's `exchange_done` does; TTFT and total time count from the decision."""
+        dispatcher's `exchange_done` does; TTFT and total time count from the decision.
+        Flow control gets the seat back and refunds the output not served (`_on_outcome`)."""
         ep = self.serving.pop(request_id, None)
         routed = self.routed.pop(request_id, None)
+        h = self.seated.pop(request_id, None)
+        if h is not None:
+            r = self.router
+            if h.seat is not None:
+                r.gate.give_back(h.seat)
+            served = min(done.num_output_tokens, h.num_charged_output) if done else 0
+            if served < h.num_charged_output:
+                r.service.charge(h.tenant, served - h.num_charged_output, self.clock.t)
+                r.gate.charge(h.tenant, served - h.num_charged_output, self.clock.t)
         if ep is not None and routed is not None and done is not None and not done.is_aborted:
             now = routed.ctx.now
             outcome = Outcome(done.first_token - now, done.finished - now,

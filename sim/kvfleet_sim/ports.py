@@ -8,7 +8,11 @@ that `kvfleet up` runs, over these instead of processes and HTTP.
 - `SimRouter`: the router's own `RouterCore` (registry, prefix indexes, policies) behind
   its `ConfigStore`: `push` goes through `ConfigStore.push`, the code path of an admin PUT
   (versions only go up); its view is what `GET /admin/config` lists (retired endpoints
-  with in-flight requests included); held requests wait in it; its `HealthFeedback` learns
+  with in-flight requests included); held requests wait in its flow control, the router's
+  own pure pieces (`flow/`): the bounded `FairQueue` over `AttainedService` (bands, then
+  weighted least attained service between tenants, then FCFS inside a tenant) and the
+  `FlowGate` (seats, standings, saturation), sized from each pushed config's `queue` and
+  `flow_control` as the router's app sizes its `WaitQueue`; its `HealthFeedback` learns
   from every finished exchange, as the dispatcher's does; `perf_models` hands the
   autoscaler the perf-model fits a live router exports on /metrics.
 - `SimMetrics`: a replica's engine stats read directly (no network, never stale).
@@ -31,10 +35,15 @@ from kvfleet_operator.decide.role_signals import Scrape
 from kvfleet_operator.loop.events import Event
 from kvfleet_operator.loop.ports import EndpointView, Replica, RouterView, Saved
 from kvfleet_operator.loop.state import LoopState
-from kvfleet_router.config import RouterConfig
+from kvfleet_router.config import FlowControlConfig, RouterConfig
 from kvfleet_router.config_store import ConfigStore
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.feedback import HealthFeedback
+from kvfleet_router.flow.fair_queue import FairQueue, Ticket
+from kvfleet_router.flow.gate import FlowGate
+from kvfleet_router.flow.seats import Seat
+from kvfleet_router.flow.service import AttainedService
+from kvfleet_router.flow.tenants import Flow, TenantLabels, request_flow
 from kvfleet_router.metrics import RouterMetrics, perf_models
 from kvfleet_router.perf_model import RoleCoefficients
 from kvfleet_router.router_core import RouterCore
@@ -138,6 +147,15 @@ class HeldRequest:
     prompt: list[int]
     num_output: int
     arrival: float
+    tenant: str = "default"
+    priority: int = 0  # the request's own (the trace's), lower first
+    # set by flow control: its standing, its ticket while queued, why it waits (the
+    # reason it is refused with when its TTL passes), and its seat once dispatched
+    flow: Flow | None = None
+    ticket: Ticket | None = None
+    reason: str = "saturated"
+    seat: Seat | None = None
+    num_charged_output: int = 0  # output tokens charged at dispatch (max_tokens)
 
 
 class SimRouter:
@@ -152,7 +170,13 @@ class SimRouter:
         self.store = ConfigStore(self.core)
         metrics = RouterMetrics(lambda: self.core, lambda: len(self.held))
         self.feedback = HealthFeedback(metrics, lambda: self.core.cfg)
-        self.held: list[HeldRequest] = []
+        cfg = self.core.cfg
+        self.service = AttainedService(cfg.flow_control.service_window_s)
+        self.queue = FairQueue(cfg.queue.max_size, self.service, cfg.flow_control.band_bound)
+        self.gate = FlowGate()
+        self.labels = TenantLabels(cfg.flow_control.max_tenant_labels)
+        self.held: dict[str, HeldRequest] = {}  # request id -> a request in the queue
+        self.by_ticket: dict[Ticket, HeldRequest] = {}
         self.sees_held = sees_held  # whether the scaler is told about held requests
         self.prefix_mode = prefix_mode
         self.on_config: Callable[[], None] = lambda: None  # the fleet re-dispatches held ones
@@ -173,9 +197,33 @@ class SimRouter:
             config = {**config, "endpoints": [{**e, "prefix_mode": self.prefix_mode}
                                               for e in config.get("endpoints", [])]}
         await self.store.push(RouterConfig.from_dict(config))
+        self.configure()
         if self.after_push is not None:
             self.after_push(self.core)
         self.on_config()
+
+    def configure(self) -> None:
+        """What the router's app does on a push: the queue's bound, band bounds and service
+        window follow the config (app.py: `queue.max_size`, `WaitQueue.configure`)."""
+        cfg = self.core.cfg
+        self.queue.max_size = cfg.queue.max_size
+        self.queue.band_bound = cfg.flow_control.band_bound
+        self.service.window_s = cfg.flow_control.service_window_s
+
+    def flow(self, tenant: str, priority: int) -> Flow:
+        """A request's standing (the dispatcher's `_flow`)."""
+        fc: FlowControlConfig = self.core.cfg.flow_control
+        self.labels.max_labels = fc.max_tenant_labels
+        return request_flow(fc, tenant, priority, self.labels.label(tenant, fc))
+
+    def engine_priority(self, e: EndpointState, seat: Seat | None) -> int:
+        """The `priority` the engine behind `e` gets (the dispatcher's `with_priority`):
+        the seat's standing, where the config forwards priorities to that engine."""
+        fc = self.core.cfg.flow_control
+        if seat is None or not fc.forward_priority or (
+                e.engine == "vllm" and not fc.forward_priority_to_vllm):
+            return 0
+        return seat.standing
 
     async def view(self) -> RouterView | None:
         return RouterView(self.version, {

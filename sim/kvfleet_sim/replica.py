@@ -106,13 +106,15 @@ class SimReplica:
 
     def add(self, request_id: str, prompt: list[int], num_output: int, arrival: float,
             hold_kv: bool = False, preloaded_kv: PreloadedKV | None = None,
-            prefix_kv: PrefixKV | None = None) -> PrefixInstall:  # fmt: skip
+            prefix_kv: PrefixKV | None = None, priority: int = 0) -> PrefixInstall:  # fmt: skip
         """A request as the server would get it; `hold_kv` for a P/D prefill leg (the
         blocks stay until `release_held`), `preloaded_kv` for a decode leg, `prefix_kv`
-        for blocks fetched from a peer (what the engine installed comes back)."""
+        for blocks fetched from a peer (what the engine installed comes back); `priority`
+        the body's (lower first: the scheduler orders and preempts by it)."""
         params = SamplingParams(max_tokens=num_output, temperature=0.0, ignore_eos=True)
-        installed = self.engine.add_request(request_id, prompt, params, arrival_time=arrival,
-                                            hold_kv=hold_kv, preloaded_kv=preloaded_kv,
+        installed = self.engine.add_request(request_id, prompt, params, priority=priority,
+                                            arrival_time=arrival, hold_kv=hold_kv,
+                                            preloaded_kv=preloaded_kv,
                                             prefix_kv=prefix_kv)  # fmt: skip
         self._arrival[request_id] = arrival
         return installed
