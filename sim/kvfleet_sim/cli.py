@@ -27,7 +27,10 @@ bit-for-bit reproducible for a given seed. Prefill/decode pools take the router'
 path, with the KV hand-off over `--kv-gbytes-per-s` plus `--kv-latency-ms`; pools with
 `routing.kvSharing` fetch cached prefixes from peers over `--peer-gbytes-per-s` plus
 `--peer-latency-ms` when the router's hint says so (`peer_fetch.py`), and a second table
-splits the prefix tokens reused into local and fetched. Bad flags, an
+splits the prefix tokens reused into local and fetched. Mooncake rows may name a `tenant`
+and a `priority` (the router's flow control, `routing.flowControl`, schedules them); with
+more than one tenant a third table gives each tenant's requests, served, refused, TTFT
+and served tokens. Bad flags, an
 unreadable or malformed trace, an impossible rate or a pool the simulator cannot model end
 with one line on stderr and exit 2.
 """
@@ -245,6 +248,21 @@ def format_peer_table(summaries: list[Summary]) -> str:
     return "\n".join(rows)
 
 
+def format_tenant_table(summaries: list[Summary]) -> str:
+    """Per tenant, for the runs whose trace has more than one (`Summary.tenants`)."""
+    rows = ["| run | tenant | requests | served | refused | other failed "
+            "| TTFT p50 / p90 / p99 (ms) | served tokens |", "|" + "---|" * 8]
+    for s in summaries:
+        for name, t in (s.tenants or {}).items():
+            rows.append(
+                f"| {s.name} | {name} | {t['num_requests']} | {t['num_served']} "
+                f"| {t['num_refused']} | {t['num_failed']} "
+                f"| {_ms(t['ttft_p50_s'], t['ttft_p90_s'], t['ttft_p99_s'])} "
+                f"| {t['served_tokens']:,} |"
+            )
+    return "\n".join(rows)
+
+
 def args_json(args: argparse.Namespace, skip: tuple[str, ...]) -> dict[str, object]:
     """The flags for --json; the peer-link and oracle flags only when set (older JSON stays
     as it was)."""
@@ -388,6 +406,8 @@ def main(argv: list[str]) -> int:
     print(format_table(summaries, ttft_slo, itl_slo))
     if any(s.peer is not None for s in summaries):
         print(format_peer_table(summaries))
+    if any(s.tenants is not None for s in summaries):
+        print(format_tenant_table(summaries))
     for r in runs:
         if r.oracle is not None and r.oracle.misses:
             print(f"note: {r.name}: intervals {[k + 1 for k in r.oracle.misses]} stay under "

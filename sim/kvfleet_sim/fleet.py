@@ -89,6 +89,8 @@ from kvfleet_sim.replica import Finished, SimReplica
 from kvfleet_sim.scalers import SimScaler
 from kvfleet_sim.trace import TraceRequest, prompt_tokens
 
+REFUSED_BY = "router"  # Finished.replica of a request the router refused (flow control)
+
 
 class SimError(ValueError):
     """A pool or setting the simulator cannot run; one line for the CLI."""
@@ -430,7 +432,8 @@ class FleetSim:
     def refuse(self, h: HeldRequest, reason: str, t: float) -> None:
         """The router answers 429/503 with `reason`: a failed request, never served."""
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
-        self.finished.append(Finished(h.request_id, "router", h.arrival, t, t, 0, True))
+        self.finished.append(Finished(h.request_id, REFUSED_BY, h.arrival, t, t, 0, True,
+                                      refusal=reason))
 
     def place(self, h: HeldRequest, t: float, outranking_only: bool = False) -> str | None:
         """Dispatch `h` now, or say why not (no-endpoint, saturated): the dispatcher's

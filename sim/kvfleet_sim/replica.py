@@ -57,6 +57,8 @@ class Finished:
     finished: float
     num_output_tokens: int
     is_aborted: bool = False
+    num_prompt_tokens: int = 0  # the prompt it was sent with (0: never reached an engine)
+    refusal: str = ""  # why the router refused it (flow control's drop reason), if it did
 
 
 class SimReplica:
@@ -95,6 +97,7 @@ class SimReplica:
         self._arrival: dict[str, float] = {}
         self._first: dict[str, float] = {}
         self._last: dict[str, float] = {}
+        self._prompt_len: dict[str, int] = {}
 
     @property
     def address(self) -> str:
@@ -117,6 +120,7 @@ class SimReplica:
                                             preloaded_kv=preloaded_kv,
                                             prefix_kv=prefix_kv)  # fmt: skip
         self._arrival[request_id] = arrival
+        self._prompt_len[request_id] = len(prompt)
         return installed
 
     def handoff(self, request_id: str) -> PreloadedKV:
@@ -156,7 +160,8 @@ class SimReplica:
         arrival = self._arrival.pop(rid)
         first = self._first.pop(rid, end)
         self._last.pop(rid, None)
-        return Finished(rid, self.name, arrival, first, end, num_tokens, reason == "abort")
+        return Finished(rid, self.name, arrival, first, end, num_tokens, reason == "abort",
+                        self._prompt_len.pop(rid, 0))
 
     def abort_all(self, now: float) -> list[Finished]:
         """Drain timeout: what is still in flight is cut off (counted as failed)."""

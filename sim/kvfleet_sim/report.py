@@ -1,6 +1,8 @@
 """Summaries of a simulation run: latency percentiles, SLO attainment, replica-seconds,
 prefix-cache hit rate and load imbalance; with `routing.kvSharing`, the prefix tokens
-reused split into local hits and tokens fetched from peers, and the bytes moved."""
+reused split into local hits and tokens fetched from peers, and the bytes moved; the
+requests flow control refused, by reason; with more than one tenant in the trace, per
+tenant: requests, served, refused, failed, TTFT percentiles and served tokens."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from typing import Any
 
 from kvfleet_sim.fleet import SimResult
 from kvfleet_sim.peer_fetch import PeerStats
+from kvfleet_sim.replica import Finished
+from kvfleet_sim.trace import DEFAULT_TENANT
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -65,13 +69,17 @@ class Summary:
     # replica_seconds / the hindsight optimum's for the same slice, pool and start-up
     # (oracle.py); set by run.run_variants when the oracle was solved, else None
     x_optimum: float | None = None
+    # measured requests the router refused (429/503: queue TTL, queue full), by reason;
+    # they are among num_failed. None when none was.
+    refusals: dict[str, int] | None = None
+    # tenant -> `tenant_summary` of its measured requests; None with one tenant
+    tenants: dict[str, dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if self.peer is None:
-            del out["peer"]  # as before kvSharing was simulated
-        if self.x_optimum is None:
-            del out["x_optimum"]  # as before the optimum existed
+        for key in ("peer", "x_optimum", "refusals", "tenants"):
+            if out[key] is None:
+                del out[key]  # as before these were simulated
         return out
 
 
@@ -93,6 +101,37 @@ def peer_summary(stats: PeerStats, prefix_tokens: tuple[int, int]) -> dict[str, 
         "hints_by_decision": dict(sorted(stats.by_decision.items())),
         "fetches": dict(sorted(stats.outcomes.items())),
     }
+
+
+def tenant_summary(finished: Sequence[Finished]) -> dict[str, Any]:
+    """One tenant's measured requests: how many, served, refused by the router, failed
+    otherwise, TTFT p50/p90/p99 of the served ones, and the tokens served (prompt plus
+    output of the served ones)."""
+    done = [f for f in finished if not f.is_aborted]
+    ttfts = sorted(f.first_token - f.arrival for f in done)
+    refused = sum(bool(f.refusal) for f in finished)
+    return {
+        "num_requests": len(finished),
+        "num_served": len(done),
+        "num_refused": refused,
+        "num_failed": len(finished) - len(done) - refused,
+        "ttft_p50_s": _ranked(ttfts, 50),
+        "ttft_p90_s": _ranked(ttfts, 90),
+        "ttft_p99_s": _ranked(ttfts, 99),
+        "served_tokens": sum(f.num_prompt_tokens + f.num_output_tokens for f in done),
+    }
+
+
+def tenant_summaries(finished: Sequence[Finished], tenants: dict[str, str]
+                     ) -> dict[str, dict[str, Any]] | None:
+    """tenant -> `tenant_summary`, by name; None when all of `finished` is one tenant's.
+    `tenants`: request id -> tenant (SimResult.tenants: the default tenant is omitted)."""
+    groups: dict[str, list[Finished]] = {}
+    for f in finished:
+        groups.setdefault(tenants.get(f.request_id, DEFAULT_TENANT), []).append(f)
+    if len(groups) < 2:
+        return None
+    return {name: tenant_summary(groups[name]) for name in sorted(groups)}
 
 
 def replica_seconds(lifetimes: Sequence[tuple[float, float]], start: float, end: float) -> float:
@@ -164,4 +203,15 @@ def summarize(
         max_share=max(per_replica.values(), default=0) / fair if fair else 0.0,
         ttft_mape=ttft_abs / ttft_n if ttft_n else None,
         tpot_mape=tpot_abs / tpot_n if tpot_n else None,
+        refusals=_refusals(measured),
+        tenants=tenant_summaries(measured, result.tenants) if result.tenants else None,
     )
+
+
+def _refusals(measured: Sequence[Finished]) -> dict[str, int] | None:
+    """The measured requests the router refused, by reason; None when none was."""
+    out: dict[str, int] = {}
+    for f in measured:
+        if f.refusal:
+            out[f.refusal] = out.get(f.refusal, 0) + 1
+    return dict(sorted(out.items())) or None

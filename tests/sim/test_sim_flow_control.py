@@ -98,3 +98,23 @@ def test_a_critical_tenant_passes_a_sheddable_flood():
     c_alone, c_flood = by_tenant(alone, "crit", 5.0), by_tenant(flood, "crit", 5.0)
     assert not any(f.is_aborted for f in c_flood)
     assert ttft_p90(c_flood) <= 1.5 * ttft_p90(c_alone)
+
+
+def test_the_report_gives_per_tenant_figures_only_with_several_tenants():
+    from kvfleet_sim.cli import format_tenant_table
+    from kvfleet_sim.report import summarize
+
+    trace = sorted(poisson("A", 1.5, 20.0, seed=8) + poisson("B", 15.0, 20.0, seed=9),
+                   key=lambda r: r.t)
+    _, result = run(trace, queueTtlSeconds=1.0)
+    s = summarize("two", result, ttft_slo_s=1.0, itl_slo_s=0.05)
+    a, b = s.tenants["A"], s.tenants["B"]
+    assert a["num_requests"] + b["num_requests"] == len(trace) == s.num_requests
+    assert b["num_refused"] == s.refusals["saturated"] == s.num_failed > 0
+    assert a["num_served"] == a["num_requests"] and a["num_failed"] == 0
+    assert a["served_tokens"] == a["num_served"] * (256 + 16)
+    assert a["ttft_p50_s"] <= a["ttft_p90_s"] <= a["ttft_p99_s"] < b["ttft_p90_s"]
+    assert "| two | B |" in format_tenant_table([s]) and "tenants" in s.to_dict()
+    _, alone = run(poisson("A", 1.5, 20.0, seed=8))
+    one = summarize("one", alone, ttft_slo_s=1.0, itl_slo_s=0.05)
+    assert one.tenants is None and "tenants" not in one.to_dict() and one.refusals is None
