@@ -119,6 +119,8 @@ class SimSettings:
     # Replicas of mixed speed: the cost profiles replicas take in turn, in creation order
     # (replica k runs replica_profiles[k mod len]); empty: every replica the pool's profile.
     replica_profiles: tuple[str, ...] = ()
+    # The router's in-flight cap per endpoint; None: the operator's (twice the batch).
+    endpoint_capacity: int | None = None
 
     def __post_init__(self) -> None:
         if self.startup_s < 0 or self.scrape_interval_s <= 0 or self.tick_s <= 0:
@@ -129,6 +131,8 @@ class SimSettings:
             raise SimError("kv_bytes_per_s must be > 0 and kv_latency_s >= 0")
         if not (self.peer_bytes_per_s > 0 and self.peer_latency_s >= 0):
             raise SimError("peer_bytes_per_s must be > 0 and peer_latency_s >= 0")
+        if self.endpoint_capacity is not None and self.endpoint_capacity < 1:
+            raise SimError(f"endpoint_capacity must be >= 1, got {self.endpoint_capacity}")
         if self.prefix_mode not in (None, "approximate", "precise"):
             raise SimError(f"prefix_mode must be approximate or precise, got {self.prefix_mode!r}")
 
@@ -195,7 +199,8 @@ class FleetSim:
         self.runtime = SimRuntime(self.config, self.spec.engine.profile or "", settings.startup_s,
                                   settings.measure_from_s, self.clock, self.push,
                                   settings.replica_profiles)  # fmt: skip
-        self.router = SimRouter(settings.seed, settings.sees_router_queue, settings.prefix_mode)
+        self.router = SimRouter(settings.seed, settings.sees_router_queue, settings.prefix_mode,
+                                settings.endpoint_capacity)
         self.router.on_config = lambda: self.dispatch(self.clock.t)
         self.events = SimEvents(self.clock)
         # A fleet provisioned for the peak starts there; autoscaled ones start as the pool says.

@@ -162,9 +162,11 @@ class SimRouter:
     """One router replica in virtual time: the production routing core, configured through
     the production config store. `prefix_mode` (when set) overrides every endpoint's
     `prefix_mode` in a pushed config, so precise KV-event indexing can be simulated although
-    the operator's router config asks for approximate."""
+    the operator's router config asks for approximate; `capacity` (when set) every
+    endpoint's in-flight cap (the operator's is twice the batch)."""
 
-    def __init__(self, seed: int, sees_held: bool = True, prefix_mode: str | None = None) -> None:
+    def __init__(self, seed: int, sees_held: bool = True, prefix_mode: str | None = None,
+                 capacity: int | None = None) -> None:
         self.rng = random.Random(seed)
         self.core = RouterCore(RouterConfig.from_dict({"version": 0}), rng=self.rng)
         self.store = ConfigStore(self.core)
@@ -179,6 +181,7 @@ class SimRouter:
         self.by_ticket: dict[Ticket, HeldRequest] = {}
         self.sees_held = sees_held  # whether the scaler is told about held requests
         self.prefix_mode = prefix_mode
+        self.capacity = capacity  # each endpoint's in-flight cap instead of the operator's
         self.on_config: Callable[[], None] = lambda: None  # the fleet re-dispatches held ones
         # runs after each push (which rebuilds the core's policies): a model of a peer
         # router's rule takes a policy's place (sgl_rule.SglRule)
@@ -195,6 +198,9 @@ class SimRouter:
     async def push(self, config: dict[str, Any]) -> None:
         if self.prefix_mode is not None:
             config = {**config, "endpoints": [{**e, "prefix_mode": self.prefix_mode}
+                                              for e in config.get("endpoints", [])]}
+        if self.capacity is not None:
+            config = {**config, "endpoints": [{**e, "capacity": self.capacity}
                                               for e in config.get("endpoints", [])]}
         await self.store.push(RouterConfig.from_dict(config))
         self.configure()

@@ -15,6 +15,7 @@ from kvfleet_bench.sections import (
     engine_throughput,
     epp_overhead,
     flow_control,
+    flow_control_sim,
     kv_pool,
     operator_scale,
     router_cache_hits,
@@ -45,6 +46,6 @@ SECTIONS: dict[str, Section] = {
     for s in map(_section, [
         autoscale_local, sim_policies, sim_scale, sim_fidelity, router_overhead, epp_overhead,
         router_cache_hits, engine_throughput, engine_server, operator_scale,
-        router_vllm_overhead, kv_pool, sim_kv_pool, flow_control,
+        router_vllm_overhead, kv_pool, sim_kv_pool, flow_control, flow_control_sim,
     ])
 }  # fmt: skip
