@@ -16,6 +16,7 @@ import json
 import math
 import random
 import time
+import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,10 +151,12 @@ class TenantLoad:
             raise ValueError(f"tenant {self.tenant}: max_tokens >= 1 and prompt_chars >= 8")
 
 
-def prompt_text(tenant: str, n: int, num_chars: int) -> str:
+def prompt_text(tenant: str, n: int, num_chars: int, run: str = "") -> str:
     """A prompt of `num_chars` characters that shares no leading block with any other (the
-    request's id comes first), so prefix caching never shortens one tenant's prefills."""
-    head = f"{tenant} request {n}: "
+    request's id and its run's tag come first), so prefix caching never shortens a
+    prefill: not one tenant's, nor the same request's in the next run on the same engines
+    (which would favour whichever configuration of a pair runs second)."""
+    head = f"{tenant} {run}request {n}: "
     filler = "the quick brown fox jumps over the lazy dog " * (num_chars // 44 + 1)
     return (head + filler)[:num_chars]
 
@@ -164,9 +167,10 @@ async def run_loads(url: str, model: str, loads: list[TenantLoad], duration_s: f
     outcomes: list[Outcome] = []
     t0 = time.perf_counter()
     t_end = t0 + duration_s
+    run = f"{uuid.uuid4().hex[:8]} "  # this run's prompts are new to the engines
 
     def body_for(load: TenantLoad, n: int) -> bytes:
-        return request_body(model, prompt_text(load.tenant, n, load.prompt_chars),
+        return request_body(model, prompt_text(load.tenant, n, load.prompt_chars, run),
                             load.max_tokens)
 
     async def one(load: TenantLoad, n: int, session: aiohttp.ClientSession) -> None:

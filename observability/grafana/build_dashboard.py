@@ -73,7 +73,7 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("Flow control: rejected by reason", "reqps", [
         (f"sum by (tenant, reason) (rate(kvfleet_router_flow_rejected_total{{{SEL}}}[5m])) "
          f"or sum by (reason) (rate(kvfleet_router_rejected_total{{{SEL}, "
-         "reason=~\"quota-.*|no-api-key|invalid-api-key\"}[5m]))", "{{tenant}} {{reason}}"),
+         "reason=~\"no-api-key|invalid-api-key\"}[5m]))", "{{tenant}} {{reason}}"),
     ]),
     ("Flow control: queue time p90 per tenant", "s", [
         ("histogram_quantile(0.9, sum by (band, tenant, le) "

@@ -67,8 +67,7 @@ class RouterApp:
         self.store.on_apply(lambda c: forwarder.set_timeouts(c.timeouts))
         self.store.on_apply(self._resize_queue)
         self.admin = AdminAPI(self.store, admin_token)
-        self.gate = QuotaGate(lambda: core.cfg, api_keys,
-                              on_reject=lambda reason: metrics.rejected.labels(reason).inc())
+        self.gate = QuotaGate(lambda: core.cfg, api_keys, on_reject=dispatcher.count_refusal)
         self.store.on_apply(self.gate.configure)
         self.front = OpenAIFront(core, dispatcher, disaggregator, forwarder, self.gate)
         self.status = StatusFront(core, metrics)
@@ -107,7 +106,8 @@ class RouterApp:
         from kvfleet_router.epp.exchange import Picker
         from kvfleet_router.epp.server import EppServer
 
-        server = EppServer(Picker(self.core, self._dispatcher, self._feedback, opts), opts)
+        server = EppServer(Picker(self.core, self._dispatcher, self._feedback, opts,
+                                  self.gate), opts)
         self.epp_port = await server.start()
         self.epp_server = server
 

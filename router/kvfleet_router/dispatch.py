@@ -66,7 +66,8 @@ class Dispatcher:
         flow = self._flow(RequestInfo(tenant=self.core.cfg.flow_control.default_tenant))
         for family in (m.flow_queued, m.flow_dispatched, m.flow_tokens, m.flow_queue_seconds):
             family.labels(flow.band_label, flow.label)
-        for reason in ("saturated", "queue-full", "no-endpoint", "client-gone"):
+        for reason in ("saturated", "queue-full", "no-endpoint", "client-gone",
+                       "quota-requests", "quota-tokens"):
             m.flow_rejected.labels(flow.band_label, flow.label, reason)
 
     def try_route(self, info: RequestInfo, role: str, policy: str | None,
@@ -109,6 +110,14 @@ class Dispatcher:
                 "all endpoints are saturated")
         return Rejected(error_response(f"{what}; retry later", 429, code="saturated",
                                        headers=headers))
+
+    def count_refusal(self, reason: str, tenant: str | None) -> None:
+        """A refusal before dispatch (the quota gate's): per reason, and per band and
+        tenant when one was refused (a quota), beside flow control's own."""
+        self.metrics.rejected.labels(reason).inc()
+        if tenant is not None:
+            flow = self._flow(RequestInfo(tenant=tenant))
+            self.metrics.flow_rejected.labels(flow.band_label, flow.label, reason).inc()
 
     def _flow(self, info: RequestInfo) -> Flow:
         fc = self.core.cfg.flow_control

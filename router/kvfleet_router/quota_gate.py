@@ -132,11 +132,12 @@ class QuotaGate:
 
     def __init__(self, cfg: Callable[[], RouterConfig], keys: ApiKeys | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 on_reject: Callable[[str], None] | None = None) -> None:
+                 on_reject: Callable[[str, str | None], None] | None = None) -> None:
         self._cfg = cfg
         self.keys = keys
         self.clock = clock
-        self.on_reject = on_reject or (lambda reason: None)
+        # (reason, the tenant refused: None when no key named one)
+        self.on_reject = on_reject or (lambda reason, tenant: None)
         self.book = QuotaBook(cfg().quotas)
 
     def configure(self, cfg: RouterConfig) -> None:
@@ -145,18 +146,22 @@ class QuotaGate:
     def identify(self, request: web.Request) -> web.Response | str | None:
         """The API key's tenant; a 401 when keys are configured and this one is missing or
         unknown; None without keys. The key itself goes nowhere (no log, no error)."""
+        return self.tenant_of(request.headers.get("Authorization"))
+
+    def tenant_of(self, authorization: str | None) -> web.Response | str | None:
+        """`identify` from the Authorization header's value (the ext_proc front's way)."""
         if self.keys is None:
             return None
         self.keys.maybe_reload(self.clock())
-        key = bearer_key(request.headers.get("Authorization"))
+        key = bearer_key(authorization)
         if key is None:
-            self.on_reject("no-api-key")
+            self.on_reject("no-api-key", None)
             return openai_error("You didn't provide an API key. Send it in an Authorization "
                                 "header using Bearer auth (Authorization: Bearer YOUR_KEY).",
                                 401, err_type="invalid_request_error", code=None)
         tenant = self.keys.tenant_of(key)
         if tenant is None:
-            self.on_reject("invalid-api-key")
+            self.on_reject("invalid-api-key", None)
             return openai_error("Incorrect API key provided.", 401,
                                 err_type="invalid_request_error", code="invalid_api_key")
         return tenant
@@ -175,25 +180,36 @@ class QuotaGate:
                     forward: Callable[[web.Request], Awaitable[web.StreamResponse]]
                     ) -> web.StreamResponse:
         """Refuse (429) or charge the tenant, forward, then settle the tokens."""
+        got = self.admit(info, key_tenant)
+        if got is None:
+            return await forward(request)
+        if isinstance(got, web.Response):
+            return got
+        request[_CHARGE] = got  # on_prepare: a stream's headers, and its meter
+        resp = await forward(request)  # an exception keeps the whole charge
+        if not resp.prepared:  # a whole answer: its headers are still open
+            resp.headers.update(got.headers)
+        self.book.settle(got.tenant, got.tokens, self._actual(got, resp), self.clock())
+        return resp
+
+    def admit(self, info: RequestInfo, key_tenant: str | None) -> Charge | web.Response | None:
+        """The tenant's charge, a 429 over its limits, or None when it has none. The key's
+        tenant replaces the request's (flow control's bands and shares see it too). The
+        ext_proc front stops here: it never reads the answer, so its requests are charged
+        their whole `max_tokens` against TPM and never settled."""
         if key_tenant is not None:
-            info.tenant = key_tenant  # flow control (bands, fair shares) sees it too
+            info.tenant = key_tenant
         tenant = info.tenant
         if not self.book.is_limited(tenant):
-            return await forward(request)
+            return None
         cfg = self._cfg()
         prompt = info.estimated_prompt_tokens(cfg.prefix.chars_per_token)
         tokens = charged_tokens(info, cfg.prefix.chars_per_token, cfg.quotas.default_max_tokens)
         verdict = self.book.admit(tenant, tokens, self.clock())
         if not verdict.is_admitted:
-            self.on_reject(f"quota-{verdict.limit_name}")
+            self.on_reject(f"quota-{verdict.limit_name}", tenant)
             return refusal(tenant, verdict)
-        charge = Charge(tenant, tokens, prompt, ratelimit_headers(verdict.states))
-        request[_CHARGE] = charge  # on_prepare: a stream's headers, and its meter
-        resp = await forward(request)  # an exception keeps the whole charge
-        if not resp.prepared:  # a whole answer: its headers are still open
-            resp.headers.update(charge.headers)
-        self.book.settle(tenant, tokens, self._actual(charge, resp), self.clock())
-        return resp
+        return Charge(tenant, tokens, prompt, ratelimit_headers(verdict.states))
 
     @staticmethod
     def _actual(charge: Charge, resp: web.StreamResponse) -> int:

@@ -83,8 +83,10 @@ class EppProcess:
 
 def start_epp(procs: ProcessGroup, tmp_path: Path, cfg: dict[str, Any], *,
               tls: TlsFiles | None = None, insecure: bool = False,
-              fallbacks: int = 0, epp_port: int | None = None) -> EppProcess:
-    """The router with its ext_proc front. TLS by default: `tls` files, else self-signed."""
+              fallbacks: int = 0, epp_port: int | None = None,
+              extra_args: tuple[str, ...] = ()) -> EppProcess:
+    """The router with its ext_proc front. TLS by default: `tls` files, else self-signed.
+    `extra_args`: more `kvfleet router` flags (e.g. --api-keys-file)."""
     cfg_path = write_config(tmp_path / f"epp-{len(procs.processes)}.json", cfg)
     token = tmp_path / "admin-token"
     token.write_text(ADMIN_TOKEN + "\n")
@@ -92,6 +94,7 @@ def start_epp(procs: ProcessGroup, tmp_path: Path, cfg: dict[str, Any], *,
     argv = kvfleet_argv("router", "--config", str(cfg_path), "--host", "127.0.0.1",
                         "--port", "{port}", "--admin-token-file", str(token),
                         "--epp-port", str(port), "--epp-fallbacks", str(fallbacks))
+    argv += list(extra_args)
     if insecure:
         argv.append("--epp-insecure")
     elif tls is not None:

@@ -9,13 +9,15 @@
 * the request counts in flight from the pick to the stream's end, on whoever served;
 * FULL_DUPLEX_STREAMED (GIE's reference mode): headers answered after the body, the body
   handed back; a body mode that cannot carry a pick is refused with a 500 naming it;
-* gRPC health: liveness, readiness, the ext_proc service; TLS on the port.
+* gRPC health: liveness, readiness, the ext_proc service; TLS on the port;
+* API keys (401) and quotas (429, x-ratelimit-*) as at the HTTP front; the key stays here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 
 import pytest
 
@@ -241,3 +243,39 @@ async def test_nothing_to_serve_is_503_and_shedding_is_429(procs, tmp_path):
     status, body, _ = gone.immediate
     assert (status, body["error"]["code"]) == (503, "no_endpoint")
     assert body["error"]["type"] == "server_error"
+
+
+async def test_api_keys_and_quotas_apply_at_the_picker(procs, tmp_path):
+    """The HTTP front's keys (401) and quotas (429 in OpenAI's shape, x-ratelimit-*), as
+    immediate responses; the key never goes upstream."""
+    fakes = [start_fake(procs, "b0")]
+    keys = tmp_path / "api-keys.yaml"
+    keys.write_text("sk-acme-0123456789: acme\n")
+    cfg = base_cfg(fakes, quotas={"tenants": {"acme": {"rpm": 6}}})  # a bucket of 1 request
+    epp = start_epp(procs, tmp_path, {**cfg, "version": 1}, insecure=True,
+                    extra_args=("--api-keys-file", str(keys)))
+    good = completion_headers(authorization="Bearer sk-acme-0123456789")
+    async with ExtProcClient(epp.epp_port) as c:
+        missing = await c.exchange(completion_headers(), GOOD)
+        wrong = await c.exchange(
+            completion_headers(authorization="Bearer sk-nope-0123456789"), GOOD)
+        first = await c.exchange(good, GOOD)
+        second = await c.exchange(good, GOOD)
+    assert missing.immediate is not None and missing.immediate[0] == 401
+    status, body, _ = wrong.immediate
+    assert (status, body["error"]["code"]) == (401, "invalid_api_key")
+    assert first.immediate is None and first.pick == addr(fakes[0])
+    removed = [h for r in first.responses for h in
+               r.request_body.response.header_mutation.remove_headers]
+    assert removed == ["authorization"]
+    status, body, headers = second.immediate
+    assert (status, body["error"]["code"], body["error"]["type"]) == \
+        (429, "rate_limit_exceeded", "requests")
+    assert headers["x-ratelimit-limit-requests"] == "6"
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    assert int(headers["retry-after"]) >= 1
+    with urllib.request.urlopen(epp.url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    assert 'kvfleet_router_rejected_total{reason="quota-requests"} 1.0' in text
+    assert ('kvfleet_router_flow_rejected_total{band="standard",reason="quota-requests",'
+            'tenant="acme"} 1.0') in text  # per tenant: the throttling alert names it

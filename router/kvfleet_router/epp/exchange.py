@@ -19,6 +19,11 @@ gateway's traffic as it sees the HTTP front's. A response from a fallback moves 
 request (and its prompt's prefix record) to the endpoint that served; the primary gets a
 connect failure in the health feedback, as does an endpoint for which the gateway itself
 answered 502/503/504 without reaching it.
+
+API keys and quotas are the HTTP front's (`quota_gate.py`): a missing or unknown key is a
+401, a tenant over its RPM or TPM a 429 with OpenAI's error and `x-ratelimit-*` headers,
+and the key is removed from what goes upstream. The picker never reads the answer, so a
+request is charged its whole `max_tokens` against TPM (the HTTP front settles on usage).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import time
 from functools import lru_cache
 from urllib.parse import urlsplit
 
+from aiohttp import web
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -38,6 +44,7 @@ from kvfleet_router.errors import RequestError
 from kvfleet_router.feedback import HealthFeedback
 from kvfleet_router.policies.policy import Decision
 from kvfleet_router.proxy import Outcome
+from kvfleet_router.quota_gate import QuotaGate
 from kvfleet_router.request_info import RequestInfo
 from kvfleet_router.router_core import Routed, RouterCore
 
@@ -63,11 +70,12 @@ class Picker:
     the decision metrics) and the health feedback. Built once, in app.py."""
 
     def __init__(self, core: RouterCore, dispatcher: Dispatcher, feedback: HealthFeedback,
-                 opts: EppOptions) -> None:
+                 opts: EppOptions, gate: QuotaGate | None = None) -> None:
         self.core = core
         self.dispatcher = dispatcher
         self.feedback = feedback
         self.opts = opts
+        self.gate = gate  # API keys and quotas, shared with the HTTP front
 
     def endpoint_at(self, addr: str) -> EndpointState | None:
         for e in self.core.registry.endpoints:
@@ -95,6 +103,15 @@ def _rejected(rej: Rejected) -> pb.ProcessingResponse:
         if "Retry-After" in resp.headers else None
     return gie.immediate_raw(resp.status, body, headers,
                              "saturated" if resp.status == 429 else "no_endpoint")
+
+
+def _gate_refusal(resp: web.Response) -> pb.ProcessingResponse:
+    """The quota gate's 401 (API key) or 429 (rate limit, with x-ratelimit-*) as is."""
+    body = resp.body if isinstance(resp.body, bytes) else b""
+    headers = {k.lower(): v for k, v in resp.headers.items()
+               if k.lower() == "retry-after" or k.lower().startswith("x-ratelimit-")}
+    return gie.immediate_raw(resp.status, body, headers,
+                             "rate_limited" if resp.status == 429 else "unauthorized")
 
 
 class Exchange:
@@ -204,6 +221,12 @@ class Exchange:
                 if has_body else (RequestInfo(), None)
         except RequestError as exc:
             return self._refuse(_refusal(exc))
+        if p.gate is not None:
+            key_tenant = p.gate.tenant_of(self.headers.get("authorization"))
+            got = p.gate.admit(info, key_tenant) if has_body and \
+                not isinstance(key_tenant, web.Response) else key_tenant
+            if isinstance(got, web.Response):
+                return self._refuse(_gate_refusal(got))
         allowed = p.allowed(self.subset)
         if allowed is not None and not allowed:
             return self._refuse(gie.immediate(
@@ -226,6 +249,8 @@ class Exchange:
             chosen.append(alt.name)
             addrs.append(address(alt.url))
         mutation, metadata = gie.pick_mutation(",".join(addrs))
+        if p.gate is not None and p.gate.keys is not None:
+            mutation.remove_headers.append("authorization")  # the key is the router's
         if not has_body:
             return [pb.ProcessingResponse(request_headers=gie.headers_continue(mutation),
                                           dynamic_metadata=metadata)]
