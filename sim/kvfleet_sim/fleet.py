@@ -428,11 +428,13 @@ class FleetSim:
         h.ticket = None
 
     def expire(self, rid: str, t: float) -> None:
-        """A queued request's TTL passed: refused (429 saturated, or 503 no-endpoint)."""
+        """A queued request's TTL passed: refused (429 saturated, or 503 no-endpoint); the
+        new head tries at once (the dispatcher's `leave` wakes it)."""
         h = self.router.held.get(rid)
         if h is not None:
             self.unqueue(h)
             self.refuse(h, h.reason, t)
+            self.dispatch(t)
 
     def refuse(self, h: HeldRequest, reason: str, t: float) -> None:
         """The router answers 429/503 with `reason`: a failed request, never served."""

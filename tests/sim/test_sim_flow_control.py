@@ -118,3 +118,26 @@ def test_the_report_gives_per_tenant_figures_only_with_several_tenants():
     _, alone = run(poisson("A", 1.5, 20.0, seed=8))
     one = summarize("one", alone, ttft_slo_s=1.0, itl_slo_s=0.05)
     assert one.tenants is None and "tenants" not in one.to_dict() and one.refusals is None
+
+
+def scaled_to_zero(ttl):
+    manifest = yaml.safe_load((ROOT / "examples" / "local-sim.yaml").read_text())
+    manifest["spec"]["topology"]["unified"]["replicas"]["min"] = 0
+    manifest["spec"]["autoscaling"]["scaleToZero"] = {"enabled": True, "idleSeconds": 5}
+    if ttl is not None:
+        manifest["spec"]["routing"]["flowControl"] = {"queueTtlSeconds": ttl}
+    return parse_pool(manifest)
+
+
+@pytest.mark.parametrize("ttl,refused", [(None, 0), (1.0, 4)])
+def test_the_waiting_room_holds_a_request_while_a_replica_starts(ttl, refused):
+    """Scaled to zero, the next requests wait for the replica (3 s to start) in the waiting
+    room: the cold-start hold (60 s) serves them all; a queue TTL of 1 s refuses them with
+    503 no-endpoint (none was ready)."""
+    pool = scaled_to_zero(ttl)
+    trace = [TraceRequest(0.5, 200, 10)] + [TraceRequest(60 + t / 4, 200, 10) for t in range(4)]
+    result = FleetSim(pool, SCALERS["kvfleet"](pool.spec), SimSettings(startup_s=3.0)).run(trace)
+    assert len(result.finished) == len(trace)
+    assert result.refusals == ({"no-endpoint": refused} if refused else {})
+    late = [f for f in result.finished if f.arrival >= 60 and not f.is_aborted]
+    assert len(late) == 4 - refused
