@@ -30,8 +30,8 @@ queued (`FairQueue.would_lead`), else only on endpoints where it outranks seats;
 the gate seats it there (the engine gets the seat's standing as `priority`, so the real
 scheduler orders and preempts by it, as a live kvfleet engine does). What cannot go now
 waits in the bounded `FairQueue` (bands, weighted least attained service between tenants,
-FCFS inside one); only its head is retried (on every request end, scrape, tick and config
-push); one that waits past `queue.timeout_s` is refused (`saturated`, or `no-endpoint`
+FCFS inside one); only its head is retried (on every request end, scrape, tick, config
+push and expiry); one that waits past `queue.timeout_s` is refused (`saturated`, or `no-endpoint`
 when none was ready), as is one that finds the queue full (`queue-full`). A refused request
 counts as failed. A tenant is charged its prompt plus `max_tokens` at dispatch and refunded
 the output it did not get when the request ends. A trace without tenants is one tenant in
@@ -41,8 +41,8 @@ leg this way (the prefill leg is routed after it, seatless, at priority 0, as pd
 Events run in time order: arrivals, replica steps (each replica on its own clock), the
 router's scrapes of its endpoints every `scrape_interval_s`, control-loop ticks every
 `tick_s` (the loop decides every `autoscaling.intervalSeconds`), the end of a P/D KV
-hand-off, a peer's answer to a prefix fetch and the fetch's end, and the end of a stopped
-replica's grace period.
+hand-off, a peer's answer to a prefix fetch and the fetch's end, the end of a stopped
+replica's grace period, and a queued request's TTL.
 """
 
 from __future__ import annotations
