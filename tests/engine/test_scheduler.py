@@ -170,17 +170,20 @@ def test_a_lone_request_is_admitted_even_inside_the_margin():
 
 
 def test_preemption_takes_lowest_priority_then_newest_and_requeues_it():
-    # 6 usable blocks of 2 tokens
-    config = EngineConfig(num_blocks=7, block_size=2, max_num_batched_tokens=100,
+    # 7 usable blocks of 2 tokens
+    config = EngineConfig(num_blocks=8, block_size=2, max_num_batched_tokens=100,
                           max_model_len=12, kv_safety_margin=0.0, enable_prefix_caching=False)
     sched = make(config)
     sched.add(req("old-low", 4, priority=1, arrival=0.0, first=10))
     sched.add(req("new-high", 4, priority=0, arrival=2.0, first=20))
     sched.add(req("new-low", 4, priority=1, arrival=1.0, first=30))
     out = sched.schedule(now=3.0)
-    assert plan(out) == [("new-high", 4), ("old-low", 4), ("new-low", 4)]
+    assert plan(out) == [("new-high", 4)]  # the less important ones wait one step
+    finish_step(sched, out)  # new-high now has 5 tokens: its 5th needs a third block
+    out = sched.schedule(now=3.5)
+    assert plan(out) == [("new-high", 1), ("old-low", 4), ("new-low", 4)]
     assert sched.kv_cache.num_free_blocks == 0
-    finish_step(sched, out)  # each now has 5 tokens: the 5th needs a third block
+    finish_step(sched, out)  # the low ones now have 5 tokens: each needs a third block
     out = sched.schedule(now=4.0)
     assert [r.request_id for r in out.preempted] == ["new-low"]
     assert plan(out) == [("new-high", 1), ("old-low", 1)]
@@ -196,9 +199,13 @@ def test_a_request_preempts_itself_when_it_is_the_least_important():
     config = EngineConfig(num_blocks=5, block_size=2, max_num_batched_tokens=100,
                           max_model_len=8, kv_safety_margin=0.0, enable_prefix_caching=False)
     sched = make(config)
-    sched.add(req("high", 3, priority=0, arrival=1.0))
+    sched.add(req("high", 2, priority=0, arrival=1.0))
     sched.add(req("low", 4, priority=5, arrival=0.0, first=40))
     out = sched.schedule(now=0.0)
+    assert plan(out) == [("high", 2)]  # low waits a step (a less important prefill)
+    finish_step(sched, out)
+    out = sched.schedule(now=0.5)
+    assert plan(out) == [("high", 1), ("low", 4)]
     finish_step(sched, out)  # all 4 blocks used; only low's next token needs a new one
     out = sched.schedule(now=1.0)
     assert [r.request_id for r in out.preempted] == ["low"]
@@ -269,7 +276,9 @@ def test_no_seat_is_taken_at_equal_priority_or_from_a_request_aging_made_first()
         sched = make(seats_config())
         sched.add(req("old-low", 4, priority=1, arrival=0.0, first=10))
         sched.add(req("filler", 4, priority=0, arrival=0.0, first=20))
-        finish_step(sched, sched.schedule(now=0.0))
+        for _ in range(2):  # filler is seated first, old-low a step later
+            finish_step(sched, sched.schedule(now=0.0))
+        assert {r.request_id for r in sched.running} == {"old-low", "filler"}
         sched.add(req("urgent", 4, priority=0, arrival=arrival, first=30))
         out = sched.schedule(now=arrival)
         assert [r.request_id for r in out.preempted] == expect, arrival
@@ -283,3 +292,22 @@ def test_seats_are_not_taken_when_preempt_for_priority_is_off():
     sched.add(req("high", 4, priority=0, arrival=1.0, first=30))
     out = sched.schedule(now=1.0)
     assert out.preempted == [] and plan(out) == [("low-old", 1), ("low-new", 1)]
+
+
+def test_a_step_that_admits_a_request_admits_no_less_important_one_after_it():
+    """The flood's prefill waits one step instead of slowing the critical first token."""
+    config = EngineConfig(num_blocks=64, block_size=4, max_num_seqs=4,
+                          max_num_batched_tokens=100, max_model_len=64)
+    sched = make(config)
+    sched.add(req("high", 8, priority=-1, arrival=1.0, first=10))
+    sched.add(req("flood", 8, priority=0, arrival=0.0, first=20))
+    sched.add(req("high-too", 8, priority=-1, arrival=1.5, first=40))
+    out = sched.schedule(now=2.0)
+    assert plan(out) == [("high", 8), ("high-too", 8)]  # equal priority still shares
+    finish_step(sched, out)
+    assert plan(sched.schedule(now=2.1)) == [("high", 1), ("high-too", 1), ("flood", 8)]
+    # one priority: everything that fits is admitted together, as before
+    same = make(config)
+    for i in range(3):
+        same.add(req(f"r{i}", 8, arrival=float(i), first=100 + 10 * i))
+    assert [rid for rid, _ in plan(same.schedule(now=5.0))] == ["r0", "r1", "r2"]

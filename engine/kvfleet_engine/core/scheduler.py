@@ -15,6 +15,10 @@ of decode. There is no prefill/decode split; all share the loop below.
    priority value and an earlier waiting key, so aging still protects it) takes its seat:
    that one is preempted by recompute (`preempt_for_priority`, vLLM's priority policy
    does the same), so a critical request never waits behind a batch of sheddable ones.
+   A step that admits a request admits no less important one after it (a lower priority
+   value stops the admissions): the first token of a critical request, or of a tenant
+   the router lifted (its priority is its standing), is not slowed by a flood's prefill
+   in the same step. That prefill waits one step; with one priority nothing changes.
 
 Waiting order with aging: key = arrival_time + priority * aging_seconds, i.e. a request
 of priority p counts as if it had arrived p * aging_seconds later. Since every waiting
@@ -161,10 +165,13 @@ class Scheduler:
         kv = self.kv_cache
         cap = config.long_prefill_token_threshold
         bs = config.block_size
+        admitted_priority: int | None = None  # the best priority admitted in this step
         while budget > 0:
             request = self._peek_waiting()
             if request is None:
                 return
+            if admitted_priority is not None and request.priority > admitted_priority:
+                return  # its prefill would slow a more important one's first token
             if len(self.running) >= config.max_num_seqs:
                 refund = self._free_seat_for(request, out)
                 if refund is None:
@@ -205,6 +212,8 @@ class Scheduler:
             self._insert_running(request)
             out.scheduled.append((request, num_new))
             budget -= num_new
+            if admitted_priority is None or request.priority < admitted_priority:
+                admitted_priority = request.priority
 
     def _free_seat_for(self, request: Request, out: SchedulerOutput) -> int | None:
         """Preempt the least important running request for `request` when it outranks it
