@@ -23,6 +23,7 @@ from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.errors import error_response
 from kvfleet_router.feedback import HealthFeedback
 from kvfleet_router.flow.gate import FlowGate
+from kvfleet_router.flow.saturation import is_ready
 from kvfleet_router.flow.seats import Seat, standing
 from kvfleet_router.flow.tenants import Flow, TenantLabels, request_flow
 from kvfleet_router.metrics import RouterMetrics
@@ -163,17 +164,14 @@ class Dispatcher:
         queue, qcfg = self.queue, self.core.cfg.queue
         flow = flow or self._flow(info)
         now = time.monotonic()
-        reason = "saturated"
         # Never overtake the ones waiting, except on seats it outranks (flow/seats.py: a
         # tenant under its share passes the flood's queue as it passes the flood's seats).
         leads = queue.would_lead(flow.band) or bool(exclude)
         got = self._route_now(info, role, policy, exclude, allowed, flow, not leads)
         if not isinstance(got, str):
             return self._dispatched(info, flow, got)
-        if leads:
-            reason = got
-            if exclude and reason == "no-endpoint":
-                raise self._reject("no-endpoint", flow)  # a retry with nowhere else to go
+        if exclude and got == "no-endpoint":
+            raise self._reject("no-endpoint", flow)  # a retry with nowhere else to go
         expires = now + qcfg.timeout_s
         order_by = min(expires, now + info.slo_ttft_s) if info.slo_ttft_s else expires
         try:
@@ -187,8 +185,12 @@ class Dispatcher:
         try:
             while True:
                 remaining = expires - time.monotonic()
-                if remaining <= 0:
-                    raise self._reject(reason, flow)
+                if remaining <= 0:  # why, as of now: none ready, or all saturated
+                    at = time.monotonic()
+                    is_any_ready = any(
+                        is_ready(e, role, at) for e in self.core.registry.endpoints
+                        if e.name not in exclude and (allowed is None or e.name in allowed))
+                    raise self._reject("saturated" if is_any_ready else "no-endpoint", flow)
                 # The head polls (for health or signal changes that wake nobody); the
                 # others sleep until woken (leave() wakes each new head), or until the
                 # next look at their client.
@@ -209,7 +211,6 @@ class Dispatcher:
                         self.metrics.flow_queue_seconds.labels(
                             flow.band_label, flow.label).observe(time.monotonic() - now)
                         return self._dispatched(info, flow, got)
-                    reason = got
         finally:
             queue.leave(fut)
 

@@ -279,3 +279,14 @@ async def test_a_tenant_under_its_seat_share_passes_the_flood_queue_whatever_its
     for r in [*flood, first, second]:
         d.release(e, r.seat)
     await asyncio.wait_for(asyncio.gather(queued, third), 2)
+
+
+async def test_every_queued_request_expires_with_503_when_no_endpoint_is_ready():
+    """Not only the head: a request that never led the queue knows why too."""
+    d, _, queue, _ = _dispatcher({"queue": {"timeout_s": 0.2}})
+    tasks = [asyncio.create_task(d.acquire(_info("acme"), "unified", None, frozenset()))
+             for _ in range(3)]
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5)
+    assert all(isinstance(r, Rejected) for r in results)
+    assert [r.response.status for r in results] == [503, 503, 503]
+    assert {r.response.headers[DROP_REASON_HEADER] for r in results} == {"no-endpoint"}
