@@ -67,6 +67,7 @@ from kvfleet_operator.loop.state import LoopState
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.endpoint import Signals as EndpointSignals
 from kvfleet_router.flow.fair_queue import QueueFull, Ticket
+from kvfleet_router.flow.saturation import is_ready
 from kvfleet_router.pd_plan import PDPlan, Planner, RoutePrefill, RunPrefill, Step, peer_hint
 from kvfleet_router.policies.guard import imbalance_ratio
 from kvfleet_router.proxy import Outcome
@@ -391,8 +392,6 @@ class FleetSim:
         got = self.place(h, t, outranking_only=not leads)
         if got is None:
             return
-        if leads:
-            h.reason = got
         timeout = r.core.cfg.queue.timeout_s
         ticket = Ticket(tenant=h.tenant, band=flow.band, weight=flow.weight,
                         priority=h.priority, deadline=t + timeout, seq=r.queue.next_seq(),
@@ -416,7 +415,6 @@ class FleetSim:
             h = r.by_ticket[ticket]
             got = self.place(h, t)
             if got is not None:
-                h.reason = got
                 return
             self.unqueue(h)
 
@@ -433,7 +431,9 @@ class FleetSim:
         h = self.router.held.get(rid)
         if h is not None:
             self.unqueue(h)
-            self.refuse(h, h.reason, t)
+            role = PDPlan(self.planner, RequestInfo(model=self.spec.model.api_name)).role
+            is_any_ready = any(is_ready(e, role, t) for e in self.router.core.registry.endpoints)
+            self.refuse(h, "saturated" if is_any_ready else "no-endpoint", t)  # as of now
             self.dispatch(t)
 
     def refuse(self, h: HeldRequest, reason: str, t: float) -> None:

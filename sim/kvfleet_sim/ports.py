@@ -149,11 +149,9 @@ class HeldRequest:
     arrival: float
     tenant: str = "default"
     priority: int = 0  # the request's own (the trace's), lower first
-    # set by flow control: its standing, its ticket while queued, why it waits (the
-    # reason it is refused with when its TTL passes), and its seat once dispatched
+    # set by flow control: its standing, its ticket while queued, its seat once dispatched
     flow: Flow | None = None
     ticket: Ticket | None = None
-    reason: str = "saturated"
     seat: Seat | None = None
     num_charged_output: int = 0  # output tokens charged at dispatch (max_tokens)
 
