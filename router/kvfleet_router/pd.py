@@ -59,13 +59,15 @@ class Disaggregator:
         self.metrics = metrics
         self.planner = Planner(core)
 
-    async def run_prefill(self, request: web.Request, step: RunPrefill,
+    async def run_prefill(self, request: web.Request, step: RunPrefill, info: RequestInfo,
                           headers: CIMultiDict[str]) -> dict[str, Any] | None:
-        """The prefill leg; returns the engine's kv_transfer_params or None on any failure."""
+        """The prefill leg; returns the engine's kv_transfer_params or None on any failure.
+        Its engine gets the request's band as `priority` (the leg holds no seat, so it is
+        never lifted; the decode leg gets its standing in `Dispatcher.serve`)."""
         e = step.endpoint
+        sent = self.dispatcher.with_priority(json.dumps(step.body).encode(), info, e)
         try:
-            status, body = await self.forwarder.post_json(
-                e, request.path, json.dumps(step.body).encode(), headers)
+            status, body = await self.forwarder.post_json(e, request.path, sent, headers)
             if status != 200:
                 log.warning("prefill on %s answered %s", e.name, status)
                 return None
@@ -95,7 +97,7 @@ class Disaggregator:
                 step = plan.prefill_routed(
                     self.dispatcher.try_route(info, "prefill", policy, frozenset()))
             if isinstance(step, RunPrefill):
-                step = plan.prefill_done(await self.run_prefill(request, step, headers))
+                step = plan.prefill_done(await self.run_prefill(request, step, info, headers))
             if plan.prefill_outcome is not None:
                 self.metrics.pd_prefills.labels(plan.prefill_outcome).inc()
             if step.kv is not None:

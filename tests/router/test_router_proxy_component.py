@@ -252,6 +252,22 @@ def test_prefill_decode_orchestration(procs, tmp_path):
     assert 'kvfleet_router_pd_prefills_total{outcome="failed"} 1.0' in metrics
 
 
+def test_both_pd_legs_carry_the_tenants_priority(procs, tmp_path):
+    prefill = start_fake(procs, "pre")
+    decode = start_fake(procs, "dec")
+    router = start_router(procs, tmp_path, {
+        "endpoints": [{"name": "pre", "url": prefill.url, "role": "prefill"},
+                      {"name": "dec", "url": decode.url, "role": "decode"}],
+        "pd": {"prefill_threshold_tokens": 50},
+        "flow_control": {"tenants": {"pager": {"band": "critical"}}}})
+    status, _, _ = raw_post(router.url + "/v1/completions",
+                            {"prompt": "word " * 100, "max_tokens": 3},
+                            headers={"x-kvfleet-tenant": "pager"})
+    assert status == 200
+    [pre_req], [dec_req] = fake_log(prefill), fake_log(decode)
+    assert pre_req["body"]["priority"] == -2 and dec_req["body"]["priority"] == -2
+
+
 def test_precise_prefix_index_from_kv_events(procs, tmp_path):
     backends = [start_fake(procs, f"b{i}") for i in range(3)]
     router = start_router(procs, tmp_path, {
