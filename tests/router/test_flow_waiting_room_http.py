@@ -37,3 +37,34 @@ def test_request_before_any_endpoint_succeeds_once_one_is_pushed(procs, tmp_path
         text = resp.read().decode()
     assert 'kvfleet_router_flow_queued_total{band="standard",tenant="acme"} 1.0' in text
     assert 'kvfleet_router_flow_dispatched_total{band="standard",tenant="acme"} 1.0' in text
+
+
+def test_queued_requests_survive_flow_control_config_changes(procs, tmp_path):
+    """Six requests queue behind a one-seat endpoint; two pushes change the tenants' bands
+    and weights, shrink the queue below what it holds and bound a band to zero: every one
+    of them is still answered 200 (a push changes what comes next, never what is held)."""
+    backend = start_fake(procs, "b0", "--token-delay-ms", "60")  # ~0.25 s a request
+    endpoints = [{"name": "b0", "url": backend.url, "capacity": 1}]
+    router = start_router(procs, tmp_path, {"endpoints": endpoints, "queue": {"timeout_s": 30}})
+    answers: list[tuple[int, object]] = []
+
+    def send(tenant: str) -> None:
+        answers.append(http_json(router.url + "/v1/completions",
+                                 {"model": "fake", "prompt": f"hello {tenant}", "max_tokens": 4},
+                                 headers={"x-kvfleet-tenant": tenant}, timeout_s=60))
+
+    senders = [threading.Thread(target=send, args=(t,)) for t in ("a", "b") * 3]
+    for s in senders:
+        s.start()
+    time.sleep(0.3)
+    for version, flow in ((1, {"tenants": {"a": {"band": "sheddable"}, "b": {"weight": 4}},
+                               "max_queued_per_band": {"standard": 0}}),
+                          (2, {})):
+        status, _ = http_json(router.url + "/admin/config", {
+            "version": version, "endpoints": endpoints, "flow_control": flow,
+            "queue": {"timeout_s": 30, "max_size": 1}}, method="PUT", headers=admin_headers())
+        assert status == 200
+        time.sleep(0.3)
+    for s in senders:
+        s.join(30)
+    assert sorted(status for status, _ in answers) == [200] * 6, answers
