@@ -71,6 +71,7 @@ from kvfleet_router.flow.saturation import is_ready
 from kvfleet_router.pd_plan import PDPlan, Planner, RoutePrefill, RunPrefill, Step, peer_hint
 from kvfleet_router.policies.guard import imbalance_ratio
 from kvfleet_router.proxy import Outcome
+from kvfleet_router.quota_gate import charged_tokens
 from kvfleet_router.request_info import RequestInfo
 from kvfleet_router.router_core import Routed
 
@@ -387,6 +388,10 @@ class FleetSim:
         tried at once when it would lead the queue (nothing of its band or better waits),
         else only where it outranks seats; failing that it queues, with its TTL."""
         r = self.router
+        over_quota = self.charge_quota(h, t)
+        if over_quota is not None:
+            self.refuse(h, over_quota, t)
+            return
         h.flow = flow = r.flow(h.tenant, h.priority)
         leads = r.queue.would_lead(flow.band)
         got = self.place(h, t, outranking_only=not leads)
@@ -436,8 +441,32 @@ class FleetSim:
             self.refuse(h, "saturated" if is_any_ready else "no-endpoint", t)  # as of now
             self.dispatch(t)
 
+    def charge_quota(self, h: HeldRequest, t: float) -> str | None:
+        """The HTTP front's quota gate before flow control (`QuotaGate.admit`, quota.py):
+        the tenant's RPM and TPM buckets take one request and prompt + max_tokens, or the
+        refusal's reason (`quota-requests`, `quota-tokens`)."""
+        r = self.router
+        if not r.quotas.is_limited(h.tenant):
+            return None
+        cfg = r.core.cfg
+        info = RequestInfo(prompt_token_ids=h.prompt, max_tokens=h.num_output,
+                           body={"max_tokens": h.num_output})
+        tokens = charged_tokens(info, cfg.prefix.chars_per_token, cfg.quotas.default_max_tokens)
+        verdict = r.quotas.admit(h.tenant, tokens, t)
+        if not verdict.is_admitted:
+            return f"quota-{verdict.limit_name}"
+        h.quota_charged = tokens
+        return None
+
+    def settle_quota(self, h: HeldRequest, used: int, t: float) -> None:
+        """The quota gate's settlement: what the answer used (an error answer nothing)."""
+        if h.quota_charged:
+            self.router.quotas.settle(h.tenant, h.quota_charged, used, t)
+            h.quota_charged = 0
+
     def refuse(self, h: HeldRequest, reason: str, t: float) -> None:
         """The router answers 429/503 with `reason`: a failed request, never served."""
+        self.settle_quota(h, 0, t)
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
         self.finished.append(Finished(h.request_id, REFUSED_BY, h.arrival, t, t, 0, True,
                                       refusal=reason))
@@ -606,6 +635,9 @@ class FleetSim:
             if served < h.num_charged_output:
                 r.service.charge(h.tenant, served - h.num_charged_output, self.clock.t)
                 r.gate.charge(h.tenant, served - h.num_charged_output, self.clock.t)
+            if done is not None:  # an answer that never ended keeps its whole charge
+                used = 0 if done.is_aborted else len(h.prompt) + done.num_output_tokens
+                self.settle_quota(h, used, self.clock.t)
         if ep is not None and routed is not None and done is not None and not done.is_aborted:
             now = routed.ctx.now
             outcome = Outcome(done.first_token - now, done.finished - now,

@@ -46,6 +46,7 @@ from kvfleet_router.flow.service import AttainedService
 from kvfleet_router.flow.tenants import Flow, TenantLabels, request_flow
 from kvfleet_router.metrics import RouterMetrics, perf_models
 from kvfleet_router.perf_model import RoleCoefficients
+from kvfleet_router.quota import QuotaBook
 from kvfleet_router.router_core import RouterCore
 
 from kvfleet_sim.fake_backend import FakeBackendModel
@@ -154,6 +155,7 @@ class HeldRequest:
     ticket: Ticket | None = None
     seat: Seat | None = None
     num_charged_output: int = 0  # output tokens charged at dispatch (max_tokens)
+    quota_charged: int = 0  # tokens charged against its tenant's TPM, settled at the end
 
 
 class SimRouter:
@@ -174,6 +176,7 @@ class SimRouter:
         self.service = AttainedService(cfg.flow_control.service_window_s)
         self.queue = FairQueue(cfg.queue.max_size, self.service, cfg.flow_control.band_bound)
         self.gate = FlowGate()
+        self.quotas = QuotaBook(cfg.quotas)  # per-tenant RPM/TPM (the HTTP front's gate)
         self.labels = TenantLabels(cfg.flow_control.max_tenant_labels)
         self.held: dict[str, HeldRequest] = {}  # request id -> a request in the queue
         self.by_ticket: dict[Ticket, HeldRequest] = {}
@@ -208,11 +211,13 @@ class SimRouter:
 
     def configure(self) -> None:
         """What the router's app does on a push: the queue's bound, band bounds and service
-        window follow the config (app.py: `queue.max_size`, `WaitQueue.configure`)."""
+        window follow the config (app.py: `queue.max_size`, `WaitQueue.configure`), and the
+        quotas (`QuotaGate.configure`)."""
         cfg = self.core.cfg
         self.queue.max_size = cfg.queue.max_size
         self.queue.band_bound = cfg.flow_control.band_bound
         self.service.window_s = cfg.flow_control.service_window_s
+        self.quotas.configure(cfg.quotas)
 
     def flow(self, tenant: str, priority: int) -> Flow:
         """A request's standing (the dispatcher's `_flow`)."""

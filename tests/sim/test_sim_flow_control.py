@@ -141,3 +141,19 @@ def test_the_waiting_room_holds_a_request_while_a_replica_starts(ttl, refused):
     assert result.refusals == ({"no-endpoint": refused} if refused else {})
     late = [f for f in result.finished if f.arrival >= 60 and not f.is_aborted]
     assert len(late) == 4 - refused
+
+
+@pytest.mark.parametrize("limit, reason", [("rpm", "quota-requests"), ("tpm", "quota-tokens")])
+def test_a_tenant_over_its_quota_is_held_to_it_over_a_minute(limit, reason):
+    """The HTTP front's quota gate (quota.py) runs before flow control: a tenant sending
+    twice its limit for a minute from a cold bucket is served its limit plus the bucket's
+    burst (quotas.burst_s, 2 s of it), within 5%; the rest is refused with the reason."""
+    per_minute = 60 if limit == "rpm" else 60 * (256 + 16)  # a request a second either way
+    trace = [TraceRequest(i * 0.5, 256, 16, tenant="q") for i in range(120)]  # 2 a second
+    _, result = run(trace, tenants=[{"name": "q", "quotas": {limit: per_minute}}])
+    served = [f for f in result.finished if not f.is_aborted]
+    expected = 60 * (1 + 2.0 / 60)
+    assert abs(len(served) - expected) <= 0.05 * expected, len(served)
+    assert result.refusals == {reason: len(trace) - len(served)}
+    unlimited = run(trace)[1]
+    assert not unlimited.refusals and len(trace) > 1.5 * expected  # the limit did it
