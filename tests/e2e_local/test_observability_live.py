@@ -52,7 +52,8 @@ SIGNALS = {
         "sum by (pool, tenant) "
         '(rate(kvfleet_router_flow_rejected_total{reason=~"saturated|queue-full"}[5m]))'],
     "KvfleetQuotaThrottling": [
-        'sum by (pool, reason) (rate(kvfleet_router_rejected_total{reason=~"quota-.*"}[5m]))'],
+        "sum by (pool, tenant, reason) "
+        '(rate(kvfleet_router_flow_rejected_total{reason=~"quota-.*"}[5m]))'],
 }
 # A signal that exists only once its condition holds: checked for its metric, not a value.
 PRESENT_ONLY = {'kvfleet_pool_condition{type="ScalingLimited", status="True", '
