@@ -52,14 +52,12 @@ from kvfleet_bench import flow_fleet, flow_stats, loadgen, procs
 from kvfleet_bench.cache_replay import git_state, pin_client
 from kvfleet_bench.flow_client import TENANT_HEADER, TenantLoad, run_loads
 from kvfleet_bench.flow_fleet import MODEL, EngineShape
+from kvfleet_bench.flow_stats import FAIR_WEIGHTS, TARGETS
 from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.stats import spread
 
 SCENARIOS = ("isolation", "fair", "priority", "quota", "waiting")
-FAIR_WEIGHTS = {"w1a": 1.0, "w1b": 1.0, "w2": 2.0, "w4": 4.0}
-TARGETS = {"isolation_ttft_p90_ratio": 1.25, "fair_max_rel_error": 0.10,
-           "fair_jain_equal_weight": 0.95, "priority_ttft_p99_ratio": 1.25,
-           "quota_rel_error": 0.05}
+
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -230,51 +228,12 @@ def figures(args, reps: dict[str, list[dict]]) -> dict[str, Any]:
     """Medians with spread over repetitions, and each target met or not."""
     f: dict[str, Any] = {}
     if rows := reps.get("isolation"):
-        a = [r[c]["tenants"]["A"] for r in rows for c in ("alone",)]
-        af = [r["flood"]["tenants"]["A"] for r in rows]
-        ratio = spread(r["ttft_p90_ratio"] for r in rows)
-        f["isolation"] = {
-            "a_ttft_p90_alone_ms": spread(x["ttft_p90_ms"] for x in a),
-            "a_ttft_p90_flood_ms": spread(x["ttft_p90_ms"] for x in af),
-            "a_ttft_p90_ratio": ratio,
-            "a_lost": sum(r["a_lost"] for r in rows),
-            "b_served_rps": spread(r["flood"]["tenants"]["B"]["served_rps"] for r in rows),
-            "b_decode_p50_ms": spread(r["flood"]["tenants"]["B"]["decode_p50_ms"] for r in rows),
-            "a_served_rps": spread(x["served_rps"] for x in af),
-            "is_ratio_met": ratio["median"] <= TARGETS["isolation_ttft_p90_ratio"],
-            "is_nothing_lost_for_a": sum(r["a_lost"] for r in rows) == 0,
-        }
+        f["isolation"] = flow_stats.isolation_figures(rows) | {
+            "b_decode_p50_ms": spread(r["flood"]["tenants"]["B"]["decode_p50_ms"] for r in rows)}
     if rows := reps.get("fair"):
-        f["fair"] = {
-            "share": {t: spread(r["shares"]["tenants"][t]["share"] for r in rows)
-                      for t in FAIR_WEIGHTS},
-            "weight": dict(FAIR_WEIGHTS),
-            "weight_share": {t: w / sum(FAIR_WEIGHTS.values()) for t, w in FAIR_WEIGHTS.items()},
-            "max_rel_error": spread(r["shares"]["max_rel_error"] for r in rows),
-            "jain_equal_weight": spread(r["shares"]["jain_equal_weight"]["1"] for r in rows),
-            "capacity_tokens_per_s": spread(r["capacity_tokens_per_s"] for r in rows),
-        }
-        f["fair"]["is_share_met"] = (f["fair"]["max_rel_error"]["median"]
-                                     <= TARGETS["fair_max_rel_error"])
-        f["fair"]["is_jain_met"] = (f["fair"]["jain_equal_weight"]["median"]
-                                    >= TARGETS["fair_jain_equal_weight"])
+        f["fair"] = flow_stats.fair_figures(rows)
     if rows := reps.get("priority"):
-        ratio = spread(r["ttft_p99_ratio"] for r in rows)
-        f["priority"] = {
-            "crit_ttft_p99_alone_ms": spread(r["alone"]["tenants"]["crit"]["ttft_p99_ms"]
-                                             for r in rows),
-            "crit_ttft_p99_flood_ms": spread(r["flood"]["tenants"]["crit"]["ttft_p99_ms"]
-                                             for r in rows),
-            "crit_ttft_p99_ratio": ratio,
-            "crit_samples": spread(r["flood"]["tenants"]["crit"]["num_ttft_samples"]
-                                   for r in rows),
-            "crit_lost": sum(r["crit_lost"] for r in rows),
-            "shed_served_tokens_per_s": spread(
-                r["flood"]["tenants"]["shed"]["served_tokens_per_s"] for r in rows),
-            "shed_of_capacity_left": spread(r.get("shed_of_capacity_left", float("nan"))
-                                            for r in rows),
-            "is_ratio_met": ratio["median"] <= TARGETS["priority_ttft_p99_ratio"],
-        }
+        f["priority"] = flow_stats.priority_figures(rows)
     if rows := reps.get("quota"):
         f["quota"] = {}
         for key in ("rpm", "tpm"):

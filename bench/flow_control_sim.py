@@ -28,8 +28,8 @@ Each run has `--warmup-s` unmeasured, then `--measure-s` measured (latency by ar
 throughput by end, as kvfleet_bench.flow_stats measures the live runs: each simulated
 request becomes the live client's Outcome, 429/503 with the router's reason when flow
 control refused it). Figures are medians (min–max) over `--seeds`. Virtual time is
-cheap, so `--measure-s` is 300 s: a p90 of ~450 TTFTs and a p99 of ~450, not of the 30
-the live bench's 20 s would give (sampling noise, not the flow control, set the spread).
+cheap, so `--measure-s` is 300 s: a p90 and a p99 of ~450 TTFTs, not of the ~30 that
+20 s gives (sampling noise, not the flow control, set the spread of 20 s runs).
 
     flock /tmp/kvfleet-cpu.lock .venv/bin/python bench/flow_control_sim.py   # ~45 s
     .venv/bin/python bench/flow_control_sim.py --fairness off --out /tmp/unfair.json
@@ -50,8 +50,8 @@ import yaml
 from kvfleet_bench import flow_stats, procs
 from kvfleet_bench.cache_replay import git_state
 from kvfleet_bench.flow_client import Outcome
+from kvfleet_bench.flow_stats import FAIR_WEIGHTS, TARGETS
 from kvfleet_bench.readme import refresh_section
-from kvfleet_bench.stats import spread
 from kvfleet_operator.api.pool import parse_pool
 from kvfleet_sim.fleet import FleetSim, SimResult, SimSettings
 from kvfleet_sim.scalers import SCALERS
@@ -61,9 +61,6 @@ ROOT = Path(__file__).resolve().parents[1]
 POOL = ROOT / "sim" / "pools" / "flow-bench.yaml"
 PROFILE = ROOT / "sim" / "pools" / "profiles" / "flow-bench.json"
 SCENARIOS = ("isolation", "fair", "priority")
-FAIR_WEIGHTS = {"w1a": 1.0, "w1b": 1.0, "w2": 2.0, "w4": 4.0}
-TARGETS = {"isolation_ttft_p90_ratio": 1.25, "fair_max_rel_error": 0.10,
-           "fair_jain_equal_weight": 0.95, "priority_ttft_p99_ratio": 1.25}
 NO_ENDPOINT = "no-endpoint"  # the one refusal the router answers with 503
 
 
@@ -199,50 +196,12 @@ def figures(reps: dict[str, list[dict]]) -> dict[str, Any]:
     """Medians with spread over seeds, and each target met or not (the live bench's)."""
     f: dict[str, Any] = {}
     if rows := reps.get("isolation"):
-        ratio = spread(r["ttft_p90_ratio"] for r in rows)
-        lost = sum(r["a_lost"] for r in rows)
-        f["isolation"] = {
-            "a_ttft_p90_alone_ms": spread(r["alone"]["tenants"]["A"]["ttft_p90_ms"]
-                                          for r in rows),
-            "a_ttft_p90_flood_ms": spread(r["flood"]["tenants"]["A"]["ttft_p90_ms"]
-                                          for r in rows),
-            "a_ttft_p90_ratio": ratio, "a_lost": lost,
-            "a_served_rps": spread(r["flood"]["tenants"]["A"]["served_rps"] for r in rows),
-            "b_served_rps": spread(r["flood"]["tenants"]["B"]["served_rps"] for r in rows),
-            "b_refused": sum(r["flood"]["tenants"]["B"]["num_refused"] for r in rows),
-            "is_ratio_met": ratio["median"] <= TARGETS["isolation_ttft_p90_ratio"],
-            "is_nothing_lost_for_a": lost == 0,
-        }
+        f["isolation"] = flow_stats.isolation_figures(rows) | {
+            "b_refused": sum(r["flood"]["tenants"]["B"]["num_refused"] for r in rows)}
     if rows := reps.get("fair"):
-        fa: dict[str, Any] = {
-            "share": {t: spread(r["shares"]["tenants"][t]["share"] for r in rows)
-                      for t in FAIR_WEIGHTS},
-            "weight": dict(FAIR_WEIGHTS),
-            "weight_share": {t: w / sum(FAIR_WEIGHTS.values()) for t, w in FAIR_WEIGHTS.items()},
-            "max_rel_error": spread(r["shares"]["max_rel_error"] for r in rows),
-            "jain_equal_weight": spread(r["shares"]["jain_equal_weight"]["1"] for r in rows),
-            "capacity_tokens_per_s": spread(r["capacity_tokens_per_s"] for r in rows),
-        }
-        fa["is_share_met"] = fa["max_rel_error"]["median"] <= TARGETS["fair_max_rel_error"]
-        fa["is_jain_met"] = fa["jain_equal_weight"]["median"] >= TARGETS["fair_jain_equal_weight"]
-        f["fair"] = fa
+        f["fair"] = flow_stats.fair_figures(rows)
     if rows := reps.get("priority"):
-        ratio = spread(r["ttft_p99_ratio"] for r in rows)
-        f["priority"] = {
-            "crit_ttft_p99_alone_ms": spread(r["alone"]["tenants"]["crit"]["ttft_p99_ms"]
-                                             for r in rows),
-            "crit_ttft_p99_flood_ms": spread(r["flood"]["tenants"]["crit"]["ttft_p99_ms"]
-                                             for r in rows),
-            "crit_ttft_p99_ratio": ratio,
-            "crit_samples": spread(r["flood"]["tenants"]["crit"]["num_ttft_samples"]
-                                   for r in rows),
-            "crit_lost": sum(r["crit_lost"] for r in rows),
-            "shed_served_tokens_per_s": spread(
-                r["flood"]["tenants"]["shed"]["served_tokens_per_s"] for r in rows),
-            "shed_of_capacity_left": spread(r.get("shed_of_capacity_left", float("nan"))
-                                            for r in rows),
-            "is_ratio_met": ratio["median"] <= TARGETS["priority_ttft_p99_ratio"],
-        }
+        f["priority"] = flow_stats.priority_figures(rows)
     return f
 
 

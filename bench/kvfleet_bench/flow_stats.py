@@ -1,4 +1,5 @@
-"""Figures of bench/flow_control.py from the outcomes of one run, pure.
+"""Figures of bench/flow_control.py (live) and bench/flow_control_sim.py (the simulator)
+from the outcomes of one run, and their medians over repetitions, pure.
 
 A measured window [start, end) (seconds after the run's t0) leaves the warm-up out:
 latencies are those of requests that *started* in it; served tokens and throughput those of
@@ -13,7 +14,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kvfleet_bench.flow_client import Outcome
-from kvfleet_bench.stats import percentile
+from kvfleet_bench.stats import percentile, spread
+
+# Issue 28's scenarios and targets, the same for the live bench and the simulator's
+FAIR_WEIGHTS = {"w1a": 1.0, "w1b": 1.0, "w2": 2.0, "w4": 4.0}
+TARGETS = {"isolation_ttft_p90_ratio": 1.25, "fair_max_rel_error": 0.10,
+           "fair_jain_equal_weight": 0.95, "priority_ttft_p99_ratio": 1.25,
+           "quota_rel_error": 0.05}
 
 
 def jain(values: Iterable[float]) -> float:
@@ -134,4 +141,57 @@ def is_openai_rate_limit(o: Outcome, kind: str) -> dict[str, bool]:
         "has_retry_after": "retry-after" in o.headers,
         "has_x_ratelimit_headers": all(f"x-ratelimit-{h}-{suffix}" in o.headers
                                        for h in ("limit", "remaining", "reset")),
+    }
+
+
+# --- medians (min-max) over repetitions: one scenario's rows -> its figures ---
+
+def isolation_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A's TTFT p90 alone and beside B's flood, their ratio, A's losses, served rates."""
+    ratio = spread(r["ttft_p90_ratio"] for r in rows)
+    lost = sum(r["a_lost"] for r in rows)
+    return {
+        "a_ttft_p90_alone_ms": spread(r["alone"]["tenants"]["A"]["ttft_p90_ms"] for r in rows),
+        "a_ttft_p90_flood_ms": spread(r["flood"]["tenants"]["A"]["ttft_p90_ms"] for r in rows),
+        "a_ttft_p90_ratio": ratio, "a_lost": lost,
+        "a_served_rps": spread(r["flood"]["tenants"]["A"]["served_rps"] for r in rows),
+        "b_served_rps": spread(r["flood"]["tenants"]["B"]["served_rps"] for r in rows),
+        "is_ratio_met": ratio["median"] <= TARGETS["isolation_ttft_p90_ratio"],
+        "is_nothing_lost_for_a": lost == 0,
+    }
+
+
+def fair_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each weighted tenant's share of the served tokens, the largest gap, Jain's index."""
+    f: dict[str, Any] = {
+        "share": {t: spread(r["shares"]["tenants"][t]["share"] for r in rows)
+                  for t in FAIR_WEIGHTS},
+        "weight": dict(FAIR_WEIGHTS),
+        "weight_share": {t: w / sum(FAIR_WEIGHTS.values()) for t, w in FAIR_WEIGHTS.items()},
+        "max_rel_error": spread(r["shares"]["max_rel_error"] for r in rows),
+        "jain_equal_weight": spread(r["shares"]["jain_equal_weight"]["1"] for r in rows),
+        "capacity_tokens_per_s": spread(r["capacity_tokens_per_s"] for r in rows),
+    }
+    f["is_share_met"] = f["max_rel_error"]["median"] <= TARGETS["fair_max_rel_error"]
+    f["is_jain_met"] = f["jain_equal_weight"]["median"] >= TARGETS["fair_jain_equal_weight"]
+    return f
+
+
+def priority_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Critical's TTFT p99 alone and beside a sheddable flood, its ratio and losses, and
+    what the sheddable tenant was served of the capacity critical left."""
+    ratio = spread(r["ttft_p99_ratio"] for r in rows)
+    return {
+        "crit_ttft_p99_alone_ms": spread(r["alone"]["tenants"]["crit"]["ttft_p99_ms"]
+                                         for r in rows),
+        "crit_ttft_p99_flood_ms": spread(r["flood"]["tenants"]["crit"]["ttft_p99_ms"]
+                                         for r in rows),
+        "crit_ttft_p99_ratio": ratio,
+        "crit_samples": spread(r["flood"]["tenants"]["crit"]["num_ttft_samples"] for r in rows),
+        "crit_lost": sum(r["crit_lost"] for r in rows),
+        "shed_served_tokens_per_s": spread(
+            r["flood"]["tenants"]["shed"]["served_tokens_per_s"] for r in rows),
+        "shed_of_capacity_left": spread(r.get("shed_of_capacity_left", float("nan"))
+                                        for r in rows),
+        "is_ratio_met": ratio["median"] <= TARGETS["priority_ttft_p99_ratio"],
     }

@@ -6,20 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from kvfleet_bench.sections._fmt import code, pct, stat, table
+from kvfleet_bench.sections.flow_control import _ms, _x, _yes  # the live section's formats
 
 FILES = ("flow_control_sim",)
-
-
-def _ms(d: dict[str, float]) -> str:
-    return stat(d, lambda x: f"{x:,.0f} ms")
-
-
-def _x(d: dict[str, float]) -> str:
-    return stat(d, lambda x: f"{x:.2f}x")
-
-
-def _yes(ok: bool) -> str:
-    return "yes" if ok else "**no**"
 
 
 def _rows(f: dict[str, Any], t: dict[str, float], num_unexplained: int) -> list[list[str]]:
