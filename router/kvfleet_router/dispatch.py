@@ -57,7 +57,7 @@ class Dispatcher:
         self.feedback = feedback
         self._request_counters: dict[tuple[str, str], object] = {}
         self._labels = TenantLabels(core.cfg.flow_control.max_tenant_labels)
-        self.gate = FlowGate()  # seats and standings (flow/seats.py)
+        self.gate = FlowGate(queue.service)  # seats, standings and what tenants were served
         self._zero_default_series()
 
     def _zero_default_series(self) -> None:
@@ -147,7 +147,6 @@ class Dispatcher:
     def _dispatched(self, info: RequestInfo, flow: Flow, routed: Routed) -> Routed:
         tokens = info.estimated_prompt_tokens(self.core.cfg.prefix.chars_per_token) \
             + info.max_tokens
-        self.queue.charge(info.tenant, tokens)
         self.gate.charge(info.tenant, tokens, time.monotonic())
         self.metrics.flow_dispatched.labels(flow.band_label, flow.label).inc()
         return routed
@@ -261,7 +260,6 @@ class Dispatcher:
         output = min(outcome.num_events, info.max_tokens) if outcome.is_stream \
             else info.max_tokens
         if output < info.max_tokens:
-            self.queue.charge(info.tenant, output - info.max_tokens)
             self.gate.charge(info.tenant, output - info.max_tokens, time.monotonic())
         self.metrics.flow_tokens.labels(flow.band_label, flow.label).inc(
             info.estimated_prompt_tokens(self.core.cfg.prefix.chars_per_token) + output)

@@ -496,7 +496,6 @@ class FleetSim:
         h.seat = r.gate.take(flow, ep, t)
         tokens = info.estimated_prompt_tokens(core.cfg.prefix.chars_per_token) + info.max_tokens
         h.num_charged_output = info.max_tokens
-        r.service.charge(h.tenant, tokens, t)
         r.gate.charge(h.tenant, tokens, t)
         self.serving[h.request_id] = ep
         self.routed[h.request_id] = routed
@@ -633,7 +632,6 @@ class FleetSim:
                 r.gate.give_back(h.seat)
             served = min(done.num_output_tokens, h.num_charged_output) if done else 0
             if served < h.num_charged_output:
-                r.service.charge(h.tenant, served - h.num_charged_output, self.clock.t)
                 r.gate.charge(h.tenant, served - h.num_charged_output, self.clock.t)
             if done is not None:  # an answer that never ended keeps its whole charge
                 used = 0 if done.is_aborted else len(h.prompt) + done.num_output_tokens

@@ -175,7 +175,7 @@ class SimRouter:
         cfg = self.core.cfg
         self.service = AttainedService(cfg.flow_control.service_window_s)
         self.queue = FairQueue(cfg.queue.max_size, self.service, cfg.flow_control.band_bound)
-        self.gate = FlowGate()
+        self.gate = FlowGate(self.service)
         self.quotas = QuotaBook(cfg.quotas)  # per-tenant RPM/TPM (the HTTP front's gate)
         self.labels = TenantLabels(cfg.flow_control.max_tenant_labels)
         self.held: dict[str, HeldRequest] = {}  # request id -> a request in the queue

@@ -1,11 +1,12 @@
 """Flow control's admission at dispatch, pure (time passed in): the dispatcher (its asyncio
 edge) and the simulator apply the same rules through it.
 
-    gate = FlowGate()
+    gate = FlowGate(queue_service)                   # the fair queue's attained service
     got = gate.candidates(flow, endpoints, role, now, saturation_cfg)
     # a reason (no-endpoint, saturated), or (free endpoint names, outranked seats)
     seat = gate.take(flow, chosen_endpoint, now)     # after the routing policy chose
-    gate.charge(flow.tenant, tokens, now)            # what it was served (or a refund)
+    gate.charge(flow.tenant, tokens, now)            # what it was served (or a refund),
+                                                     # in the queue's service and here
     gate.give_back(seat)                             # the exchange ended
 
 A request's standing on an endpoint and the seats it outranks there are `seats.py`'s;
@@ -28,8 +29,10 @@ RECENT_WINDOW_S = 5.0
 
 
 class FlowGate:
-    def __init__(self, recent_window_s: float = RECENT_WINDOW_S) -> None:
+    def __init__(self, queue_service: AttainedService | None = None,
+                 recent_window_s: float = RECENT_WINDOW_S) -> None:
         self.seats = Seats()
+        self.queue_service = queue_service  # the fair queue's order (flow/service.py)
         self.recent = AttainedService(recent_window_s)  # never lifted, unlike the queue's
 
     def standing(self, flow: Flow, e: EndpointState, now: float) -> int:
@@ -80,4 +83,8 @@ class FlowGate:
         self.seats.give_back(seat)
 
     def charge(self, tenant: str, tokens: float, now: float) -> None:
+        """Tokens a tenant was served (dispatched, or a refund when negative), in both
+        meters: the queue's attained service (its order) and the recent one (its share)."""
+        if self.queue_service is not None:
+            self.queue_service.charge(tenant, tokens, now)
         self.recent.charge(tenant, tokens, now)
