@@ -213,13 +213,18 @@ def test_signals_and_health_steer_traffic(procs, tmp_path):
     assert [len(fake_log(b)) for b in backends] == [0, 0, 6]
 
 
-def test_prefill_decode_orchestration(procs, tmp_path):
-    prefill = start_fake(procs, "pre")
-    decode = start_fake(procs, "dec")
+def pd_fleet(procs, tmp_path, **cfg):
+    """A prefill and a decode fake behind a router that runs a prefill leg above 50 tokens."""
+    prefill, decode = start_fake(procs, "pre"), start_fake(procs, "dec")
     router = start_router(procs, tmp_path, {
         "endpoints": [{"name": "pre", "url": prefill.url, "role": "prefill"},
                       {"name": "dec", "url": decode.url, "role": "decode"}],
-        "pd": {"prefill_threshold_tokens": 50}, "health": {"probe_interval_s": 0.2}})
+        "pd": {"prefill_threshold_tokens": 50}, **cfg})
+    return prefill, decode, router
+
+
+def test_prefill_decode_orchestration(procs, tmp_path):
+    prefill, decode, router = pd_fleet(procs, tmp_path, health={"probe_interval_s": 0.2})
     long_prompt = "word " * 100  # ~125 estimated tokens > 50
     status, _, body = raw_post(router.url + "/v1/completions",
                                {"prompt": long_prompt, "max_tokens": 3, "stream": True})
@@ -253,13 +258,8 @@ def test_prefill_decode_orchestration(procs, tmp_path):
 
 
 def test_both_pd_legs_carry_the_tenants_priority(procs, tmp_path):
-    prefill = start_fake(procs, "pre")
-    decode = start_fake(procs, "dec")
-    router = start_router(procs, tmp_path, {
-        "endpoints": [{"name": "pre", "url": prefill.url, "role": "prefill"},
-                      {"name": "dec", "url": decode.url, "role": "decode"}],
-        "pd": {"prefill_threshold_tokens": 50},
-        "flow_control": {"tenants": {"pager": {"band": "critical"}}}})
+    prefill, decode, router = pd_fleet(
+        procs, tmp_path, flow_control={"tenants": {"pager": {"band": "critical"}}})
     status, _, _ = raw_post(router.url + "/v1/completions",
                             {"prompt": "word " * 100, "max_tokens": 3},
                             headers={"x-kvfleet-tenant": "pager"})
