@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 
 import openai
@@ -131,3 +132,90 @@ def test_health_and_unknown_fields_are_ignored(tiny_engine, client):
                                     extra_body={"frobnicate": {"a": 1}, "logit_bias": {},
                                                 "logprobs": None, "echo": False})
     assert out.usage.completion_tokens >= 1
+
+
+def _post_json(url: str, path: str, body: dict) -> dict:
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def _sse_bodies(url: str, path: str, body: dict) -> list[dict]:
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        lines = resp.read().decode().split("\n\n")
+    return [json.loads(line[len("data: "):]) for line in lines
+            if line.startswith("data: {")]
+
+
+@pytest.mark.parametrize("is_chat", [False, True], ids=["completions", "chat"])
+def test_return_token_ids_streams_the_ids_each_chunks_text_completes(tiny_engine, is_chat):
+    """vLLM's `return_token_ids`: the prompt's ids on the first chunk (chat beside the
+    choices, completions inside), and on every chunk the output ids whose text that
+    chunk completes, so the ids sent so far always decode to the text sent so far (a
+    router continuing a broken stream from them loses no text: byte-level tokens of a
+    random model hold back partial UTF-8 often). Whole answers carry the same ids."""
+    tok = ByteTokenizer()
+    path = "/v1/chat/completions" if is_chat else "/v1/completions"
+    prompt = {"messages": MESSAGES} if is_chat else {"prompt": PROMPT}
+    body = {"model": "tiny-random", **prompt, "max_tokens": 40, "return_token_ids": True,
+            **GREEDY, **EXACT}
+    whole = _post_json(tiny_engine.url, path, body)
+    chunks = _sse_bodies(tiny_engine.url, path, {**body, "stream": True})
+    expected_prompt = tok.encode(tok.apply_chat_template(MESSAGES, True)) if is_chat \
+        else tok.encode(PROMPT)
+    first = chunks[0] if is_chat else chunks[0]["choices"][0]
+    assert first["prompt_token_ids"] == expected_prompt
+    assert all("prompt_token_ids" not in c and "prompt_token_ids" not in c["choices"][0]
+               for c in chunks[1:])
+    ids: list[int] = []
+    text = ""
+    for c in chunks:
+        choice = c["choices"][0]
+        ids += choice["token_ids"]
+        text += (choice["delta"].get("content") or "") if is_chat else choice["text"]
+        assert tok.decode(ids) == text
+    assert len(ids) == 40
+    whole_choice = whole["choices"][0]
+    assert ids == whole_choice["token_ids"]
+    assert (whole if is_chat else whole_choice)["prompt_token_ids"] == expected_prompt
+    plain = _post_json(tiny_engine.url, path, {**body, "return_token_ids": False})
+    assert "token_ids" not in plain["choices"][0]
+
+
+def test_continue_final_message_extends_the_assistant_message(tiny_engine):
+    """vLLM's `continue_final_message`: the conversation is rendered without the
+    generation prompt and cut after the final assistant message, so the answer continues
+    it: the same tokens as a completion of the rendered prompt plus that text."""
+    tok = ByteTokenizer()
+    partial = "Hello wor"
+    chat = _post_json(tiny_engine.url, "/v1/chat/completions", {
+        "model": "tiny-random", "max_tokens": 12, "add_generation_prompt": False,
+        "continue_final_message": True, **GREEDY, **EXACT,
+        "messages": [*MESSAGES, {"role": "assistant", "content": partial}]})
+    completion = _post_json(tiny_engine.url, "/v1/completions", {
+        "model": "tiny-random", "max_tokens": 12, **GREEDY, **EXACT,
+        "prompt": tok.apply_chat_template(MESSAGES, True) + partial})
+    assert chat["choices"][0]["message"]["content"] == completion["choices"][0]["text"]
+    assert chat["usage"]["prompt_tokens"] == completion["usage"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("messages, extra, needle", [
+    ([*MESSAGES, {"role": "assistant", "content": "Hi"}], {"add_generation_prompt": True},
+     "Cannot set both"),
+    (MESSAGES, {}, "assistant message last"),
+    ([*MESSAGES, {"role": "assistant", "content": ""}], {}, "assistant message last"),
+])
+def test_continue_final_message_refuses_what_it_cannot_continue(tiny_engine, messages, extra,
+                                                                needle):
+    req = urllib.request.Request(
+        tiny_engine.url + "/v1/chat/completions",
+        data=json.dumps({"model": "tiny-random", "messages": messages, "max_tokens": 2,
+                         "continue_final_message": True, **extra}).encode(),
+        headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=30)
+    assert err.value.code == 400
+    assert needle in json.loads(err.value.read())["error"]["message"]

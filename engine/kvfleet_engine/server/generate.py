@@ -31,6 +31,7 @@ from kvfleet_engine.server.protocol import (
 )
 from kvfleet_engine.server.responses import (
     ResponseIds,
+    TokenIds,
     chunk,
     full_response,
     usage,
@@ -112,8 +113,22 @@ def _tokenize(tokenizer: Any, req: GenerationRequest) -> list[int]:
             text = tokenizer.apply_chat_template(req.messages, req.add_generation_prompt)
         except ValueError as exc:  # the model's template rejected the conversation
             raise bad_request(f"chat template: {exc}", param="messages") from None
+        if req.continue_final_message:
+            text = _cut_after_final_message(text, req.messages[-1]["content"])
         return list(tokenizer.encode(text))
     return list(tokenizer.encode(req.prompt_text or ""))
+
+
+def _cut_after_final_message(text: str, final: str) -> str:
+    """The rendered conversation up to the end of the final (assistant) message, without
+    the end-of-turn the template puts after it, so generation continues that message (as
+    transformers' `continue_final_message`)."""
+    for content in (final, final.strip()):  # some templates trim message content
+        end = text.rfind(content)
+        if end >= 0:
+            return text[:end + len(content)]
+    raise bad_request("the chat template does not render the final message's content "
+                      "verbatim, so it cannot be continued", param="messages")
 
 
 def _prompt_size(req: GenerationRequest) -> int:
@@ -169,9 +184,9 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
             peer_fetch.record(state.metrics.peer, fetched, await added,
                               state.settings.block_size)
         if req.is_stream:
-            response = await _stream(request, req, ids, stream, timer)
+            response = await _stream(request, req, ids, stream, timer, prompt_ids)
         else:
-            response = await _whole(state, ids, stream, timer, prompt_ids, hold_kv)
+            response = await _whole(state, req, ids, stream, timer, prompt_ids, hold_kv)
         is_settled = True
         return response
     finally:
@@ -209,6 +224,7 @@ def _engine_error(exc: BaseException) -> APIError:
 
 async def _whole(
     state: ServerState,
+    req: GenerationRequest,
     ids: ResponseIds,
     stream: RequestStream,
     timer: RequestTimer,
@@ -222,6 +238,7 @@ async def _whole(
     body = full_response(
         ids, last.text, last.finish_reason,
         usage(last.num_prompt_tokens, len(last.token_ids), last.num_cached_tokens),
+        TokenIds(list(last.token_ids), prompt_ids) if req.return_token_ids else None,
     )
     if hold_kv:
         body[pd.KV_TRANSFER_PARAMS] = await pd.publish_held_kv(
@@ -236,6 +253,7 @@ async def _stream(
     ids: ResponseIds,
     stream: RequestStream,
     timer: RequestTimer,
+    prompt_ids: list[int],
 ) -> web.StreamResponse:
     outputs = _outputs(stream, timer)
     # Headers wait for the first output: an engine refusal still gets its HTTP status,
@@ -244,13 +262,23 @@ async def _stream(
     response = await open_sse(request)
     is_first = True
     last = None
+    # With return_token_ids a chunk carries the ids whose text it completes: ids whose
+    # text the detokenizer still holds back wait for the chunk that shows it, so a
+    # router that continues a broken stream from the ids sent loses no text.
+    pending: list[int] = []
     try:
         async for output in _chain(first, outputs):
             last = output
+            pending.extend(output.new_token_ids)
             finish = output.finish_reason if output.is_finished else None
             if output.new_text or finish or is_first:
+                token_ids = None
+                if req.return_token_ids:  # a first chunk without text keeps them waiting
+                    shown = pending if output.new_text or finish else []
+                    token_ids = TokenIds(shown, prompt_ids if is_first else None)
+                    pending = [] if shown else pending
                 payload = chunk(ids, output.new_text, finish, is_first=is_first,
-                                include_usage=req.include_usage)
+                                include_usage=req.include_usage, token_ids=token_ids)
                 await response.write(sse_event(payload))
                 is_first = False
     except APIError as exc:  # headers are out: report in-band, as OpenAI does

@@ -32,6 +32,8 @@ class GenerationRequest:
     prompt_token_ids: list[int] | None = None
     messages: list[dict[str, str]] | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM's: extend the last assistant message
+    return_token_ids: bool = False  # vLLM's: prompt and output token ids in the answer
     max_tokens: int | None = None  # None: fill the rest of the context (chat) or 16
     temperature: float = 1.0
     top_p: float = 1.0
@@ -68,7 +70,10 @@ def parse_request(body: Any, *, is_chat: bool) -> GenerationRequest:
     req.model = _opt_str(body, "model")
     if is_chat:
         req.messages = _messages(body)
-        req.add_generation_prompt = _bool(body, "add_generation_prompt", True)
+        req.continue_final_message = _bool(body, "continue_final_message", False)
+        req.add_generation_prompt = _bool(body, "add_generation_prompt",
+                                          not req.continue_final_message)
+        _check_continuation(req)
         req.max_tokens = _opt_int(body, "max_completion_tokens", minimum=1)
         if req.max_tokens is None:
             req.max_tokens = _opt_int(body, "max_tokens", minimum=1)
@@ -88,9 +93,25 @@ def parse_request(body: Any, *, is_chat: bool) -> GenerationRequest:
         raise bad_request("only n=1 is supported", param="n", code="unsupported_value")
     req.is_stream = _bool(body, "stream", False)
     req.include_usage = _stream_options(body, req.is_stream)
+    req.return_token_ids = _bool(body, "return_token_ids", False)
     req.kv_transfer_params = _kv_transfer_params(body)
     req.peer_prefix = _peer_prefix(req.kv_transfer_params)
     return req
+
+
+def _check_continuation(req: GenerationRequest) -> None:
+    """vLLM's rules for `continue_final_message`: the last message is the assistant's
+    (non-empty, so there is something to continue), and no generation prompt after it."""
+    if not req.continue_final_message:
+        return
+    if req.add_generation_prompt:
+        raise bad_request("Cannot set both `continue_final_message` and "
+                          "`add_generation_prompt` to True.", param="continue_final_message")
+    assert req.messages is not None
+    last = req.messages[-1]
+    if last["role"] != "assistant" or not last["content"]:
+        raise bad_request("`continue_final_message` needs a non-empty assistant message last",
+                          param="messages")
 
 
 def check_model(requested: str | None, served_names: list[str]) -> str:

@@ -29,6 +29,21 @@ class ResponseIds:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
 
+@dataclass(slots=True)
+class TokenIds:
+    """vLLM's `return_token_ids` fields: the output ids a body or chunk carries, and the
+    prompt's ids (on the whole answer, or a stream's first chunk; else None). Chat puts
+    `prompt_token_ids` beside `choices`, completions inside the choice, as vLLM does."""
+
+    output: list[int]
+    prompt: list[int] | None = None
+
+    def put(self, ids: ResponseIds, body: dict[str, Any], choice: dict[str, Any]) -> None:
+        choice["token_ids"] = self.output
+        if self.prompt is not None:
+            (body if ids.is_chat else choice)["prompt_token_ids"] = self.prompt
+
+
 def usage(num_prompt_tokens: int, num_output_tokens: int, num_cached_tokens: int = 0) -> dict:
     return {
         "prompt_tokens": num_prompt_tokens,
@@ -39,7 +54,8 @@ def usage(num_prompt_tokens: int, num_output_tokens: int, num_cached_tokens: int
 
 
 def full_response(
-    ids: ResponseIds, text: str, finish_reason: str | None, usage_body: dict
+    ids: ResponseIds, text: str, finish_reason: str | None, usage_body: dict,
+    token_ids: TokenIds | None = None,
 ) -> dict[str, Any]:
     if ids.is_chat:
         choice: dict[str, Any] = {
@@ -50,7 +66,10 @@ def full_response(
         }
     else:
         choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    return {**ids.head(is_chunk=False), "choices": [choice], "usage": usage_body}
+    body = {**ids.head(is_chunk=False), "choices": [choice], "usage": usage_body}
+    if token_ids is not None:
+        token_ids.put(ids, body, choice)
+    return body
 
 
 def chunk(
@@ -60,6 +79,7 @@ def chunk(
     *,
     is_first: bool = False,
     include_usage: bool = False,
+    token_ids: TokenIds | None = None,
 ) -> dict[str, Any]:
     """One streamed delta. Chat's first chunk carries the assistant role."""
     if ids.is_chat:
@@ -72,6 +92,8 @@ def chunk(
     choice["logprobs"] = None
     choice["finish_reason"] = finish_reason
     body = {**ids.head(is_chunk=True), "choices": [choice]}
+    if token_ids is not None:
+        token_ids.put(ids, body, choice)
     if include_usage:
         body["usage"] = None  # OpenAI sends null usage on every chunk but the last
     return body
