@@ -5,7 +5,9 @@ Public API (all pure):
 - `parse_metrics(text) -> ReplicaSample`: Prometheus text from a vLLM or kvfleet engine
   into one typed sample, read by the contract's one `/metrics` parser
   (`kvfleet_engine.contract.read_metrics`; current vLLM v1 names win over the older ones in
-  `contract.LEGACY_NAMES`). Raises `MetricsParseError` when no core gauge is usable.
+  `contract.LEGACY_NAMES`). Raises `MetricsParseError` when no core gauge is usable, or
+  when the scrape is garbage (`implausible`: a negative, huge or out-of-range figure, a
+  core gauge exposed with only NaN/Inf), so the replica is unknown, never idle.
 - `ScrapeLog`: per-replica history of `Scrape`s (a sample or a failure, stamped with the
   caller's clock). `add`, `forget`, `prune`. It is plain data; no clock inside.
 - `aggregate(log, roles, now, window_s, stale_after_s, num_held_requests=0,
@@ -118,7 +120,52 @@ def parse_metrics(text: str) -> ReplicaSample:
     for name, attr in _HISTOGRAMS.items():
         if name in m.histograms:
             setattr(sample, attr, m.histograms[name])
+    why = implausible(sample) or _core_gauge_without_figure(text, m.gauges)
+    if why:
+        raise MetricsParseError(f"implausible scrape: {why}")
     return sample
+
+
+# What no engine can report: a scrape saying so is garbage, read as unknown (never idle).
+MAX_PLAUSIBLE_REQUESTS = 1e6  # running or waiting on one replica
+MAX_PLAUSIBLE_TOKENS = 1e12  # prompt tokens queued on one replica
+MAX_PLAUSIBLE_COUNT = float(2**53)  # a counter or bucket past this has lost integer precision
+_CORE_GAUGE_LINES = (*c.CORE_GAUGES,
+                     *(old for old, new in c.LEGACY_NAMES.items() if new in c.CORE_GAUGES))
+
+
+def implausible(sample: ReplicaSample) -> str:
+    """Why `sample` cannot be a real engine's reading (a negative, huge or out-of-range
+    figure), or "" when it can. Pure; `parse_metrics` refuses such a scrape."""
+    gauges = {"running": (sample.num_running, MAX_PLAUSIBLE_REQUESTS),
+              "waiting": (sample.num_waiting, MAX_PLAUSIBLE_REQUESTS),
+              "KV usage": (sample.kv_usage, 1.0)}  # fmt: skip
+    if sample.num_waiting_prompt_tokens is not None:
+        gauges["waiting prompt tokens"] = (sample.num_waiting_prompt_tokens,
+                                           MAX_PLAUSIBLE_TOKENS)  # fmt: skip
+    for what, (value, limit) in gauges.items():
+        if not 0.0 <= value <= limit:
+            return f"{what} {value!r} outside [0, {limit:g}]"
+    for attr in _COUNTERS.values():
+        value = getattr(sample, attr)
+        if not 0.0 <= value <= MAX_PLAUSIBLE_COUNT:
+            return f"counter {attr} {value!r} outside [0, 2^53]"
+    for attr in _HISTOGRAMS.values():
+        for le, count in getattr(sample, attr):
+            if not 0.0 <= count <= MAX_PLAUSIBLE_COUNT:
+                return f"{attr} bucket le={le:g} count {count!r} outside [0, 2^53]"
+    return ""
+
+
+def _core_gauge_without_figure(text: str, gauges: Mapping[str, float]) -> str:
+    """A core gauge the engine exposes with no finite value (only NaN or Inf): the reader
+    leaves it out, so waiting=NaN beside running=0 would otherwise read as idle. (A gauge
+    that is not exposed at all is simply not exported; one finite label set is a figure.)"""
+    for x in c.parse_text(text, only=_CORE_GAUGE_LINES).samples:
+        family = c.LEGACY_NAMES.get(x.name, x.name)
+        if family not in gauges:
+            return f"{x.name} is {x.value!r}"
+    return ""
 
 
 @dataclass(slots=True)
