@@ -69,6 +69,7 @@ flow_control:                    # tenants, bands, fair shares (flow/; router/RE
   default_tenant: default        # requests without the header
   default_band: standard         # unconfigured tenants (weight 1 each)
   tenants: {}                    # name -> {band: critical|standard|sheddable|<int>, weight: 1}
+  max_tracked_tenants: 10000     # buckets kept (full ones dropped first, then the fullest)
   max_queued_per_band: {}        # band -> bound (queue.max_size bounds them all)
   service_window_s: 60           # attained-service decay (weighted least attained service)
   max_tenant_labels: 20          # tenants with their own metric label; the rest: other
@@ -77,6 +78,7 @@ flow_control:                    # tenants, bands, fair shares (flow/; router/RE
 ```
 
 The document is validated by pydantic: each field declares its type, default and range once
+  max_tracked_tenants: 10000     # tenants whose served tokens are kept (least served forgotten)
 (`Field(ge=..., le=...)`; NaN and infinities are never in a range), cross-field rules are model
 validators, and `json_schema()` derives the JSON Schema from the same declarations. A number
 outside its range is refused with the field and the range: `health.probe_interval_s: must be
@@ -433,6 +435,10 @@ class FlowControlConfig:
     forward_priority: Bool = True
     forward_priority_to_vllm: Bool = False
 
+    # tenants whose attained service the fair queue and the seats keep (tenant ids come
+    # from a header, so clients can name a new one per request); past it the least served
+    # are forgotten (flow/service.py)
+    max_tracked_tenants: Int = Field(default=10_000, ge=16, le=10_000_000)
     @field_validator("default_band")
     @classmethod
     def _default_band(cls, band: str | int) -> str | int:
@@ -569,6 +575,8 @@ class RouterConfig:
     saturation: SaturationConfig = Field(default_factory=SaturationConfig)
     queue: QueueConfig = Field(default_factory=QueueConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
+    # tenants with a bucket; past it full buckets go, then the fullest (quota.py)
+    max_tracked_tenants: Int = Field(default=10_000, ge=16, le=10_000_000)
     signals: SignalsConfig = Field(default_factory=SignalsConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     retries: RetriesConfig = Field(default_factory=RetriesConfig)

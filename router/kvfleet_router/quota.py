@@ -24,12 +24,17 @@ refuses it.
 
 A request is admitted only if every limit of its tenant admits it, and then charged on all
 of them; a refusal charges nothing. Buckets of tenants without limits are never made, and a
-full bucket is the same as no bucket, so full ones are dropped once the table grows
-(`max_idle_tenants`): tenant names chosen by clients cannot grow memory without bound.
+full bucket is the same as no bucket, so full ones are dropped once the table reaches
+`max_tenants` (`quotas.max_tracked_tenants`); if more than three quarters of it are still
+left, only the three quarters with the least left in them are kept (a forgotten bucket
+comes back full, so forgetting the fullest gives away the least). Tenant names chosen by
+clients therefore cannot grow memory without bound, and pruning to three quarters keeps
+its cost amortised O(log n) per new tenant.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -122,8 +127,9 @@ def bucket_depth(per_min: int, burst_s: float, is_requests: bool) -> float:
 class QuotaBook:
     """The buckets of every limited tenant, following config reloads (`configure`)."""
 
-    def __init__(self, cfg: QuotasConfig, max_idle_tenants: int = 10_000) -> None:
-        self.max_idle_tenants = max_idle_tenants
+    def __init__(self, cfg: QuotasConfig, max_tenants: int | None = None) -> None:
+        """`max_tenants`: the bucket cap, else `cfg.max_tracked_tenants` (and its pushes)."""
+        self._max_tenants = max_tenants
         self._buckets: dict[tuple[str, str], TokenBucket] = {}
         self.configure(cfg)
 
@@ -131,6 +137,7 @@ class QuotaBook:
         """New limits apply at once; a bucket keeps its level (cut to its new depth), and a
         tenant whose limit went away loses its bucket."""
         self.cfg = cfg
+        self.max_tenants = self._max_tenants or cfg.max_tracked_tenants
         for (tenant, name), bucket in list(self._buckets.items()):
             per_min = self._per_min(tenant, name)
             if per_min == 0:
@@ -157,17 +164,21 @@ class QuotaBook:
             return None
         bucket = self._buckets.get((tenant, name))
         if bucket is None:
-            if len(self._buckets) >= self.max_idle_tenants:
-                self._drop_full(now)
+            if len(self._buckets) >= self.max_tenants:
+                self._shrink(now)
             bucket = TokenBucket.full(per_min, bucket_depth(
                 per_min, self.cfg.burst_s, name == REQUESTS), now)
             self._buckets[tenant, name] = bucket
         return bucket
 
-    def _drop_full(self, now: float) -> None:
-        for key, bucket in list(self._buckets.items()):
-            if bucket.is_full(now):
-                del self._buckets[key]
+    def _shrink(self, now: float) -> None:
+        """Drop the full buckets, then all but the 3/4 cap with the least left in them."""
+        kept = {key: b for key, b in self._buckets.items() if not b.is_full(now)}
+        low_water = max(1, self.max_tenants * 3 // 4)
+        if len(kept) > low_water:
+            emptiest = heapq.nsmallest(low_water, kept, key=lambda k: kept[k].level / kept[k].burst)
+            kept = {key: kept[key] for key in emptiest}
+        self._buckets = kept
 
     def __len__(self) -> int:
         return len(self._buckets)

@@ -27,7 +27,7 @@ class WaitQueue:
                  clock: Callable[[], float] = time.monotonic) -> None:
         flow = flow or FlowControlConfig()
         self.clock = clock
-        self.service = AttainedService(flow.service_window_s)
+        self.service = AttainedService(flow.service_window_s, flow.max_tracked_tenants)
         self.fair = FairQueue(max_size, self.service, flow.band_bound)
         self._tickets: dict[asyncio.Future[None], Ticket] = {}
         self._futures: dict[Ticket, asyncio.Future[None]] = {}  # the reverse map
@@ -41,9 +41,10 @@ class WaitQueue:
         self.fair.max_size = value
 
     def configure(self, flow: FlowControlConfig) -> None:
-        """A config push: band bounds and the service window follow it."""
+        """A config push: band bounds, the service window and its tenant cap follow it."""
         self.fair.band_bound = flow.band_bound
         self.service.window_s = flow.service_window_s
+        self.service.max_tenants = flow.max_tracked_tenants
 
     def __len__(self) -> int:
         return len(self.fair)

@@ -129,7 +129,7 @@ def test_reload_keeps_the_level_cut_to_the_new_depth_and_unlimits_removed_tenant
 
 
 def test_client_chosen_tenant_names_cannot_grow_the_table_past_its_bound():
-    book = QuotaBook(QuotasConfig(default=TenantQuota(rpm=60)), max_idle_tenants=100)
+    book = QuotaBook(QuotasConfig(default=TenantQuota(rpm=60)), max_tenants=100)
     for i in range(10_000):
         book.admit(f"t{i}", 1, float(i))  # each tenant's bucket is full again a second later
     assert len(book) <= 100

@@ -33,7 +33,9 @@ class FlowGate:
                  recent_window_s: float = RECENT_WINDOW_S) -> None:
         self.seats = Seats()
         self.queue_service = queue_service  # the fair queue's order (flow/service.py)
-        self.recent = AttainedService(recent_window_s)  # never lifted, unlike the queue's
+        # never lifted, unlike the queue's; as many tenants kept as the queue's keeps
+        self.recent = AttainedService(recent_window_s) if queue_service is None else (
+            AttainedService(recent_window_s, queue_service.max_tenants))
 
     def standing(self, flow: Flow, e: EndpointState, now: float) -> int:
         """The request's standing on `e`: its base, lifted when its tenant is under its
@@ -87,4 +89,5 @@ class FlowGate:
         meters: the queue's attained service (its order) and the recent one (its share)."""
         if self.queue_service is not None:
             self.queue_service.charge(tenant, tokens, now)
+            self.recent.max_tenants = self.queue_service.max_tenants  # follows config pushes
         self.recent.charge(tenant, tokens, now)
