@@ -64,21 +64,21 @@ quotas:                          # per-tenant rate limits (quota.py; router/READ
   tenants: {}                    # name -> {rpm: requests/min, tpm: tokens/min}
   burst_s: 2.0                   # bucket depth: this many seconds of the limit
   default_max_tokens: 256        # charged up front when a request sets no max_tokens
+  max_tracked_tenants: 10000     # buckets kept (full ones dropped first, then the fullest)
 flow_control:                    # tenants, bands, fair shares (flow/; router/README.md)
   tenant_header: x-kvfleet-tenant
   default_tenant: default        # requests without the header
   default_band: standard         # unconfigured tenants (weight 1 each)
   tenants: {}                    # name -> {band: critical|standard|sheddable|<int>, weight: 1}
-  max_tracked_tenants: 10000     # buckets kept (full ones dropped first, then the fullest)
   max_queued_per_band: {}        # band -> bound (queue.max_size bounds them all)
   service_window_s: 60           # attained-service decay (weighted least attained service)
   max_tenant_labels: 20          # tenants with their own metric label; the rest: other
+  max_tracked_tenants: 10000     # tenants whose served tokens are kept (least served forgotten)
   forward_priority: true         # the band as the body's `priority` (not to vLLM unless
   forward_priority_to_vllm: false  # it runs --scheduling-policy priority)
 ```
 
 The document is validated by pydantic: each field declares its type, default and range once
-  max_tracked_tenants: 10000     # tenants whose served tokens are kept (least served forgotten)
 (`Field(ge=..., le=...)`; NaN and infinities are never in a range), cross-field rules are model
 validators, and `json_schema()` derives the JSON Schema from the same declarations. A number
 outside its range is refused with the field and the range: `health.probe_interval_s: must be
@@ -430,15 +430,15 @@ class FlowControlConfig:
     service_window_s: Float = Field(default=60.0, ge=1, le=24 * HOUR_S)
     # tenants with their own metric label (configured ones always); the rest are `other`
     max_tenant_labels: Int = Field(default=20, ge=0, le=10_000)
+    # tenants whose attained service the fair queue and the seats keep (tenant ids come
+    # from a header, so clients can name a new one per request); past it the least served
+    # are forgotten (flow/service.py)
+    max_tracked_tenants: Int = Field(default=10_000, ge=16, le=10_000_000)
     # send the effective band as the body's `priority` (kvfleet engines order and preempt
     # by it); vLLM refuses a priority unless started with --scheduling-policy priority
     forward_priority: Bool = True
     forward_priority_to_vllm: Bool = False
 
-    # tenants whose attained service the fair queue and the seats keep (tenant ids come
-    # from a header, so clients can name a new one per request); past it the least served
-    # are forgotten (flow/service.py)
-    max_tracked_tenants: Int = Field(default=10_000, ge=16, le=10_000_000)
     @field_validator("default_band")
     @classmethod
     def _default_band(cls, band: str | int) -> str | int:
@@ -559,6 +559,8 @@ class QuotasConfig:
     burst_s: Float = Field(default=2.0, ge=0.01, le=60)
     # tokens charged for the answer when a request sets no max_tokens (settled on usage)
     default_max_tokens: Int = Field(default=256, ge=1, le=10_000_000)
+    # tenants with a bucket; past it full buckets go, then the fullest (quota.py)
+    max_tracked_tenants: Int = Field(default=10_000, ge=16, le=10_000_000)
 
     @property
     def is_enabled(self) -> bool:
@@ -575,8 +577,6 @@ class RouterConfig:
     saturation: SaturationConfig = Field(default_factory=SaturationConfig)
     queue: QueueConfig = Field(default_factory=QueueConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
-    # tenants with a bucket; past it full buckets go, then the fullest (quota.py)
-    max_tracked_tenants: Int = Field(default=10_000, ge=16, le=10_000_000)
     signals: SignalsConfig = Field(default_factory=SignalsConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     retries: RetriesConfig = Field(default_factory=RetriesConfig)
