@@ -94,6 +94,7 @@ class ChainIndex:
     def forget_endpoint(self, endpoint: str) -> None:
         for h in self._lru.pop(endpoint, OrderedDict()):
             self._drop_owner(h, endpoint)
+        self._solo.pop(endpoint, None)  # endpoints come and go: keep none that left
 
     def match(self, hashes: list[int]) -> dict[str, int]:
         """endpoint -> number of leading blocks of `hashes` it holds (absent means 0)."""

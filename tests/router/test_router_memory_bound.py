@@ -26,6 +26,7 @@ from kvfleet_router.config import (
 )
 from kvfleet_router.flow.gate import FlowGate
 from kvfleet_router.flow.service import AttainedService
+from kvfleet_router.prefix_index import ApproxPrefixIndex
 from kvfleet_router.quota import QuotaBook
 from kvfleet_router.wait_queue import WaitQueue
 
@@ -177,3 +178,14 @@ async def test_unique_prompts_sessions_and_tenants_fill_every_table_to_its_cap_a
     # what lives only while a request does is gone with it
     assert len(app.queue) == 0 and all(e.num_in_flight == 0 for e in core.registry.endpoints)
     assert not any(dispatcher.gate.seats.num_held(e.name) for e in core.registry.endpoints)
+
+
+def test_an_endpoint_that_left_leaves_nothing_in_the_prefix_index():
+    idx = ApproxPrefixIndex(block_bytes=4, max_blocks_per_endpoint=100)
+    for n in range(50):  # scale-ups and -downs name new endpoints for as long as it runs
+        name = f"pool-decode-{n}"
+        idx.record(name, idx.hash_text(f"{n:04d}shared-prefix"))
+        idx.record("stays", idx.hash_text(f"{n:04d}shared-prefix"))
+        idx.forget_endpoint(name)
+    assert idx.endpoints() == ["stays"] and list(idx._solo) == ["stays"]
+    assert all(owners == {"stays"} for owners in idx._owners.values())
