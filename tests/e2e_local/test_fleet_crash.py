@@ -1,6 +1,7 @@
 """Crash handling: a SIGKILLed replica under load is restarted; the router ejects it, then
 readmits it; only requests already streaming on it may fail, and they fail cleanly.
-A SIGKILLed `kvfleet up` takes every child with it."""
+A SIGKILLed `kvfleet up` leaves its children serving (test_up_restart.py: the next `up`
+adopts them)."""
 
 import asyncio
 import os
@@ -101,7 +102,7 @@ def test_sigkilled_up_leaves_no_child_and_a_restart_resumes(start_fleet):
                    lambda s: s.get("autoscaler_history", {}).get("decisions"), 30)
     fleet.proc.kill()
     fleet.proc.wait()
-    assert fleet.leftovers() == []
+    assert sorted(fleet.leftovers(wait_s=0)) == sorted(pids)  # they outlive it, serving
 
     # A new `up` on the same state dir carries the autoscaler history on.
     before = fleet.state()["autoscaler_history"]["decisions"]

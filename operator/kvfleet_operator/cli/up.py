@@ -2,8 +2,9 @@
 
 The router and every engine replica run as child processes on 127.0.0.1; the control loop
 scales them. It prints the OpenAI endpoint, then live progress (replicas per role, signals,
-scale events). Ctrl-C or SIGTERM stops every child; a SIGKILLed `up` takes them with it.
-`kvfleet status` shows the same from another terminal.
+scale events). Ctrl-C or SIGTERM stops every child. A SIGKILLed `up` leaves them serving; the
+next `up` on the same state dir adopts them (no duplicates, drain deadlines and the router
+config version carried on). `kvfleet status` shows the same from another terminal.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import argparse
 import asyncio
 import logging
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -41,8 +41,11 @@ from kvfleet_operator.runtimes.local.backoff import Backoff
 from kvfleet_operator.runtimes.local.progress import summary_line
 from kvfleet_operator.runtimes.local.replicas import (
     HOST,
+    ROUTER_NAME,
     LocalRuntime,
     kvfleet_argv,
+    leftover_records,
+    running_records,
 )
 from kvfleet_operator.runtimes.local.spec_support import unhonoured_fields
 from kvfleet_operator.runtimes.local.state_dir import StateDir, default_state_dir, running_pid
@@ -153,14 +156,16 @@ def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir]:
         raise UpError(f"--restart-backoff must be in (0, {MAX_RESTART_BACKOFF_S:g}] seconds")
     if not 0 <= args.port < 65536:
         raise UpError(f"--port {args.port} is out of range")
-    if args.port and not procs.can_bind(args.port, HOST):
+    state_dir = StateDir(args.state_dir or default_state_dir(pool.name))
+    running = running_records(leftover_records(state_dir.read_state(), pool.name))
+    is_ours = any(r.get("name") == ROUTER_NAME and r.get("port") == args.port for r in running)
+    if args.port and not is_ours and not procs.can_bind(args.port, HOST):
         raise UpError(f"port {args.port} on {HOST} is in use")
     if not 0 <= args.metrics_port < 65536:
         raise UpError(f"--metrics-port {args.metrics_port} is out of range")
     if args.metrics_port and not procs.can_bind(args.metrics_port, HOST):
         raise UpError(f"port {args.metrics_port} on {HOST} is in use")
     _check_api_keys(pool, args.api_keys_file)
-    state_dir = StateDir(args.state_dir or default_state_dir(pool.name))
     pid = running_pid(state_dir.read_state())
     if pid is not None and pid != os.getpid():
         raise UpError(f"a fleet is already running from {state_dir.path} (pid {pid})")
@@ -207,26 +212,31 @@ async def run_fleet(
     # Details (tracebacks of a failed control-loop tick) go to a file, not the terminal.
     logging.basicConfig(filename=state_dir.log_file("up"), level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    token = state_dir.new_admin_token()  # the router reads it from the file; never printed
+    # A killed `up` left children serving: adopt them, with the tokens they hold.
+    leftovers = leftover_records(state_dir.read_state(), pool.name)
+    is_kept = bool(running_records(leftovers))
+    token = state_dir.admin_token(is_kept)  # the router reads it from the file; never printed
     base: dict[str, Any] = {"pool": pool.name, "pid": os.getpid(), "state_dir": str(state_dir.path),
                             "model": pool.spec.model.api_name, "is_stopped": False,
                             "is_serving": False}
     grace_s = float(pool.spec.autoscaling.drain_timeout_seconds) + 5.0
     # Engines share a per-fleet token for their KV-transfer and KV-event endpoints, so nothing
     # else on the machine can read cached prompts off a replica; the router gets it too.
-    engine_token = {ENGINE_TOKEN_ENV: secrets.token_urlsafe(32)}
+    engine_token = {ENGINE_TOKEN_ENV: state_dir.engine_token(is_kept)}
     timing = LoopTiming()
     loop_metrics = LoopMetrics(pool.name, pool.spec)
     events = Fanout(progress, loop_metrics)
     async with LocalRuntime(state_dir, backoff=backoff, events=events,
                             engine_env=engine_token) as runtime:  # fmt: skip
         keys = ["--api-keys-file", str(api_keys_file.resolve())] if api_keys_file else []
-        router = runtime.start_router(
-            lambda p: kvfleet_argv("router", "--host", HOST, "--port", str(p),
-                                   "--admin-token-file", str(state_dir.token_file), *keys),
-            port=port or None,
-            env=engine_token,
-        )
+
+        def router_argv(p: int) -> list[str]:
+            return kvfleet_argv("router", "--host", HOST, "--port", str(p),
+                                "--admin-token-file", str(state_dir.token_file), *keys)
+
+        adopted = runtime.adopt(leftovers, pool.spec, router_argv, engine_token) if is_kept \
+            else None  # fmt: skip
+        router = adopted or runtime.start_router(router_argv, port=port or None, env=engine_token)
         endpoint = f"{router.address}/v1"
         base["endpoint"] = endpoint
         if not await runtime.wait_ready(router.name, ROUTER_START_TIMEOUT_S, stop):

@@ -1,8 +1,12 @@
-"""Child processes that cannot outlive the fleet.
+"""Child processes of a local fleet.
 
 Every child gets its own session (so a terminal's Ctrl-C reaches only `kvfleet up`, which then
-stops the children in order) and PR_SET_PDEATHSIG=SIGKILL (so even a SIGKILLed `up` leaves no
-orphan). Ports come from the kernel: bind port 0 on loopback, read it back, release it.
+stops the children in order). By default a child also gets PR_SET_PDEATHSIG=SIGKILL, so it
+dies with its parent; the fleet's router and engines are spawned with `outlive_parent=True`
+instead, so a SIGKILLed `up` leaves them serving and a restarted `up` adopts them
+(`adopt`: a pid is taken back only if it still runs and started when it was recorded to,
+`start_ticks`, so a reused pid is never mistaken for our child).
+Ports come from the kernel: bind port 0 on loopback, read it back, release it.
 """
 
 from __future__ import annotations
@@ -60,9 +64,12 @@ def can_bind(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start `argv` in its own session, output appended to `log_path`, dying with us."""
+def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None,
+          outlive_parent: bool = False) -> subprocess.Popen:  # fmt: skip
+    """Start `argv` in its own session, output appended to `log_path`, dying with us unless
+    `outlive_parent`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    preexec = None if outlive_parent else die_with_parent(os.getpid())
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             argv,
@@ -71,12 +78,66 @@ def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) ->
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
-            preexec_fn=die_with_parent(os.getpid()),  # noqa: PLW1509 - called from main thread
+            preexec_fn=preexec,  # noqa: PLW1509 - called from main thread
             close_fds=True,
         )
 
 
-def signal_group(proc: subprocess.Popen, sig: int) -> None:
+def start_ticks(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, /proc/<pid>/stat field 22), or None if it
+    does not run (gone, or a zombie waiting to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+EXIT_UNKNOWN = 255  # an adopted process's exit status: not our child, so nobody told us
+
+
+class Adopted:
+    """A running process an earlier `kvfleet up` started, taken back by pid: the part of
+    Popen the runtime uses (pid, poll, wait, returncode). Its parent is init, which reaps it,
+    so its exit status is unknown (`EXIT_UNKNOWN`)."""
+
+    def __init__(self, pid: int, ticks: int) -> None:
+        self.pid = pid
+        self.ticks = ticks
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and start_ticks(self.pid) != self.ticks:
+            self.returncode = EXIT_UNKNOWN
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0.0)
+            time.sleep(0.05)
+        assert self.returncode is not None
+        return self.returncode
+
+
+def adopt(pid: object, ticks: object) -> Adopted | None:
+    """The recorded process, if that very process still runs; else None."""
+    if not isinstance(pid, int) or not isinstance(ticks, int) or pid <= 0:
+        return None
+    return Adopted(pid, ticks) if start_ticks(pid) == ticks else None
+
+
+Proc = subprocess.Popen | Adopted
+
+
+def signal_group(proc: Proc, sig: int) -> None:
     """Signal the child's whole process group (it leads its own session)."""
     if proc.poll() is not None:
         return
@@ -86,7 +147,7 @@ def signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+def stop(procs: list[Proc], grace_s: float) -> None:
     """SIGTERM every child, wait up to `grace_s`, then SIGKILL what is left; reap them all."""
     for proc in procs:
         signal_group(proc, signal.SIGTERM)
@@ -103,13 +164,14 @@ def stop(procs: list[subprocess.Popen], grace_s: float) -> None:
 
 
 def is_pid_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    return start_ticks(pid) is not None or not os.path.exists("/proc/self/stat")
 
 
 def last_line(path: Path, max_bytes: int = 4096) -> str:

@@ -5,7 +5,13 @@ as ready only after its `/health` answers 200. A replica that exits on its own i
 on the same port after an exponential backoff (so the router's endpoint address stays valid
 and the router can readmit it); the crash is counted and shown in status. A deleted replica
 gets SIGTERM (the engine drains), and SIGKILL if it outlives its grace period. Everything the
-runtime starts is stopped by `shutdown()`, and dies with us anyway (procs.py).
+runtime starts is stopped by `shutdown()`.
+
+A SIGKILLed `kvfleet up` takes nothing with it: the children outlive it and keep serving
+(procs.py), and the next `up` on the same state dir `adopt`s them from the replica records
+`status()` wrote to state.json (pid and start time, port, state, restarts, drain deadline),
+so it never starts a duplicate. A recorded replica that died meanwhile is restarted on its
+port if it was serving, and forgotten if it was leaving (draining or stopping).
 """
 
 from __future__ import annotations
@@ -13,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -23,7 +28,7 @@ from typing import Any
 import aiohttp
 
 from kvfleet_operator.api.spec import PoolSpec
-from kvfleet_operator.decide.engine_args import engine_args
+from kvfleet_operator.decide.engine_args import engine_args, engine_command, engine_env
 from kvfleet_operator.decide.reconcile import RolePlan
 from kvfleet_operator.loop import events as ev
 from kvfleet_operator.loop.ports import EventSink
@@ -44,6 +49,20 @@ def kvfleet_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "kvfleet_operator.cli.main", *args]
 
 
+def leftover_records(state: dict[str, Any] | None, pool_name: str) -> list[dict[str, Any]]:
+    """The child records an earlier `up` of this pool left in state.json without stopping
+    them (it was killed): what `LocalRuntime.adopt` takes back. [] after a clean stop."""
+    if not state or state.get("pool") != pool_name or state.get("is_stopped"):
+        return []
+    records = state.get("replicas")
+    return [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
+
+
+def running_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Those records whose very process still runs."""
+    return [r for r in records if procs.adopt(r.get("pid"), r.get("start_ticks")) is not None]
+
+
 @dataclass(slots=True)
 class Child:
     """One supervised process: a router or an engine replica."""
@@ -54,7 +73,7 @@ class Child:
     argv_for: Callable[[int], list[str]]  # the full command line for a given port
     env: dict[str, str] | None = None  # extra environment on top of ours
     is_port_fixed: bool = False  # the router keeps the endpoint it printed, come what may
-    proc: subprocess.Popen | None = None
+    proc: procs.Proc | None = None
     state: str = STARTING
     num_restarts: int = 0
     num_recent_crashes: int = 0
@@ -69,6 +88,8 @@ class Child:
     def address(self) -> str:
         return f"http://{HOST}:{self.port}"
 
+    start_ticks: int | None = None  # when its process started (procs.start_ticks)
+
     @property
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
@@ -78,7 +99,11 @@ class Child:
             "name": self.name,
             "role": self.role,
             "address": self.address,
+            "port": self.port,
             "pid": self.pid,
+            "start_ticks": self.start_ticks,
+            "started_at": self.started_at,  # the runtime's clock: monotonic, machine-wide
+            "kill_at": self.kill_at,
             "state": self.state,
             "num_restarts": self.num_restarts,
             "last_exit_code": self.last_exit_code,
@@ -128,7 +153,8 @@ class LocalRuntime:
     def _spawn(self, child: Child) -> None:
         env = {**os.environ, **child.env} if child.env else None
         log = self.state_dir.log_file(child.name)
-        child.proc = procs.spawn(child.argv_for(child.port), log, env)
+        child.proc = procs.spawn(child.argv_for(child.port), log, env, outlive_parent=True)
+        child.start_ticks = procs.start_ticks(child.proc.pid)
         child.state = STARTING
         child.started_at = self.clock()
         child.restart_at = None
@@ -164,6 +190,72 @@ class LocalRuntime:
             return plan.command + engine_args(spec, role, host=HOST, port=port)
 
         self.add_replica(role, argv_for, {**plan.env, **self._engine_env})
+
+    def adopt(
+        self, records: Any, spec: PoolSpec, router_argv_for: Callable[[int], list[str]],
+        router_env: dict[str, str] | None = None,
+    ) -> Child | None:  # fmt: skip
+        """Take back the children an earlier `up` on this state dir left running (its
+        state.json `replicas`); returns the router if it was adopted. Engines get their
+        command from `spec` (as `create` does), should one need a restart later."""
+        now = self.clock()
+        for record in records if isinstance(records, list) else []:
+            child = self._adopted_child(record, spec, router_argv_for, router_env, now)
+            if child is None:
+                continue
+            self.children[child.name] = child
+            if child.name != ROUTER_NAME:
+                index = child.name.rsplit("-", 1)[-1]
+                if index.isdigit():
+                    self._next_index[child.role] = max(self._next_index.get(child.role, 0),
+                                                       int(index) + 1)  # fmt: skip
+        return self.children.get(ROUTER_NAME)
+
+    def _adopted_child(
+        self, record: Any, spec: PoolSpec, router_argv_for: Callable[[int], list[str]],
+        router_env: dict[str, str] | None, now: float,
+    ) -> Child | None:  # fmt: skip
+        try:
+            name, role, port = str(record["name"]), str(record["role"]), int(record["port"])
+            state = str(record["state"])
+        except (KeyError, TypeError, ValueError):
+            return None  # a record from before adoption existed, or junk: nothing to adopt
+        if name in self.children or not 0 < port < 65536:
+            return None
+        if name == ROUTER_NAME:
+            argv_for, env, fixed = router_argv_for, router_env, True
+        elif role in spec.topology.roles():
+            def argv_for(p: int, role: str = role) -> list[str]:
+                return engine_command(spec) + engine_args(spec, role, host=HOST, port=p)
+
+            env, fixed = {**engine_env(spec, role), **self._engine_env}, False
+        else:
+            return None  # a role the pool no longer has: not ours to run
+        proc = procs.adopt(record.get("pid"), record.get("start_ticks"))
+        restarts = record.get("num_restarts")
+        child = Child(name, role, port, argv_for, env, is_port_fixed=fixed, proc=proc,
+                      num_restarts=restarts if isinstance(restarts, int) else 0,
+                      start_ticks=proc.ticks if proc is not None else None)  # fmt: skip
+        if proc is None:
+            if state in (DRAINING, STOPPING):
+                self._say(ev.EventReason.REPLICA_STOPPED, f"{name} exited while no loop ran")
+                return None  # it was leaving anyway
+            child.state, child.restart_at = CRASHED, now  # restart it on this tick
+            child.last_error = "exited while no `kvfleet up` ran"
+            self._say(ev.EventReason.REPLICA_CRASHED, f"{name} exited while no loop ran; "
+                      "restarting it", is_warning=True)  # fmt: skip
+            return child
+        started = record.get("started_at")
+        child.started_at = float(started) if isinstance(started, int | float) else now
+        kill_at = record.get("kill_at")
+        child.kill_at = float(kill_at) if isinstance(kill_at, int | float) else None
+        child.state = state if state in (READY, DRAINING, STOPPING) else STARTING
+        if child.state == STOPPING and child.kill_at is None:
+            child.kill_at = now  # its grace period is unknown: it has had it
+        where = "" if name == ROUTER_NAME else f" on {child.address}"
+        self._say(ev.EventReason.REPLICA_ADOPTED,
+                  f"adopt {name}{where} (pid {proc.pid}, {child.state})")  # fmt: skip
+        return child
 
     def _say(self, reason: str, message: str, is_warning: bool = False) -> None:
         self.events.emit(ev.warning(reason, message) if is_warning else ev.normal(reason, message))
@@ -206,11 +298,13 @@ class LocalRuntime:
     def _on_exit(self, child: Child, now: float) -> None:
         assert child.proc is not None
         child.last_exit_code = child.proc.returncode
+        code = ("a status nobody knows (adopted)" if isinstance(child.proc, procs.Adopted)
+                else child.last_exit_code)  # fmt: skip
         if child.state in (STOPPING, DRAINING):
             # Leaving anyway: a drained replica that dies is simply gone, never restarted.
             del self.children[child.name]
             self._say(ev.EventReason.REPLICA_STOPPED,
-                      f"stopped {child.name} (exit {child.last_exit_code})")  # fmt: skip
+                      f"stopped {child.name} (exited with {code})")  # fmt: skip
             return
         uptime = now - child.started_at
         child.num_recent_crashes = self.backoff.recent_crashes(child.num_recent_crashes, uptime)
@@ -218,13 +312,13 @@ class LocalRuntime:
         is_starting = child.state == STARTING
         line = procs.last_line(self.state_dir.log_file(child.name))
         child.last_error = child.kill_reason or (
-            f"exited with {child.last_exit_code}" + (f": {line}" if line else ""))
+            f"exited with {code}" + (f": {line}" if line else ""))
         child.state = CRASHED
         child.restart_at = now + delay
         during = " during start-up" if is_starting else ""
         self._say(
             ev.EventReason.REPLICA_CRASHED,
-            f"{child.name} exited with {child.last_exit_code}{during}; restart in {delay:.1f}s "
+            f"{child.name} exited with {code}{during}; restart in {delay:.1f}s "
             f"(see {self.state_dir.log_file(child.name)})"
             + (f": {child.last_error}" if is_starting else ""),
             is_warning=True,

@@ -1,8 +1,10 @@
 """The local fleet's state directory: ./.kvfleet/<pool>/ by default (git-ignored).
 
 It holds `state.json` (what `kvfleet status` shows, including the autoscaler history so a
-restarted `up` continues where it left off), `admin-token` (mode 0600, never printed),
-the router config and one log file per child.
+restarted `up` continues where it left off, and the records of the children it adopts),
+`admin-token` and `engine-token` (mode 0600, never printed; a restarted `up` that adopts
+running children keeps them, since those children hold them), the router config and one log
+file per child.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 STATE_FILE = "state.json"
 TOKEN_FILE = "admin-token"
+ENGINE_TOKEN_FILE = "engine-token"
 LOG_DIR = "logs"
 
 
@@ -44,13 +47,17 @@ class StateDir:
 
     def new_admin_token(self) -> str:
         """A fresh token per fleet start, written 0600 before any byte of it lands on disk."""
-        token = secrets.token_urlsafe(32)
-        tmp = self.token_file.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(token + "\n")
-        os.replace(tmp, self.token_file)
-        return token
+        return _new_secret(self.token_file)
+
+    def admin_token(self, is_kept: bool) -> str:
+        """The admin token the running router holds when `is_kept` (an adopted fleet), else
+        a fresh one."""
+        return _kept_secret(self.token_file) if is_kept else _new_secret(self.token_file)
+
+    def engine_token(self, is_kept: bool) -> str:
+        """The engines' shared token (KV transfer and events), kept like `admin_token`."""
+        path = self.path / ENGINE_TOKEN_FILE
+        return _kept_secret(path) if is_kept else _new_secret(path)
 
     def read_admin_token(self) -> str:
         return self.token_file.read_text().strip()
@@ -67,6 +74,24 @@ class StateDir:
         except (FileNotFoundError, json.JSONDecodeError):
             return None
         return data if isinstance(data, dict) else None
+
+
+def _new_secret(path: Path) -> str:
+    token = secrets.token_urlsafe(32)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    os.replace(tmp, path)
+    return token
+
+
+def _kept_secret(path: Path) -> str:
+    try:
+        token = path.read_text().strip()
+    except OSError:
+        token = ""
+    return token or _new_secret(path)
 
 
 def running_pid(state: dict[str, Any] | None) -> int | None:
