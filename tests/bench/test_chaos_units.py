@@ -133,3 +133,51 @@ async def test_the_proxy_passes_slows_cuts_drops_and_serves_garbage(upstream):
     with pytest.raises(ValueError, match="unknown proxy mode"):
         proxy.set_mode("meteor")
     await asyncio.sleep(0)
+
+
+@pytest.fixture
+async def sse_server():
+    events = {
+        "whole": [b'data: {"choices":[{"text":"a","finish_reason":null}]}',
+                  b'data: {"choices":[{"text":"b","finish_reason":"length"}]}', b"data: [DONE]"],
+        "error": [b'data: {"choices":[{"text":"a","finish_reason":null}]}',
+                  b'data: {"error":{"message":"backend went away","type":"server_error"}}',
+                  b"data: [DONE]"],
+        "cut": [b'data: {"choices":[{"text":"a","finish_reason":null}]}'],
+        "no_done": [b'data: {"choices":[{"text":"b","finish_reason":"stop"}]}'],
+    }
+
+    async def handler(request):
+        kind = (await request.json())["prompt"].split(":")[0].split()[-1]
+        if kind == "refused":
+            return web.json_response({"error": {"message": "no"}}, status=503)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in events[kind]:
+            await resp.write(event + b"\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    await runner.cleanup()
+
+
+@pytest.mark.parametrize("kind, outcome", [
+    ("whole", "ok"), ("error", "error_event"), ("cut", "incomplete"), ("no_done", "incomplete"),
+    ("refused", "http_503"),
+])
+async def test_a_stream_counts_only_when_it_finished_whole(sse_server, monkeypatch, kind,
+                                                           outcome):
+    from kvfleet_bench.chaos import load
+
+    monkeypatch.setattr(load, "_body", lambda shape, i, model, n: {
+        "prompt": f"x {kind}: go", "stream": True})
+    async with aiohttp.ClientSession() as http:
+        out = await load.one_request(http, sse_server, "completion_stream", 0, 0,
+                                     time.monotonic(), "m", 8, 10.0)
+    assert out.outcome == outcome, out.detail

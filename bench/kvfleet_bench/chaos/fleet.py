@@ -60,6 +60,20 @@ def processes_with_marker(marker: str) -> list[int]:
     return found
 
 
+def engine_processes(marker: str) -> list[int]:
+    """Marked processes running `kvfleet engine` (duplicates show up here)."""
+    found = []
+    for pid in processes_with_marker(marker):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmd:
+                argv = cmd.read().split(b"\0")
+        except OSError:
+            continue
+        if b"engine" in argv and b"kvfleet_operator.cli.main" in argv:
+            found.append(pid)
+    return found
+
+
 def migrations_from_metrics(text: str) -> dict[str, float]:
     """`kvfleet_router_migrations_total` by outcome from a router's /metrics text."""
     out: dict[str, float] = {}
@@ -179,8 +193,8 @@ class ChaosFleet:
     async def mirror_once(self, http: aiohttp.ClientSession) -> None:
         """Push A's config to B (B's own version), with the proxied engine behind the proxy."""
         view = await self.admin_view(http, "a")
-        if view is None or not view.get("config"):
-            return
+        if view is None or not view.get("config") or int(view.get("version") or 0) <= 0:
+            return  # a router replica just restarted holds no config until the loop pushes
         self.a_versions.append((time.monotonic(), int(view["version"])))
         config = copy.deepcopy(view["config"])
         for ep in config.get("endpoints", []):

@@ -71,9 +71,8 @@ class FaultProxy:
             self._server.close()
             for writer in list(self._open):
                 writer.transport.abort()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self._tasks:  # aborted transports end their reads: let the handlers return
+                await asyncio.wait(set(self._tasks), timeout=5.0)
             await self._server.wait_closed()
             self._server = None
 

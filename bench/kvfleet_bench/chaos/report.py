@@ -25,11 +25,16 @@ class FaultRecord:
     cleared_s: float  # the cause removed (SIGCONT, proxy back to pass); = injected if instant
     recovered_s: float | None  # full capacity again; None: not within the limit
     in_flight_on_victim: int = 0  # router_kill: requests open on that router at the kill
+    num_engine_processes: int | None = None  # loop_kill: engines running once recovered
     detail: str = ""
 
     @property
     def recovery_s(self) -> float | None:
         return None if self.recovered_s is None else self.recovered_s - self.injected_s
+
+    @property
+    def recovery_after_clear_s(self) -> float | None:
+        return None if self.recovered_s is None else self.recovered_s - self.cleared_s
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "recovery_s": self.recovery_s}
@@ -68,6 +73,8 @@ def summarize(outcomes: list[Outcome], faults: list[FaultRecord],
     kinds = sorted({f.kind for f in faults})
     recovery = {k: _dist([f.recovery_s for f in faults if f.kind == k
                           and f.recovery_s is not None]) for k in kinds}
+    after_clear = {k: _dist([f.recovery_after_clear_s for f in faults if f.kind == k
+                             and f.recovery_after_clear_s is not None]) for k in kinds}
     per_header = [o.migrated for o in outcomes if o.migrated is not None]
     router_kills = [f for f in faults if f.kind == "router_kill"]
     return {
@@ -81,6 +88,7 @@ def summarize(outcomes: list[Outcome], faults: list[FaultRecord],
         "num_not_recovered": sum(f.recovered_s is None for f in faults),
         "recovery_s": _dist([f.recovery_s for f in faults if f.recovery_s is not None]),
         "recovery_s_by_kind": recovery,
+        "recovery_after_clear_s_by_kind": after_clear,  # from SIGCONT, proxy back, restart
         "migrations": {k: int(v) for k, v in sorted(migrations.items())},
         "num_migrated_requests": (sum(1 for m in per_header if m > 0) if per_header else None),
         "router_kill_in_flight": sum(f.in_flight_on_victim for f in router_kills),

@@ -23,7 +23,7 @@ from kvfleet_operator.runtimes.local.procs import can_bind
 
 from kvfleet_bench.chaos import netproxy
 from kvfleet_bench.chaos import schedule as sch
-from kvfleet_bench.chaos.fleet import ChaosFleet
+from kvfleet_bench.chaos.fleet import ChaosFleet, engine_processes
 from kvfleet_bench.chaos.load import SHAPES, SteadyLoad
 from kvfleet_bench.chaos.report import FaultRecord, summarize
 
@@ -140,6 +140,8 @@ async def _run(cfg: SoakConfig, fleet: ChaosFleet) -> dict[str, Any]:
     summary = summarize(outcomes, records, fleet.migrations)
     summary.update(
         wall_s=round(run_s, 1), rate=cfg.rate, idle_timeout_s=idle_s,
+        num_engine_processes_after_loop_kills=sorted({
+            r.num_engine_processes for r in records if r.num_engine_processes is not None}),
         num_delayed_faults=sum(1 for r in records if r.injected_s > r.scheduled_s + 1.0),
         up_starts=fleet.num_up_starts, router_a_version_regressions=regressions,
         router_a_last_version=versions[-1] if versions else None,
@@ -199,6 +201,12 @@ async def _inject(cfg: SoakConfig, fleet: ChaosFleet, load: SteadyLoad, index: i
             recovered = load.now_s()
             break
         await asyncio.sleep(0.2)
+    num_engines = None
+    if recovered is not None and fault.kind == sch.LOOP_KILL:
+        num = num_engines = len(engine_processes(fleet.marker))
+        if num != cfg.num_engines:
+            cfg.say(f"fault {index + 1} loop_kill: {num} engine processes, "
+                    f"{cfg.num_engines} expected")
     if recovered is None:
         cfg.say(f"fault {index + 1} {fault.kind}: not back at full capacity after "
                 f"{cfg.recovery_limit_s:g}s")
@@ -207,4 +215,5 @@ async def _inject(cfg: SoakConfig, fleet: ChaosFleet, load: SteadyLoad, index: i
     return FaultRecord(index=index, kind=fault.kind, target=target, scheduled_s=fault.at_s,
                        injected_s=round(injected, 3), cleared_s=round(cleared, 3),
                        recovered_s=None if recovered is None else round(recovered, 3),
-                       in_flight_on_victim=in_flight, detail=detail)
+                       in_flight_on_victim=in_flight, detail=detail,
+                       num_engine_processes=num_engines)
