@@ -344,3 +344,22 @@ def test_engine_kernels_compares_each_kernel_with_torch():
     assert [ln.split()[1] for ln in gemm_rows] == ["1:", "64:"]
     assert "decode attention" in out and "prefill attention" in out
     assert "build_step_meta" in out
+
+
+def test_router_memory_samples_the_routers_rss_over_unique_requests(tmp_path):
+    out = tmp_path / "router_memory.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "router_memory.py"), "--requests", "3000",
+         "--sample-every", "1000", "--concurrency", "16", "--out", str(out)],
+        capture_output=True, text=True, timeout=240, cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert [s["requests"] for s in result["samples"]] == [0, 1000, 2000, 3000]
+    assert result["errors"] == {} and result["summary"]["num_errors"] == 0
+    assert all(s["rss_mib"] > 10 for s in result["samples"])  # the router's /proc entry
+    summary = result["summary"]
+    assert summary["half_requests"] == 2000
+    assert summary["growth_second_half_mib"] == pytest.approx(
+        result["samples"][-1]["rss_mib"] - result["samples"][2]["rss_mib"])
+    assert "**Bound:**" in proc.stdout

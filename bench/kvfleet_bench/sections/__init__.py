@@ -19,6 +19,7 @@ from kvfleet_bench.sections import (
     kv_pool,
     operator_scale,
     router_cache_hits,
+    router_memory,
     router_overhead,
     router_vllm_overhead,
     sim_fidelity,
@@ -47,5 +48,6 @@ SECTIONS: dict[str, Section] = {
         autoscale_local, sim_policies, sim_scale, sim_fidelity, router_overhead, epp_overhead,
         router_cache_hits, engine_throughput, engine_server, operator_scale,
         router_vllm_overhead, kv_pool, sim_kv_pool, flow_control, flow_control_sim,
+        router_memory,
     ])
 }  # fmt: skip
