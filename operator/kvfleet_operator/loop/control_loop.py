@@ -10,7 +10,9 @@ them draining is pushed to every router first, and only if all accepted it are t
 marked draining (a failed push leaves every victim serving); they are deleted only once no
 router reports anything in flight for them, or their drain timeout has passed (drain start
 times live in the state store, so a restarted loop does not restart the timer); deletion
-lets the engine finish what it still holds.
+lets the engine finish what it still holds. Config versions only grow: the next one is
+numbered from the last the store recorded, or from the newest any router runs if that is
+higher (a loop killed between a push and its save).
 
 `kvfleet up` runs it over local processes (`runtimes/local*.py`); `kvfleet sim` runs the same
 `tick()` in virtual time (`kvfleet_sim.ports`).
@@ -140,6 +142,7 @@ class ControlLoop:
         self._next_decision_at: float | None = None  # the first tick starts initial replicas
         self._last_push_error = ""
         self._last_tick_error = ""
+        self._last_floor_message = ""
 
     async def run(self, stop: asyncio.Event, after_tick: Callable[[], None] = lambda: None) -> None:
         while not stop.is_set():
@@ -243,6 +246,21 @@ class ControlLoop:
         self.state.router_config = config
         return True
 
+    def _version_floor(self, pushed: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The config to version the next one from. A router running a newer version than
+        the last one this loop recorded (the loop was killed between a push and its save,
+        or its state was lost) would refuse ours as stale, or keep its own as an "identical"
+        re-push: the next config then goes above the routers' newest, never back."""
+        mine = int(pushed["version"]) if pushed is not None else 0
+        if self.view is None or self.view.max_version <= mine:
+            return pushed
+        message = (f"routers run config version {self.view.max_version}, newer than the "
+                   f"last this loop recorded ({mine or 'none'}): the next goes above it")
+        if message != self._last_floor_message:
+            self.events.emit(ev.warning(ev.EventReason.ROUTER_VERSION_AHEAD, message))
+        self._last_floor_message = message
+        return {"version": self.view.max_version}  # no content: whatever comes is a change
+
     async def _reconcile_and_apply(
         self, now: float, decisions: dict[str, ScaleDecision]
     ) -> Desired:
@@ -257,6 +275,7 @@ class ControlLoop:
             state.drain_started[name] = now
         observed = observe(replicas, self.view, self.scrapes, state.drain_started,
                            self.signals, self.startups.overdue(now))  # fmt: skip
+        previous = self._version_floor(state.router_config)
         for replica in observed.replicas:
             if replica.name in fresh:
                 replica.num_in_flight = UNKNOWN_IN_FLIGHT
@@ -268,7 +287,7 @@ class ControlLoop:
             wall=datetime.fromtimestamp(now, UTC),
             limited=state.limited,
             decisions=decisions,
-            previous_router_config=state.router_config,
+            previous_router_config=previous,
         )
         self.pool.status = desired.status
         in_flight = {r.name: r.num_in_flight for r in observed.replicas}

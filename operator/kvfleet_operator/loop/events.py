@@ -26,6 +26,7 @@ class EventReason:
     REPLICA_STOPPED = "ReplicaStopped"
     REPLICA_CRASHED = "ReplicaCrashed"
     REPLICA_RESTARTED = "ReplicaRestarted"
+    ROUTER_VERSION_AHEAD = "RouterVersionAhead"  # routers run a config this loop never saved
     REPLICA_ADOPTED = "ReplicaAdopted"  # a restarted `kvfleet up` took a running one back
     REPLICA_START_TIMEOUT = "ReplicaStartTimeout"
     ROUTER_PUSH_FAILED = "RouterPushFailed"

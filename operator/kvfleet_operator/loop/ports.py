@@ -71,10 +71,16 @@ class EndpointView:
 @dataclass(slots=True)
 class RouterView:
     """What every router replica reports, combined: `version` is the oldest config any of
-    them runs, `num_in_flight` is summed across them."""
+    them runs, `newest_version` the newest (None: the same), `num_in_flight` is summed
+    across them."""
 
     version: int
     endpoints: dict[str, EndpointView] = field(default_factory=dict)
+    newest_version: int | None = None
+
+    @property
+    def max_version(self) -> int:
+        return self.version if self.newest_version is None else self.newest_version
 
 
 class PortUnavailable(Exception):

@@ -70,8 +70,10 @@ async def get_view(session: aiohttp.ClientSession, base_url: str, token: str) ->
 
 def combine_views(views: Sequence[RouterView]) -> RouterView:
     """One view of several routers: in-flight summed, healthy only if healthy in all, the
-    oldest config version (so a router that missed a push gets it again)."""
-    out = RouterView(version=min(v.version for v in views))
+    oldest config version (so a router that missed a push gets it again) and the newest
+    (so a loop that never recorded a push it made pushes above it)."""
+    out = RouterView(version=min(v.version for v in views),
+                     newest_version=max(v.version for v in views))
     for view in views:
         for name, e in view.endpoints.items():
             seen = out.endpoints.get(name)
