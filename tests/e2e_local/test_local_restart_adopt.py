@@ -58,6 +58,7 @@ def test_only_the_recorded_process_is_adopted(tmp_path):
 def test_adopt_keeps_the_living_restarts_the_dead_and_forgets_the_leaving(tmp_path):
     pool = load_pool(POOL)
     live, leaving = _sleeper(tmp_path, "live"), _sleeper(tmp_path, "leaving")
+    stale = _sleeper(tmp_path, "stale")
     dead = _dead_pid()
     try:
         ticks, other = procs.start_ticks(live.pid), procs.start_ticks(leaving.pid)
@@ -75,13 +76,15 @@ def test_adopt_keeps_the_living_restarts_the_dead_and_forgets_the_leaving(tmp_pa
              "start_ticks": other + 1000, "state": "draining"},  # its pid runs another process
             {"name": "prefill-0", "role": "prefill", "port": 40007, "pid": live.pid,
              "start_ticks": ticks, "state": "ready"},  # the pool has no such role any more
+            {"name": "unified-7", "role": "unified", "port": 40008, "pid": stale.pid,
+             "start_ticks": procs.start_ticks(stale.pid), "state": "ready"},  # not an engine
             {"name": "junk"},
         ]
         state = {"pool": pool.name, "is_stopped": False, "replicas": records}
         assert leftover_records({**state, "is_stopped": True}, pool.name) == []
         assert leftover_records(state, "another-pool") == []
         assert [r["name"] for r in running_records(leftover_records(state, pool.name))] == [
-            "unified-3", "prefill-0"]
+            "unified-3", "prefill-0", "unified-7"]
 
         events = Events()
         runtime = LocalRuntime(StateDir(tmp_path / "state"), events=events, clock=lambda: 100.0)
@@ -95,8 +98,27 @@ def test_adopt_keeps_the_living_restarts_the_dead_and_forgets_the_leaving(tmp_pa
         assert (restarted.state, restarted.restart_at, restarted.num_restarts) == (
             CRASHED, 100.0, 1)
         assert "40004" in restarted.argv_for(40004)  # the engine command, from the spec
-        assert set(runtime.children) == {"router", "unified-3", "unified-1"}
-        assert runtime._next_index["unified"] == 4  # a new replica never takes a kept name
+        # A process whose command line is not what the pool asks for now (the pool was
+        # edited while no loop ran; here a `sleep`) is adopted draining: the loop replaces it.
+        assert runtime.children["unified-7"].state == DRAINING
+        assert set(runtime.children) == {"router", "unified-3", "unified-1", "unified-7"}
+        assert runtime._next_index["unified"] == 8  # a new replica never takes a kept name
         assert any(m.startswith("adopt unified-3") for m in events.messages)
     finally:
-        procs.stop([live, leaving], grace_s=1)
+        procs.stop([live, leaving, stale], grace_s=1)
+
+
+def test_a_router_whose_settings_changed_is_restarted_on_its_port(tmp_path):
+    pool = load_pool(POOL)
+    old = _sleeper(tmp_path, "old-router")
+    try:
+        records = [{"name": "router", "role": "router", "port": 40011, "pid": old.pid,
+                    "start_ticks": procs.start_ticks(old.pid), "state": "ready"}]
+        runtime = LocalRuntime(StateDir(tmp_path / "state"), events=Events(),
+                               clock=lambda: 50.0)  # fmt: skip
+        router = runtime.adopt(records, pool.spec, lambda p: ["kvfleet", "router", str(p)])
+        assert router is not None and router.proc is None  # the old one is stopped
+        assert (router.state, router.restart_at, router.port) == (CRASHED, 50.0, 40011)
+        assert old.poll() is not None
+    finally:
+        procs.stop([old], grace_s=1)

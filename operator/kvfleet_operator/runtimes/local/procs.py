@@ -99,6 +99,16 @@ def start_ticks(pid: int) -> int | None:
         return None
 
 
+def cmdline(pid: int) -> list[str] | None:
+    """The command line `pid` runs, or None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return [part.decode(errors="replace") for part in raw.split(b"\0")[:-1]]
+
+
 EXIT_UNKNOWN = 255  # an adopted process's exit status: not our child, so nobody told us
 
 

@@ -11,7 +11,10 @@ A SIGKILLed `kvfleet up` takes nothing with it: the children outlive it and keep
 (procs.py), and the next `up` on the same state dir `adopt`s them from the replica records
 `status()` wrote to state.json (pid and start time, port, state, restarts, drain deadline),
 so it never starts a duplicate. A recorded replica that died meanwhile is restarted on its
-port if it was serving, and forgotten if it was leaving (draining or stopping).
+port if it was serving, and forgotten if it was leaving (draining or stopping). One whose
+command line is not what the pool asks for now (the pool was edited meanwhile) is adopted
+draining, so the loop replaces it without losing a request; a router in that case is
+restarted on its port.
 """
 
 from __future__ import annotations
@@ -252,9 +255,22 @@ class LocalRuntime:
         child.state = state if state in (READY, DRAINING, STOPPING) else STARTING
         if child.state == STOPPING and child.kill_at is None:
             child.kill_at = now  # its grace period is unknown: it has had it
+        is_current = procs.cmdline(proc.pid) == argv_for(port)
+        if not is_current and name == ROUTER_NAME:
+            # The pool's router settings changed meanwhile: a router cannot drain, so it
+            # is stopped and started again on its port (its in-flight requests end).
+            procs.stop([proc], grace_s=10.0)
+            child.proc, child.state, child.restart_at = None, CRASHED, now
+            child.last_error = "its command line differs from the pool's now"
+            self._say(ev.EventReason.REPLICA_RESTARTED, "router: settings changed while no "
+                      "loop ran; restarting it on its port", is_warning=True)  # fmt: skip
+            return child
+        if not is_current and child.state in (READY, STARTING):
+            child.state = DRAINING  # the loop drains it (the router is told) and replaces it
         where = "" if name == ROUTER_NAME else f" on {child.address}"
+        stale = "" if is_current else "; its command differs from the pool's now, so it drains"
         self._say(ev.EventReason.REPLICA_ADOPTED,
-                  f"adopt {name}{where} (pid {proc.pid}, {child.state})")  # fmt: skip
+                  f"adopt {name}{where} (pid {proc.pid}, {child.state}{stale})")  # fmt: skip
         return child
 
     def _say(self, reason: str, message: str, is_warning: bool = False) -> None:
