@@ -47,6 +47,11 @@ health: {probe_interval_s: 2.0, probe_timeout_s: 1.0, eject_after_errors: 3,
 signals: {poll_interval_s: 1.0, stale_after_s: 5.0}
 timeouts: {connect_s: 10.0, first_byte_s: 60.0, idle_s: 60.0}   # connect: SYN retries
 retries: {max_attempts: 2}       # total tries per request, only before the client saw a byte
+migration:                       # a stream whose endpoint breaks after the first byte
+  enabled: true                  # continues on another endpoint (migration.py)
+  max_migrations: 2              # continuations per request; then the stream ends in an error
+  token_ids: true                # ask engines for token ids (vLLM >= 0.10.2: return_token_ids)
+                                 # and continue from them, token-exact; else from the text
 pd: {decider: uncached-tokens,       # when a separate prefill leg runs (pd_deciders.py)
      prefill_threshold_tokens: 128}   # uncached prompt tokens above which it does
 kv_sharing:                      # peer prefix hints (peer_hint.py); builtin + precise only
@@ -506,6 +511,17 @@ class RetriesConfig:
 
 
 @config_type
+class MigrationConfig:
+    """Request migration (migration.py): a stream broken after its first byte (the
+    engine died, hung past `timeouts.idle_s`, or the connection was cut) continues on
+    another endpoint with what was already generated, as one stream to the client."""
+
+    enabled: Bool = True
+    max_migrations: Int = Field(default=2, ge=1, le=10)
+    token_ids: Bool = True
+
+
+@config_type
 class PDConfig:
     # Read at each check: a decider plugin registers its name in PD_DECIDER_NAMES.
     decider: Annotated[Str, OneOf(lambda: PD_DECIDER_NAMES)] = "uncached-tokens"
@@ -580,6 +596,7 @@ class RouterConfig:
     signals: SignalsConfig = Field(default_factory=SignalsConfig)
     timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
     retries: RetriesConfig = Field(default_factory=RetriesConfig)
+    migration: MigrationConfig = Field(default_factory=MigrationConfig)
     pd: PDConfig = Field(default_factory=PDConfig)
     quotas: QuotasConfig = Field(default_factory=QuotasConfig)
     kv_sharing: KVSharingConfig = Field(default_factory=KVSharingConfig)

@@ -6,6 +6,10 @@ decisions between /metrics scrapes still see current load. With `kv_sharing.enab
 unified request whose endpoint should fetch its prefix from a peer is forwarded with the
 peer hint in `kv_transfer_params` (`with_peer_hint`: `pd_plan.peer_hint`, the rule the
 simulator follows too; decided again on each attempt).
+
+A stream whose endpoint breaks after the first byte continues on another endpoint
+(`migration`, migration.py): each continuation is routed as a retry is (past the queue,
+never to an endpoint already tried), and the client sees one stream.
 """
 
 from __future__ import annotations
@@ -27,8 +31,26 @@ from kvfleet_router.flow.saturation import is_ready
 from kvfleet_router.flow.seats import Seat, standing
 from kvfleet_router.flow.tenants import Flow, TenantLabels, request_flow
 from kvfleet_router.metrics import RouterMetrics
+from kvfleet_router.migration import (
+    CHAT_PATH,
+    Splice,
+    StreamLedger,
+    closing_events,
+    continuation,
+    is_migratable,
+    remaining_tokens,
+    strip_token_ids,
+)
 from kvfleet_router.pd_plan import peer_hint, with_kv_transfer_params
-from kvfleet_router.proxy import BackendFailure, Forwarder, Outcome
+from kvfleet_router.proxy import (
+    CLIENT_GONE,
+    DONE,
+    BackendFailure,
+    Forwarder,
+    Outcome,
+    StreamBroken,
+    forward_headers,
+)
 from kvfleet_router.request_info import RequestInfo
 from kvfleet_router.router_core import Routed, RouterCore
 from kvfleet_router.wait_queue import QueueFull, WaitQueue
@@ -271,7 +293,12 @@ class Dispatcher:
         tried: set[str] = set()
         attempts = self.core.cfg.retries.max_attempts
         flow = self._flow(info)  # once per request, not per attempt
+        mc = self.core.cfg.migration
+        ledger = StreamLedger() if mc.enabled and is_migratable(request.path, info.body) \
+            else None
+        ask_ids = ledger is not None and mc.token_ids and not info.body.get("return_token_ids")
         last: BackendFailure | None = None
+        broken: StreamBroken | None = None
         for attempt in range(attempts):
             if first is not None and attempt == 0:
                 routed = first
@@ -289,19 +316,138 @@ class Dispatcher:
             try:
                 body = self.with_priority(self.with_peer_hint(raw, info, routed, role), info, e,
                                           routed.seat)
+                if ask_ids:
+                    body = _with_return_token_ids(body)
                 return await self.forwarder.forward(
                     request, e, body, functools.partial(self._on_outcome, e, routed, info, flow),
-                    headers)
+                    headers, ledger, ask_ids)
             except BackendFailure as exc:
                 last = exc
                 tried.add(e.name)
                 self.feedback.failure(e, exc.kind, time.monotonic())
                 if attempt + 1 < attempts:
                     self.metrics.retries.inc()
+            except StreamBroken as exc:
+                tried.add(e.name)
+                broken = exc
+                break
             finally:
                 self.release(e, routed.seat)
+        if broken is not None:
+            return await self._migrate(request, broken, info, role, policy, flow, tried,
+                                       headers)
         assert last is not None
         return error_response(f"upstream failed: {last}", last.status, code="upstream_error")
+
+    async def _migrate(self, request: web.Request, broken: StreamBroken, info: RequestInfo,
+                       role: str, policy: str | None, flow: Flow, tried: set[str],
+                       headers: CIMultiDict[str] | None) -> web.StreamResponse:
+        """Continue a broken stream on other endpoints until it ends whole: at most
+        `migration.max_migrations` continuations, each tried on up to
+        `retries.max_attempts` endpoints before its first byte."""
+        out, ledger, reason = broken.out, broken.ledger, str(broken)
+        cfg = self.core.cfg
+        body = info.body
+        is_chat = request.path == CHAT_PATH
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        strip_ids = cfg.migration.token_ids and not body.get("return_token_ids")
+        leg_headers = headers if headers is not None else forward_headers(request.headers)
+        for _ in range(cfg.migration.max_migrations):
+            st = ledger.state()
+            remaining = remaining_tokens(body, st)
+            if st.has_error or st.is_done:  # the engine ended it itself: nothing to add
+                await self.forwarder.end(out)
+                return out
+            if st.finish_reason is not None or (remaining is not None and remaining <= 0):
+                await _write_all(out, closing_events(st, is_chat, remaining,
+                                                     include_usage and not st.has_usage))
+                self.metrics.migrations.labels("continued").inc()
+                await self.forwarder.end(out)
+                return out
+            plan = continuation(request.path, body, st, cfg.migration.token_ids)
+            if plan is None:
+                break
+            for _attempt in range(cfg.retries.max_attempts):
+                try:
+                    routed = await self.acquire(info, role, policy, frozenset(tried),
+                                                is_gone=functools.partial(_is_gone, request),
+                                                flow=flow)
+                except Rejected:
+                    self.metrics.migrations.labels("failed").inc()
+                    await self.forwarder.end_broken(out, f"{reason}; no endpoint to continue")
+                    return out
+                e = routed.decision.endpoint
+                assert e is not None
+                ending = CLIENT_GONE  # should the handler be cancelled
+                num_events = 0
+                try:
+                    leg_body = self.with_priority(json.dumps(plan.body).encode(), info, e,
+                                                  routed.seat)
+                    resp, first = await self.forwarder.open_stream(e, plan.path, leg_body,
+                                                                   leg_headers)
+                    splice = Splice(st, is_chat, plan.as_completion)
+                    ending, num_events, leg_reason = await self.forwarder.relay(
+                        out, resp, first, functools.partial(_spliced, splice, ledger, strip_ids))
+                except BackendFailure as exc:
+                    tried.add(e.name)
+                    self.feedback.failure(e, exc.kind, time.monotonic())
+                    self.metrics.retries.inc()
+                    continue
+                finally:
+                    self._leg_done(e, routed, info, ending, num_events)
+                if ending == DONE:
+                    self.metrics.migrations.labels("continued").inc()
+                    await self.forwarder.end(out)
+                    return out
+                if ending == CLIENT_GONE:
+                    return out
+                tried.add(e.name)
+                reason = leg_reason
+                break
+            else:  # every attempt failed before its first byte
+                self.metrics.migrations.labels("failed").inc()
+                await self.forwarder.end_broken(out, f"{reason}; no endpoint took the "
+                                                     "continuation")
+                return out
+        self.metrics.migrations.labels("exhausted").inc()
+        await self.forwarder.end_broken(out, reason)
+        return out
+
+    def _leg_done(self, e: EndpointState, routed: Routed, info: RequestInfo, ending: str,
+                  num_events: int) -> None:
+        """A continuation leg ended: the endpoint's health (no latency learning: its
+        prompt is not the request's), the tenant charged only what the leg generated,
+        and its seat given back."""
+        now = time.monotonic()
+        if ending == DONE:
+            self.feedback.success(e)
+        elif ending != CLIENT_GONE:
+            self.feedback.failure(e, "midstream", now)
+        charged = info.estimated_prompt_tokens(self.core.cfg.prefix.chars_per_token) \
+            + info.max_tokens
+        self.gate.charge(info.tenant, min(num_events, info.max_tokens) - charged, now)
+        self.release(e, routed.seat)
+
+
+def _with_return_token_ids(body: bytes) -> bytes:
+    """The body asking for token ids (a JSON object: the key goes before its last brace;
+    a `false` the client sent earlier in it loses, as JSON's last key wins)."""
+    end = body.rstrip()
+    return end[:-1] + b',"return_token_ids":true}' if end.endswith(b"}") else body
+
+
+def _spliced(splice: Splice, ledger: StreamLedger, strip_ids: bool, data: bytes) -> bytes:
+    events = splice.feed(data)
+    if events:
+        ledger.record(events)
+    return strip_token_ids(events) if strip_ids else events
+
+
+async def _write_all(out: web.StreamResponse, data: bytes) -> None:
+    try:
+        await out.write(data)
+    except (ConnectionError, RuntimeError):
+        pass
 
 
 def _is_gone(request: web.Request) -> bool:

@@ -6,6 +6,11 @@ kvfleet_router_prefix_hit_ratio                    estimated matched/prompt bloc
 kvfleet_router_queue_length                        requests waiting for capacity
 kvfleet_router_rejected_total{reason}              429 (saturated/queue full) and 503s
 kvfleet_router_retries_total                       retries on another endpoint
+kvfleet_router_migrations_total{outcome}           streams continued after their endpoint
+                                                   broke (migration.py): continued (the
+                                                   stream ended whole) | failed (no endpoint
+                                                   took the continuation) | exhausted
+                                                   (migration.max_migrations reached)
 kvfleet_router_ejections_total{endpoint}           circuit-breaker ejections
 kvfleet_router_backend_errors_total{endpoint,kind} connect/status/timeout/midstream
 kvfleet_router_pd_prefills_total{outcome}        P/D prefill legs: ok | failed (decode ran alone)
@@ -248,6 +253,10 @@ class RouterMetrics:
             self.rejected.labels(reason)  # exported at 0, so rate() and alerts see the series
         self.retries = Counter("kvfleet_router_retries", "retries on another endpoint",
                                registry=r)
+        self.migrations = Counter("kvfleet_router_migrations", "streams continued on "
+                                  "another endpoint", ["outcome"], registry=r)
+        for outcome in ("continued", "failed", "exhausted"):
+            self.migrations.labels(outcome)
         self.ejections = Counter("kvfleet_router_ejections", "endpoint ejections",
                                  ["endpoint"], registry=r)
         self.backend_errors = Counter("kvfleet_router_backend_errors", "backend failures",

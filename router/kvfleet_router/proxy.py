@@ -4,7 +4,11 @@
 `BackendFailure` while nothing has reached the client, so the caller may retry elsewhere.
 Non-streaming answers are buffered whole (small), so any failure there is still retryable.
 A stream is committed to the client only once the backend's first body chunk arrived; if
-the backend then breaks, the client gets one SSE error event and the stream ends.
+the backend then breaks, the client gets one SSE error event and the stream ends, unless
+the caller passed a `StreamLedger` (migration.py): then only whole SSE events are
+forwarded, and a break (an error, an idle timeout, or an end without `[DONE]`) raises
+`StreamBroken` with the response still open, so the caller continues the stream on
+another endpoint (dispatch.py).
 
 Timeouts: connect_s for the TCP connect; idle_s for every gap between backend bytes
 (including the wait for the first); first_byte_s for the whole time to the first byte.
@@ -13,9 +17,10 @@ Timeouts: connect_s for the TCP connect; idle_s for every gap between backend by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -26,6 +31,7 @@ from kvfleet_router.config import TimeoutsConfig
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.errors import sse_error_event
 from kvfleet_router.fault import BUSY, CLIENT, classify
+from kvfleet_router.migration import StreamLedger, strip_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,20 @@ class BackendFailure(Exception):
         super().__init__(message)
         self.kind = kind  # connect | timeout | status | busy | protocol
         self.status = status
+
+
+class StreamBroken(Exception):
+    """A stream's backend broke after the client got bytes; `out` is still open."""
+
+    def __init__(self, out: web.StreamResponse, ledger: StreamLedger, reason: str) -> None:
+        super().__init__(reason)
+        self.out = out
+        self.ledger = ledger
+
+
+# How a relay of backend bytes to the client ended.
+DONE, BROKEN, CLIENT_GONE = "done", "broken", "client-gone"
+_SSE_DONE = b"data: [DONE]\n\n"
 
 
 @dataclass(slots=True)
@@ -135,7 +155,11 @@ class Forwarder:
 
     async def forward(self, request: web.Request, e: EndpointState, raw: bytes,
                       on_outcome: Callable[[Outcome], None],
-                      headers: CIMultiDict[str] | None = None) -> web.StreamResponse:
+                      headers: CIMultiDict[str] | None = None,
+                      ledger: StreamLedger | None = None,
+                      strip_ids: bool = False) -> web.StreamResponse:
+        """`ledger`: migration is on for this request (see the module's docstring);
+        `strip_ids`: the router asked for token ids the client did not."""
         start = time.perf_counter()
         resp, first, is_sse = await self._open(
             e, request.path, raw, headers if headers is not None else
@@ -149,49 +173,88 @@ class Forwarder:
         if not first:  # the stream ended before any byte: nothing sent yet, retryable
             resp.close()
             raise BackendFailure("protocol", f"{e.name} closed the stream before any data")
-        return await self._stream(request, resp, first, kept, start, ttft, on_outcome)
-
-    async def _stream(self, request: web.Request, resp: aiohttp.ClientResponse, first: bytes,
-                      headers: dict[str, str], start: float, ttft: float,
-                      on_outcome: Callable[[Outcome], None]) -> web.StreamResponse:
-        out = web.StreamResponse(status=resp.status, headers=headers)
-        num_events = first.count(b"data:")
-        is_broken = is_client_gone = False
+        out = web.StreamResponse(status=resp.status, headers=kept)
         try:
-            try:
-                await out.prepare(request)
-                await out.write(first)
-            except (ConnectionError, RuntimeError):
-                is_client_gone = True
-                return out
-            try:
-                async for chunk in resp.content.iter_any():
-                    num_events += chunk.count(b"data:")
-                    try:
-                        await out.write(chunk)
-                    except (ConnectionError, RuntimeError):
-                        is_client_gone = True
-                        return out
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                is_broken = True
-                log.warning("backend broke mid-stream: %s", exc)
-                try:
-                    await out.write(sse_error_event(f"backend failed mid-stream: {exc}"))
-                except (ConnectionError, RuntimeError):
-                    is_client_gone = True
-                    return out
-            try:
-                await out.write_eof()
-            except (ConnectionError, RuntimeError):
-                is_client_gone = True
+            await out.prepare(request)
+        except (ConnectionError, RuntimeError):
+            resp.close()
+            on_outcome(Outcome(ttft, ttft, 0, True, is_client_gone=True))
             return out
+        feed = _passthrough if ledger is None else _recording(ledger, strip_ids)
+        ending, num_events, reason = CLIENT_GONE, 0, ""  # should the handler be cancelled
+        try:
+            ending, num_events, reason = await self.relay(out, resp, first, feed)
         finally:
-            if is_client_gone or is_broken:
-                resp.close()  # drop the connection so the engine frees the request
-            else:
-                resp.release()
             on_outcome(Outcome(ttft, time.perf_counter() - start, num_events, True,
-                               is_broken, is_client_gone))
+                               ending == BROKEN, ending == CLIENT_GONE))
+        if ending == BROKEN:
+            if ledger is not None:
+                raise StreamBroken(out, ledger, reason)
+            await self.end_broken(out, reason)
+        elif ending == DONE:
+            await self.end(out)
+        return out
+
+    async def relay(self, out: web.StreamResponse, resp: aiohttp.ClientResponse, first: bytes,
+                    feed: Callable[[bytes], bytes]) -> tuple[str, int, str]:
+        """Backend bytes through `feed` to the client: (how it ended, SSE data events seen,
+        why it broke). The backend connection is released, or dropped when the exchange
+        did not finish (so the engine frees the request). With a recording `feed`, an end
+        without `[DONE]` is a break: a proxy or engine cut the stream short."""
+        num_events = 0
+        ending, reason = DONE, ""
+        tail = b""
+        try:
+            async with contextlib.aclosing(_chunks(first, resp)) as chunks:
+                async for data in chunks:
+                    num_events += data.count(b"data:")
+                    sent = feed(data)
+                    if sent:
+                        tail = sent[-len(_SSE_DONE):]
+                        try:
+                            await out.write(sent)
+                        except (ConnectionError, RuntimeError):
+                            ending = CLIENT_GONE
+                            return ending, num_events, reason
+            if feed is not _passthrough and tail != _SSE_DONE:
+                ending, reason = BROKEN, "the stream ended without [DONE]"
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            ending, reason = BROKEN, str(exc) or type(exc).__name__
+            log.warning("backend broke mid-stream: %s", reason)
+        finally:
+            if ending == DONE:
+                resp.release()
+            else:
+                resp.close()
+        return ending, num_events, reason
+
+    @staticmethod
+    async def end_broken(out: web.StreamResponse, reason: str) -> None:
+        """The client's stream ends with one error event (the openai client raises it)."""
+        try:
+            await out.write(sse_error_event(f"backend failed mid-stream: {reason}"))
+        except (ConnectionError, RuntimeError):
+            return
+        await Forwarder.end(out)
+
+    @staticmethod
+    async def end(out: web.StreamResponse) -> None:
+        try:
+            await out.write_eof()
+        except (ConnectionError, RuntimeError):
+            pass
+
+    async def open_stream(self, e: EndpointState, path: str, raw: bytes,
+                          headers: CIMultiDict[str]) -> tuple[aiohttp.ClientResponse, bytes]:
+        """A continuation leg (dispatch.py): the response and its first bytes, which must
+        be a stream; anything else raises BackendFailure (the next endpoint is tried)."""
+        resp, first, is_sse = await self._open(e, path, raw, headers)
+        if resp.status >= 400 or not is_sse or not first:
+            resp.close()
+            raise BackendFailure("protocol" if resp.status < 400 else "status",
+                                 f"{e.name} answered the continuation with {resp.status}"
+                                 f"{'' if is_sse else ' (not a stream)'}", resp.status)
+        return resp, first
 
     async def post_json(self, e: EndpointState, path: str, raw: bytes,
                         headers: CIMultiDict[str]) -> tuple[int, bytes]:
@@ -199,3 +262,21 @@ class Forwarder:
         resp, body, _ = await self._open(e, path, raw, headers)
         resp.release()
         return resp.status, body
+
+
+def _passthrough(data: bytes) -> bytes:
+    return data
+
+
+def _recording(ledger: StreamLedger, strip_ids: bool) -> Callable[[bytes], bytes]:
+    """Whole events only, recorded in the ledger (and the ids the client did not ask for
+    taken out after recording, so a continuation can still use them)."""
+    if strip_ids:
+        return lambda data: strip_token_ids(ledger.feed(data))
+    return ledger.feed
+
+
+async def _chunks(first: bytes, resp: aiohttp.ClientResponse) -> AsyncGenerator[bytes]:
+    yield first
+    async for chunk in resp.content.iter_any():
+        yield chunk

@@ -190,7 +190,9 @@ class StreamLoad:
         return self.records
 
 
-async def test_killing_an_engine_mid_load_loses_no_unstarted_request(procs, tmp_path):
+async def test_killing_an_engine_mid_load_loses_no_request(procs, tmp_path):
+    """Streams not started retry elsewhere; streams the killed engine was answering
+    continue on another one (request migration): every stream ends whole."""
     engines, router = sim_fleet(procs, tmp_path, retries={"max_attempts": 3},
                                 health={"probe_interval_s": 0.5, "eject_after_errors": 1})
     client = openai.AsyncOpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0,
@@ -203,14 +205,11 @@ async def test_killing_an_engine_mid_load_loses_no_unstarted_request(procs, tmp_
             await wait_busy(router, "b0", timeout_s=10)
             engines[0].kill()
     records = await asyncio.gather(*tasks)
-    broken = [r for r in records if r["error"] is not None]
-    assert broken, "the killed engine had no stream in flight; the test proved nothing"
-    for r in broken:
-        assert r["chunks"] > 0, f"a request failed before streaming: {r['error']!r}"
-        assert "mid-stream" in str(r["error"])
-    for r in records:
-        if r["error"] is None:
-            assert r["finish"] == "length"
+    assert all(r["error"] is None and r["finish"] == "length" for r in records), \
+        [r["error"] for r in records if r["error"] is not None]
+    migrated = await asyncio.to_thread(metric_sum, router.url,
+                                       "kvfleet_router_migrations_total", outcome="continued")
+    assert migrated > 0, "the killed engine had no stream in flight; the test proved nothing"
     after = await asyncio.gather(*(_stream(client, f"after {i}", 20) for i in range(9)))
     assert all(r["error"] is None and r["finish"] == "length" for r in after)
     await client.close()
