@@ -3,6 +3,8 @@ serving goes on (its router and engines outlive it); the next `up` on the same s
 adopts them (no duplicate, no restart), carries a drain's deadline on from when the drain
 started (not from the restart), and never sends the router an older config version."""
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -57,6 +59,11 @@ def test_a_killed_up_leaves_serving_and_its_successor_adopts_without_duplicates(
     version = state["router"]["config_version"]
     _kill(fleet)
     assert all(_alive(pid) for pid in pids.values()), pids  # nothing died with it
+    status = subprocess.run([sys.executable, "-m", "kvfleet_operator.cli.main", "status",
+                             "--state-dir", str(fleet.state_dir)],
+                            capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert "3 processes it started still serve" in status.stdout, status.stdout
+    assert "(serving, without a control loop)" in status.stdout
 
     client = openai.OpenAI(base_url=fleet.endpoint, api_key="unused", max_retries=0, timeout=30)
     for _ in range(4):  # both engines, through the router, while no loop runs

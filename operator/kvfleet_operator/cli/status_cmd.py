@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kvfleet_operator.runtimes.local import fleet_registry
 from kvfleet_operator.runtimes.local.progress import render_status
+from kvfleet_operator.runtimes.local.replicas import leftover_records, running_records
 from kvfleet_operator.runtimes.local.state_dir import STATE_FILE, StateDir, running_pid
 
 
@@ -76,5 +77,8 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(state, indent=1, sort_keys=True))
         return 0
-    print("\n".join(render_status(state, _is_running(path))))
+    is_running = _is_running(path)
+    left = [] if is_running else [str(r.get("name")) for r in running_records(
+        leftover_records(state, str(state.get("pool"))))]  # a killed `up` left them serving
+    print("\n".join(render_status(state, is_running, left_running=left)))
     return 0

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 # Signals shown per role, in this order, when the scrape produced them.
@@ -74,10 +75,19 @@ def conditions_line(state: dict[str, Any]) -> str:
     ) or "unknown"
 
 
-def render_status(state: dict[str, Any], is_running: bool, now: float | None = None) -> list[str]:
+def render_status(state: dict[str, Any], is_running: bool, now: float | None = None,
+                  left_running: Sequence[str] = ()) -> list[str]:  # fmt: skip
+    """`left_running`: the processes a killed `up` left serving (none while it runs)."""
     now = time.time() if now is None else now
     age = now - float(state.get("updated_at", now))
-    if is_running:
+    if not is_running and left_running:
+        up = (f"gone (killed); {len(left_running)} processes it started still serve: "
+              f"{', '.join(left_running)}; `kvfleet up` on this state dir adopts them")
+        status = f"no control loop; when it last ran: {conditions_line(state)}"
+        serving = "router" in left_running
+        endpoint = f"{state.get('endpoint', '?')} " + (
+            "(serving, without a control loop)" if serving else "(not serving: no router)")
+    elif is_running:
         up = f"running, pid {state.get('pid')}"
         status = conditions_line(state)
         endpoint = state.get("endpoint", "?")
