@@ -288,6 +288,16 @@ class KVSharingSpec:
 
 
 @spec_type
+class MigrationSpec:
+    """Request migration: a stream whose replica dies, hangs or is cut off after the first
+    byte continues on another replica, with what was already generated, as one stream to
+    the client (token-exact where the engines return token ids: builtin, vLLM >= 0.10.2)."""
+
+    enabled: Bool = True
+    max_migrations: Int = Field(default=2, ge=1, le=10)
+
+
+@spec_type
 class RoutingSpec:
     policy: Annotated[Str, OneOf(ROUTING_POLICIES)] = "cache-aware"
     weights: WeightsSpec | None = None
@@ -299,6 +309,7 @@ class RoutingSpec:
     prefix_mode: Annotated[Str, OneOf(PREFIX_MODES)] = "approximate"
     gateway: GatewaySpec | None = None
     kv_sharing: KVSharingSpec = Field(default_factory=KVSharingSpec)
+    migration: MigrationSpec = Field(default_factory=MigrationSpec)
     pipeline: PipelineSpec | None = None
     flow_control: FlowControlSpec | None = None  # unset: the router's defaults (flow_control.py)
 

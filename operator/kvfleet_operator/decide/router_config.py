@@ -88,6 +88,8 @@ def build_router_config(
         ],
         "policy": policy,
         "session": {"header": r.session_header},
+        "migration": {"enabled": r.migration.enabled,
+                      "max_migrations": r.migration.max_migrations},
     }
     if is_router_kv_sharing(spec):
         for ep in config["endpoints"]:
