@@ -122,3 +122,24 @@ def test_a_router_whose_settings_changed_is_restarted_on_its_port(tmp_path):
         assert old.poll() is not None
     finally:
         procs.stop([old], grace_s=1)
+
+
+async def test_a_spawned_child_is_recorded_before_any_tick_saves(tmp_path):
+    # Killed right after a spawn, before the loop's save: the successor still finds it.
+    pool = load_pool(POOL)
+    state_dir = StateDir(tmp_path / "state")
+    state_dir.create()
+    first = LocalRuntime(state_dir, events=Events())
+    child = first.add_replica("unified", lambda port: ["sleep", "60"])
+    try:
+        records = leftover_records(None, pool.name, state_dir.read_children())
+        assert [(r["name"], r["pid"], r["port"]) for r in records] == [
+            (child.name, child.pid, child.port)]
+        second = LocalRuntime(state_dir, events=Events())
+        second.adopt(records, pool.spec, lambda p: ["kvfleet", "router", str(p)])
+        assert second.children[child.name].pid == child.pid  # adopted, not started again
+        await first.shutdown(grace_s=1)  # a clean stop leaves nothing to adopt
+        assert state_dir.read_children() == []
+    finally:
+        if child.proc is not None and child.proc.poll() is None:
+            procs.stop([child.proc], grace_s=1)

@@ -79,6 +79,6 @@ def main(argv: list[str]) -> int:
         return 0
     is_running = _is_running(path)
     left = [] if is_running else [str(r.get("name")) for r in running_records(
-        leftover_records(state, str(state.get("pool"))))]  # a killed `up` left them serving
+        leftover_records(state, str(state.get("pool")), StateDir(path).read_children()))]
     print("\n".join(render_status(state, is_running, left_running=left)))
     return 0

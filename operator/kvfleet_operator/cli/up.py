@@ -157,7 +157,8 @@ def _prepare(args: argparse.Namespace) -> tuple[InferencePool, StateDir]:
     if not 0 <= args.port < 65536:
         raise UpError(f"--port {args.port} is out of range")
     state_dir = StateDir(args.state_dir or default_state_dir(pool.name))
-    running = running_records(leftover_records(state_dir.read_state(), pool.name))
+    running = running_records(leftover_records(state_dir.read_state(), pool.name,
+                                               state_dir.read_children()))  # fmt: skip
     is_ours = any(r.get("name") == ROUTER_NAME and r.get("port") == args.port for r in running)
     if args.port and not is_ours and not procs.can_bind(args.port, HOST):
         raise UpError(f"port {args.port} on {HOST} is in use")
@@ -213,7 +214,7 @@ async def run_fleet(
     logging.basicConfig(filename=state_dir.log_file("up"), level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # A killed `up` left children serving: adopt them, with the tokens they hold.
-    leftovers = leftover_records(state_dir.read_state(), pool.name)
+    leftovers = leftover_records(state_dir.read_state(), pool.name, state_dir.read_children())
     is_kept = bool(running_records(leftovers))
     token = state_dir.admin_token(is_kept)  # the router reads it from the file; never printed
     base: dict[str, Any] = {"pool": pool.name, "pid": os.getpid(), "state_dir": str(state_dir.path),

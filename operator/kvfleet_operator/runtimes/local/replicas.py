@@ -8,13 +8,13 @@ gets SIGTERM (the engine drains), and SIGKILL if it outlives its grace period. E
 runtime starts is stopped by `shutdown()`.
 
 A SIGKILLed `kvfleet up` takes nothing with it: the children outlive it and keep serving
-(procs.py), and the next `up` on the same state dir `adopt`s them from the replica records
-`status()` wrote to state.json (pid and start time, port, state, restarts, drain deadline),
-so it never starts a duplicate. A recorded replica that died meanwhile is restarted on its
-port if it was serving, and forgotten if it was leaving (draining or stopping). One whose
-command line is not what the pool asks for now (the pool was edited meanwhile) is adopted
-draining, so the loop replaces it without losing a request; a router in that case is
-restarted on its port.
+(procs.py), and the next `up` on the same state dir `adopt`s them from the records the
+runtime writes to children.json on every change, a spawn first of all (pid and start time,
+port, state, restarts, drain deadline), so it never starts a duplicate nor leaves one
+behind. A recorded replica that died meanwhile is restarted on its port if it was serving,
+and forgotten if it was leaving (draining or stopping). One whose command line is not what
+the pool asks for now (the pool was edited meanwhile) is adopted draining, so the loop
+replaces it without losing a request; a router in that case is restarted on its port.
 """
 
 from __future__ import annotations
@@ -52,12 +52,15 @@ def kvfleet_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "kvfleet_operator.cli.main", *args]
 
 
-def leftover_records(state: dict[str, Any] | None, pool_name: str) -> list[dict[str, Any]]:
-    """The child records an earlier `up` of this pool left in state.json without stopping
-    them (it was killed): what `LocalRuntime.adopt` takes back. [] after a clean stop."""
-    if not state or state.get("pool") != pool_name or state.get("is_stopped"):
+def leftover_records(
+    state: dict[str, Any] | None, pool_name: str, children: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
+    """The child records an earlier `up` of this pool left without stopping them (it was
+    killed): `children` (the runtime's own file, `StateDir.read_children`) or else
+    state.json's `replicas`; what `LocalRuntime.adopt` takes back. [] after a clean stop."""
+    if state is not None and (state.get("pool") != pool_name or state.get("is_stopped")):
         return []
-    records = state.get("replicas")
+    records = children if children is not None else (state or {}).get("replicas")
     return [r for r in records if isinstance(r, dict)] if isinstance(records, list) else []
 
 
@@ -143,6 +146,7 @@ class LocalRuntime:
         self.children: dict[str, Child] = {}
         self._next_index: dict[str, int] = {}
         self._http: aiohttp.ClientSession | None = None
+        self._persisted: list[dict[str, Any]] | None = None
 
     async def __aenter__(self) -> LocalRuntime:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0))
@@ -158,6 +162,7 @@ class LocalRuntime:
         log = self.state_dir.log_file(child.name)
         child.proc = procs.spawn(child.argv_for(child.port), log, env, outlive_parent=True)
         child.start_ticks = procs.start_ticks(child.proc.pid)
+        self._persist()
         child.state = STARTING
         child.started_at = self.clock()
         child.restart_at = None
@@ -212,6 +217,7 @@ class LocalRuntime:
                 if index.isdigit():
                     self._next_index[child.role] = max(self._next_index.get(child.role, 0),
                                                        int(index) + 1)  # fmt: skip
+        self._persist()
         return self.children.get(ROUTER_NAME)
 
     def _adopted_child(
@@ -272,6 +278,19 @@ class LocalRuntime:
         self._say(ev.EventReason.REPLICA_ADOPTED,
                   f"adopt {name}{where} (pid {proc.pid}, {child.state}{stale})")  # fmt: skip
         return child
+
+    def _persist(self) -> None:
+        """Record what runs now (`StateDir.write_children`, when it changed), for a
+        successor to adopt."""
+        volatile = ("uptime_s", "restart_in_s")
+        records = [{k: v for k, v in r.items() if k not in volatile} for r in self.status()]
+        if records == self._persisted:
+            return
+        try:
+            self.state_dir.write_children(records)
+        except OSError:
+            return  # the state dir is gone: the loop's own save reports it
+        self._persisted = records
 
     def _say(self, reason: str, message: str, is_warning: bool = False) -> None:
         self.events.emit(ev.warning(reason, message) if is_warning else ev.normal(reason, message))
@@ -382,15 +401,18 @@ class LocalRuntime:
                           is_warning=True)  # fmt: skip
                 if child.proc is not None:
                     procs.signal_group(child.proc, signal.SIGKILL)
+        self._persist()
 
     # --- stopping -------------------------------------------------------------------------
 
     async def mark_draining(self, name: str) -> None:
         self.children[name].state = DRAINING
+        self._persist()
 
     async def mark_ready(self, name: str) -> None:
         """A draining replica goes back to work (its cache is warm)."""
         self.children[name].state = READY
+        self._persist()
 
     async def delete(self, name: str, grace_s: float) -> None:
         """SIGTERM: the engine drains what it still holds and exits; supervise() reaps it,
@@ -398,10 +420,12 @@ class LocalRuntime:
         child = self.children[name]
         if child.proc is None or child.proc.poll() is not None or child.state == CRASHED:
             del self.children[name]
+            self._persist()
             self._say(ev.EventReason.REPLICA_STOPPED, f"removed {name}")
             return
         child.state = STOPPING
         child.kill_at = self.clock() + grace_s
+        self._persist()
         procs.signal_group(child.proc, signal.SIGTERM)
 
     async def shutdown(self, grace_s: float = 10.0) -> None:
@@ -410,6 +434,7 @@ class LocalRuntime:
             # Blocking wait off the loop so signal handlers and prints keep working.
             await asyncio.get_running_loop().run_in_executor(None, procs.stop, running, grace_s)
         self.children.clear()
+        self._persist()  # nothing left to adopt
         if self._http is not None:
             await self._http.close()
             self._http = None

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 STATE_FILE = "state.json"
+CHILDREN_FILE = "children.json"  # the runtime's records of what it runs, on every change
 TOKEN_FILE = "admin-token"
 ENGINE_TOKEN_FILE = "engine-token"
 LOG_DIR = "logs"
@@ -67,6 +68,20 @@ class StateDir:
         tmp = self.state_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
         os.replace(tmp, self.state_file)
+
+    def write_children(self, records: list[dict[str, Any]]) -> None:
+        """The runtime's child records, atomically, each time they change: a killed `up`
+        leaves no process its successor cannot find (state.json is written once a tick)."""
+        tmp = (self.path / CHILDREN_FILE).with_suffix(".tmp")
+        tmp.write_text(json.dumps(records))
+        os.replace(tmp, self.path / CHILDREN_FILE)
+
+    def read_children(self) -> list[dict[str, Any]] | None:
+        try:
+            data = json.loads((self.path / CHILDREN_FILE).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else None
 
     def read_state(self) -> dict[str, Any] | None:
         try:
