@@ -14,6 +14,7 @@ max length, --enforce-eager, and --enable-prompt-tokens-details (usage reports c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -75,12 +76,14 @@ def post_json(url: str, body: dict, timeout_s: float = 120.0) -> dict:
         return json.loads(resp.read())
 
 
-@pytest.fixture(scope="session")
-def vllm_server() -> Iterator[VllmServer]:
+@contextlib.contextmanager
+def running_vllm(extra_args: tuple[str, ...] = (), log_path: Path = LOG) -> Iterator[VllmServer]:
+    """A vLLM server with the tier's args (plus `extra_args`), stopped at the end."""
     port = free_port_triple()
     command, args = served_args(port, smollm2_folder())
-    LOG.parent.mkdir(parents=True, exist_ok=True)
-    log = open(LOG, "w")  # noqa: SIM115 - closed below
+    args = [*args, *extra_args]
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "w")  # noqa: SIM115 - closed below
     t0 = time.monotonic()
     proc = subprocess.Popen(command + args, stdout=log, stderr=subprocess.STDOUT,
                             env=vllm_env(), start_new_session=True)
@@ -88,14 +91,14 @@ def vllm_server() -> Iterator[VllmServer]:
     try:
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"vLLM exited with {proc.returncode} during start-up; see {LOG}")
+                pytest.fail(f"vLLM exited with {proc.returncode} during start-up; see {log_path}")
             try:
                 if http_get(url + "/health", timeout_s=2.0) is not None:
                     break
             except OSError:
                 pass
             if time.monotonic() - t0 > STARTUP_TIMEOUT_S:
-                pytest.fail(f"vLLM not healthy after {STARTUP_TIMEOUT_S:.0f}s; see {LOG}")
+                pytest.fail(f"vLLM not healthy after {STARTUP_TIMEOUT_S:.0f}s; see {log_path}")
             time.sleep(1.0)
         model = args[args.index("--served-model-name") + 1]
         yield VllmServer(url, port, model, command + args, time.monotonic() - t0, proc)
@@ -107,6 +110,12 @@ def vllm_server() -> Iterator[VllmServer]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[VllmServer]:
+    with running_vllm() as server:
+        yield server
 
 
 FIGURES_PATH = BENCH / ".cache" / "test-vllm-figures.json"
