@@ -3,7 +3,12 @@ under streamed load lose no request, because the router retries before the first
 migrates a broken stream after it (router config `migration`). The soak's own machinery
 (bench/kvfleet_bench/chaos) runs it: a `kvfleet up` fleet of three simulated engines and a
 second router replica whose config mirrors the fleet's, with short timeouts so a hang fits
-in the test."""
+in the test. It fails with router migration off (`migration.enabled: false`: the broken
+streams end in an error event).
+
+A control loop killed mid-drain keeps the drain's deadline (no restarted drain timer):
+tests/e2e_local/test_up_restart.py::test_a_drain_deadline_survives_a_killed_up, with real
+processes, and tests/kubernetes for the operator."""
 
 import asyncio
 
