@@ -333,13 +333,14 @@ class LocalRuntime:
     def _on_exit(self, child: Child, now: float) -> None:
         assert child.proc is not None
         child.last_exit_code = child.proc.returncode
-        code = ("a status nobody knows (adopted)" if isinstance(child.proc, procs.Adopted)
-                else child.last_exit_code)  # fmt: skip
+        # An adopted process is init's child: its exit status never reaches us.
+        code = ("?" if isinstance(child.proc, procs.Adopted)
+                else str(child.last_exit_code))  # fmt: skip
         if child.state in (STOPPING, DRAINING):
             # Leaving anyway: a drained replica that dies is simply gone, never restarted.
             del self.children[child.name]
             self._say(ev.EventReason.REPLICA_STOPPED,
-                      f"stopped {child.name} (exited with {code})")  # fmt: skip
+                      f"stopped {child.name} (exit {code})")  # fmt: skip
             return
         uptime = now - child.started_at
         child.num_recent_crashes = self.backoff.recent_crashes(child.num_recent_crashes, uptime)
