@@ -11,6 +11,7 @@ from typing import Any
 
 from kvfleet_bench.sections import (
     autoscale_local,
+    chaos,
     engine_server,
     engine_throughput,
     epp_overhead,
@@ -48,6 +49,6 @@ SECTIONS: dict[str, Section] = {
         autoscale_local, sim_policies, sim_scale, sim_fidelity, router_overhead, epp_overhead,
         router_cache_hits, engine_throughput, engine_server, operator_scale,
         router_vllm_overhead, kv_pool, sim_kv_pool, flow_control, flow_control_sim,
-        router_memory,
+        router_memory, chaos,
     ])
 }  # fmt: skip
