@@ -32,7 +32,7 @@ FAULTS = [
 def soak_config(tmp_path, overrides):
     return SoakConfig(
         pool=POOL, work_dir=tmp_path / "chaos", seed=0, duration_s=32.0, num_faults=len(FAULTS),
-        rate=3.0, faults=FAULTS, max_tokens=(150, 250), load_routers="b",
+        rate=4.0, faults=FAULTS, max_tokens=(150, 250), load_routers="b",
         shapes=("completion_stream", "chat_stream"), router_b_overrides=overrides,
         recovery_limit_s=30.0, say=print)
 
@@ -42,10 +42,11 @@ def test_engine_kills_and_hangs_under_streamed_load_lose_no_request(tmp_path):
     s = result["summary"]
     print(f"\nchaos: {s['num_sent']} sent, {s['num_failed']} failed {s['failed_by_cause']}, "
           f"migrations {s['migrations']}, recovery {s['recovery_s']}")
-    assert s["num_sent"] >= 80
+    assert s["num_sent"] >= 100
     assert s["num_not_recovered"] == 0, result["faults"]
-    # The kills and hangs broke streams mid-way: they were continued, not lost.
-    assert s["migrations"].get("continued", 0) >= 2, s["migrations"]
+    # The kills and hangs broke streams mid-way (so the run tested something): they were
+    # continued, not lost. With migration off this is 0 and some streams fail.
+    assert s["migrations"].get("continued", 0) >= 1, s["migrations"]
     assert s["num_failed"] == 0, result["failures"][:5]
     left = s["leftovers"]
     assert left["processes"] == [] and left["ports_bound"] == [] and left["state_is_stopped"]
