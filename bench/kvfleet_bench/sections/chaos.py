@@ -52,7 +52,9 @@ def render_chaos(results: dict[str, Any]) -> str:
     for r in runs:
         out += [code(".venv/bin/" + r["summary"]["command"])]
     first = runs[0]["summary"]
-    out += ["", f"Measured {first['date']} on commit {first['commit']}: three simulated-H100 "
+    when = "; ".join(f"seed {r['summary']['seed']} {r['summary']['date']} on commit "
+                     f"{r['summary']['commit']}" for r in runs)
+    out += ["", f"Measured {when}: three simulated-H100 "
             f"engines, two router replicas, {first['rate']:g} requests/s round-robin over "
             "them (completions and chat, streamed and not, greedy, 16–48 tokens). Router "
             f"idle timeout {first['idle_timeout_s']:g} s.", ""]
