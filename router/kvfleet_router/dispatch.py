@@ -45,6 +45,7 @@ from kvfleet_router.pd_plan import peer_hint, with_kv_transfer_params
 from kvfleet_router.proxy import (
     CLIENT_GONE,
     DONE,
+    REFUSED,
     BackendFailure,
     Forwarder,
     Outcome,
@@ -389,6 +390,11 @@ class Dispatcher:
                     ending, num_events, leg_reason = await self.forwarder.relay(
                         out, resp, first, functools.partial(_spliced, splice, ledger, strip_ids))
                 except BackendFailure as exc:
+                    if exc.kind == REFUSED:  # never the endpoint's fault; nobody would take it
+                        self.metrics.migrations.labels("failed").inc()
+                        await self.forwarder.end_broken(out, f"{reason}; the continuation was "
+                                                             f"refused: {exc}")
+                        return out
                     tried.add(e.name)
                     self.feedback.failure(e, exc.kind, time.monotonic())
                     self.metrics.retries.inc()

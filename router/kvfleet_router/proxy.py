@@ -46,7 +46,7 @@ class BackendFailure(Exception):
 
     def __init__(self, kind: str, message: str, status: int = 502) -> None:
         super().__init__(message)
-        self.kind = kind  # connect | timeout | status | busy | protocol
+        self.kind = kind  # connect | timeout | status | busy | protocol | refused
         self.status = status
 
 
@@ -58,6 +58,8 @@ class StreamBroken(Exception):
         self.out = out
         self.ledger = ledger
 
+
+REFUSED = "refused"  # BackendFailure.kind: the request's own fault (a 4xx), not the endpoint's
 
 # How a relay of backend bytes to the client ended.
 DONE, BROKEN, CLIENT_GONE = "done", "broken", "client-gone"
@@ -251,9 +253,12 @@ class Forwarder:
         resp, first, is_sse = await self._open(e, path, raw, headers)
         if resp.status >= 400 or not is_sse or not first:
             resp.close()
-            raise BackendFailure("protocol" if resp.status < 400 else "status",
+            # A 4xx here is the request's own fault (_open passes only those on): the
+            # continuation itself was refused, which no other endpoint would take either.
+            raise BackendFailure(REFUSED if resp.status >= 400 else "protocol",
                                  f"{e.name} answered the continuation with {resp.status}"
-                                 f"{'' if is_sse else ' (not a stream)'}", resp.status)
+                                 f"{'' if is_sse else ' (not a stream)'}: {first[:200]!r}",
+                                 resp.status)
         return resp, first
 
     async def post_json(self, e: EndpointState, path: str, raw: bytes,

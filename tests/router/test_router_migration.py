@@ -159,3 +159,35 @@ def test_without_migration_the_stream_ends_in_an_error_event(fleet):
     events = _events(_open(router.url, "/v1/completions", COMPLETION), kill_at_20)
     assert any(e != "[DONE]" and "error" in e for e in events)
     assert metric_sum(router.url, "kvfleet_router_migrations_total") == 0
+
+
+def test_a_refused_continuation_ends_the_stream_and_blames_no_endpoint(procs, tmp_path):
+    """A continuation answered 4xx (the request's own fault: here the fake says so) is
+    never the endpoint's fault and no other endpoint would take it: the stream ends in an
+    error event at once, `failed` is counted, and the refusing endpoint is not charged."""
+    from router_fixtures import http_json, start_fake
+
+    fakes = [start_fake(procs, f"b{i}", "--token-delay-ms", "100", "--num-tokens", "40")
+             for i in range(2)]
+    router = start_router(procs, tmp_path, {"endpoints": endpoints_cfg(fakes),
+                                            "policy": {"name": "least-request"}})
+    body = {"model": "fake", "prompt": "x", "max_tokens": 40, "stream": True}
+    state: dict[str, Any] = {}
+
+    def break_at_3(i: int) -> None:
+        if i != 3:
+            return
+        logs = [http_json(f.url + "/_fake/log")[1]["log"] for f in fakes]
+        serving = 0 if logs[0] else 1
+        other = fakes[1 - serving]
+        assert http_json(other.url + "/_fake/control", {
+            "num_bad": 1, "status": 400, "error_code": "caused_by_request"})[0] == 200
+        state["other"] = f"b{1 - serving}"
+        fakes[serving].kill()
+
+    events = _events(_open(router.url, "/v1/completions", body), break_at_3)
+    errors = [e for e in events if e != "[DONE]" and "error" in e]
+    assert len(errors) == 1 and "refused" in errors[0]["error"]["message"]
+    assert metric_sum(router.url, "kvfleet_router_migrations_total", outcome="failed") == 1
+    assert metric_sum(router.url, "kvfleet_router_backend_errors_total",
+                      endpoint=state["other"]) == 0
