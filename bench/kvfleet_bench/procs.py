@@ -166,3 +166,24 @@ def listen_drops() -> int:
         return int(dict(zip(rows[0][1:], rows[1][1:], strict=True)).get("ListenDrops", 0))
     except (OSError, IndexError, ValueError):
         return 0
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Live (not zombie) processes whose environment holds `name=value`: what a run that
+    marks its children's environment left behind."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as env:
+                if needle not in env.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue  # exited, only waiting to be reaped
+        except OSError:
+            continue
+        found.append(int(entry))
+    return found

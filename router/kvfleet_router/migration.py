@@ -146,24 +146,36 @@ def parse_events(data: bytes) -> list[Any]:
     return out
 
 
+class WholeEvents:
+    """Bytes in, whole SSE events out: a partial event waits for the chunk that ends it."""
+
+    def __init__(self) -> None:
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._partial + chunk if self._partial else chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._partial = data
+            return b""
+        self._partial = data[end + 2:]
+        return data[:end + 2]
+
+
 class StreamLedger:
     """The client's side of one stream: whole events in, what was sent kept."""
 
     def __init__(self) -> None:
-        self._partial = b""
+        self._events = WholeEvents()
         self._held: list[bytes] = []
         self._held_bytes = 0
         self._state = StreamState()
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events `chunk` completes, to forward now; a partial one waits."""
-        data = self._partial + chunk if self._partial else chunk
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._partial = data
-            return b""
-        whole, self._partial = data[:end + 2], data[end + 2:]
-        self.record(whole)
+        whole = self._events.feed(chunk)
+        if whole:
+            self.record(whole)
         return whole
 
     def record(self, events: bytes) -> None:
@@ -262,15 +274,12 @@ class Splice:
         self._is_chat = is_chat
         self._as_completion = as_completion
         self._sent_before = st.num_sent_tokens
-        self._partial = b""
+        self._events = WholeEvents()
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self._partial + chunk if self._partial else chunk
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            self._partial = data
+        whole = self._events.feed(chunk)
+        if not whole:
             return b""
-        whole, self._partial = data[:end + 2], data[end + 2:]
         out = []
         for payload in parse_events(whole):
             if payload == "[DONE]":

@@ -19,27 +19,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvfleet_bench.procs import processes_with_env
+
 MARKER_ENV = "KVFLEET_E2E_MARKER"
 POOLS = Path(__file__).parent / "pools"
 
 
 def processes_with_marker(marker: str) -> list[int]:
-    needle = f"{MARKER_ENV}={marker}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as env:
-                if needle not in env.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue  # exited, only waiting to be reaped
-        except OSError:
-            continue
-        found.append(int(entry))
-    return found
+    """Live processes this run marked (MARKER_ENV=marker)."""
+    return processes_with_env(MARKER_ENV, marker)
 
 
 class Fleet:

@@ -66,3 +66,47 @@ def http_json(url: str, body: Any = None, method: str | None = None,
 
 def admin_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+def sse_post(url: str, path: str, body: dict[str, Any], on_event: Any = None,
+             timeout_s: float = 300) -> list[Any]:
+    """POST a streamed request; its data payloads (JSON, or "[DONE]"), `on_event(n)` called
+    after the n-th, so a test can break things mid-stream."""
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    out: list[Any] = []
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                payload = line[len("data: "):]
+                out.append(payload if payload == "[DONE]" else json.loads(payload))
+                if on_event is not None:
+                    on_event(len(out))
+    return out
+
+
+def sse_text(events: list[Any], is_chat: bool) -> str:
+    """The answer's text, from chat deltas or completion chunks."""
+    return "".join(((e["choices"][0]["delta"].get("content") or "") if is_chat
+                    else e["choices"][0]["text"])
+                   for e in events if e != "[DONE]" and e.get("choices"))
+
+
+def in_process_backend(completions: Any) -> Any:
+    """An aiohttp app standing for an idle engine: `completions` answers
+    /v1/completions; /health is ok and /metrics says nothing is running or waiting."""
+    from aiohttp import web
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
+                                 "vllm:kv_cache_usage_perc 0\n")
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from kvfleet_router.api_keys import ApiKeys
 from kvfleet_router.app import RouterApp
 from kvfleet_router.config import RouterConfig
+from router_fixtures import in_process_backend
 
 KEY_A = "sk-test-aaaaaaaaaaaaaaaaaaaaaaaa"
 KEY_B = "sk-test-bbbbbbbbbbbbbbbbbbbbbbbb"
@@ -54,18 +55,7 @@ def _backend(seen: list[dict]) -> web.Application:
         await resp.write_eof()
         return resp
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
-                                 "vllm:kv_cache_usage_perc 0\n")
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    return app
+    return in_process_backend(completions)
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from kvfleet_router.flow.service import AttainedService
 from kvfleet_router.prefix_index import ApproxPrefixIndex
 from kvfleet_router.quota import QuotaBook
 from kvfleet_router.wait_queue import WaitQueue
+from router_fixtures import in_process_backend
 
 # --- each cap alone ---
 
@@ -107,18 +108,7 @@ def _backend() -> web.Application:
         await resp.write_eof()
         return resp
 
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n"
-                                 "vllm:kv_cache_usage_perc 0\n")
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    return app
+    return in_process_backend(completions)
 
 
 def _tenant_series(metrics_text: str) -> set[str]:

@@ -8,16 +8,14 @@ sleep the profile's time, so a stream lasts long enough to be killed mid-answer.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
-import urllib.request
 from typing import Any
 
 import pytest
 from engine_fleet import SIMULATED, metric_sum, start_engines
-from router_fixtures import endpoints_cfg, start_router
+from router_fixtures import endpoints_cfg, sse_post, sse_text, start_router
 
 MAX_TOKENS = 120
 COMPLETION = {"model": "tiny-random", "prompt": "The fleet keeps every stream alive",
@@ -26,36 +24,6 @@ COMPLETION = {"model": "tiny-random", "prompt": "The fleet keeps every stream al
 CHAT = {"model": "tiny-random", "max_tokens": MAX_TOKENS, "temperature": 0,
         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
         "messages": [{"role": "user", "content": "Tell me about request migration."}]}
-
-
-def _open(url: str, path: str, body: dict[str, Any]) -> Any:
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    return urllib.request.urlopen(req, timeout=60)
-
-
-def _events(resp: Any, on_event: Any = None) -> list[Any]:
-    """The stream's data payloads (JSON, or "[DONE]"); `on_event(i)` after each."""
-    out: list[Any] = []
-    for raw in resp:
-        line = raw.decode().strip()
-        if not line.startswith("data: "):
-            continue
-        payload = line[len("data: "):]
-        out.append(payload if payload == "[DONE]" else json.loads(payload))
-        if on_event is not None:
-            on_event(len(out))
-    return out
-
-
-def _text(events: list[Any], is_chat: bool) -> str:
-    parts = []
-    for e in events:
-        if e == "[DONE]" or not e.get("choices"):
-            continue
-        choice = e["choices"][0]
-        parts.append((choice["delta"].get("content") or "") if is_chat else choice["text"])
-    return "".join(parts)
 
 
 def _serving(engines: list[Any]) -> Any:
@@ -102,7 +70,7 @@ def test_a_killed_engines_stream_continues_token_exact(fleet, is_chat):
     engines, start = fleet
     router = start()
     path, body = ("/v1/chat/completions", CHAT) if is_chat else ("/v1/completions", COMPLETION)
-    reference = _events(_open(router.url, path, body))
+    reference = sse_post(router.url, path, body)
     _whole(reference, is_chat)
 
     killed: list[Any] = []
@@ -113,10 +81,10 @@ def test_a_killed_engines_stream_continues_token_exact(fleet, is_chat):
             os.kill(victim.pid, signal.SIGKILL)
             killed.append(victim)
 
-    migrated = _events(_open(router.url, path, body), kill_at_20)
+    migrated = sse_post(router.url, path, body, kill_at_20)
     assert killed, "the stream ended before the kill"
     _whole(migrated, is_chat)
-    assert _text(migrated, is_chat) == _text(reference, is_chat)
+    assert sse_text(migrated, is_chat) == sse_text(reference, is_chat)
     assert migrated[-2]["usage"]["completion_tokens"] == MAX_TOKENS
     assert migrated[-2]["usage"]["prompt_tokens"] == reference[-2]["usage"]["prompt_tokens"]
     assert metric_sum(router.url, "kvfleet_router_migrations_total",
@@ -126,7 +94,7 @@ def test_a_killed_engines_stream_continues_token_exact(fleet, is_chat):
 def test_a_hung_engines_stream_continues_after_the_idle_timeout(fleet):
     engines, start = fleet
     router = start(timeouts={"idle_s": 1.0})
-    reference = _events(_open(router.url, "/v1/completions", COMPLETION))
+    reference = sse_post(router.url, "/v1/completions", COMPLETION)
     stopped: list[Any] = []
 
     def stop_at_20(i: int) -> None:
@@ -137,14 +105,14 @@ def test_a_hung_engines_stream_continues_after_the_idle_timeout(fleet):
 
     try:
         t0 = time.monotonic()
-        migrated = _events(_open(router.url, "/v1/completions", COMPLETION), stop_at_20)
+        migrated = sse_post(router.url, "/v1/completions", COMPLETION, stop_at_20)
         assert stopped
         assert time.monotonic() - t0 < 30
     finally:
         for victim in stopped:
             os.kill(victim.pid, signal.SIGCONT)
     _whole(migrated, False)
-    assert _text(migrated, False) == _text(reference, False)
+    assert sse_text(migrated, False) == sse_text(reference, False)
 
 
 def test_without_migration_the_stream_ends_in_an_error_event(fleet):
@@ -156,7 +124,7 @@ def test_without_migration_the_stream_ends_in_an_error_event(fleet):
         if i == 20:
             os.kill(_serving(engines).pid, signal.SIGKILL)
 
-    events = _events(_open(router.url, "/v1/completions", COMPLETION), kill_at_20)
+    events = sse_post(router.url, "/v1/completions", COMPLETION, kill_at_20)
     assert any(e != "[DONE]" and "error" in e for e in events)
     assert metric_sum(router.url, "kvfleet_router_migrations_total") == 0
 
@@ -185,7 +153,7 @@ def test_a_refused_continuation_ends_the_stream_and_blames_no_endpoint(procs, tm
         state["other"] = f"b{1 - serving}"
         fakes[serving].kill()
 
-    events = _events(_open(router.url, "/v1/completions", body), break_at_3)
+    events = sse_post(router.url, "/v1/completions", body, break_at_3)
     errors = [e for e in events if e != "[DONE]" and "error" in e]
     assert len(errors) == 1 and "refused" in errors[0]["error"]["message"]
     assert metric_sum(router.url, "kvfleet_router_migrations_total", outcome="failed") == 1

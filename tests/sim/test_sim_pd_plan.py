@@ -44,7 +44,8 @@ class RecordingForwarder:
         self.sent.append((e.name, json.loads(raw)))
         return 200, json.dumps({contract.KV_TRANSFER_PARAMS: {"remote_handle": "h"}}).encode()
 
-    async def forward(self, request, e, raw, on_outcome, headers=None):
+    async def forward(self, request, e, raw, on_outcome, headers=None, ledger=None,
+                      strip_ids=False):
         self.sent.append((e.name, json.loads(raw)))
         return web.Response(text="ok")
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/helpers, t
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
 
 from helpers.procs import ProcessGroup, free_port, wait_healthy  # noqa: E402
-from router_fixtures import ADMIN_TOKEN, start_router  # noqa: E402
+from router_fixtures import ADMIN_TOKEN, sse_post, sse_text, start_router  # noqa: E402
 from vllm_helpers import LOG, running_vllm  # noqa: E402
 
 RELAY = r"""
@@ -56,27 +56,6 @@ async def main():
     await server.serve_forever()
 asyncio.run(main())
 """
-
-
-def _events(url: str, path: str, body: dict[str, Any], on_event: Any = None) -> list[Any]:
-    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    out: list[Any] = []
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if line.startswith("data: "):
-                payload = line[len("data: "):]
-                out.append(payload if payload == "[DONE]" else json.loads(payload))
-                if on_event is not None:
-                    on_event(len(out))
-    return out
-
-
-def _text(events: list[Any], is_chat: bool) -> str:
-    return "".join(((e["choices"][0]["delta"].get("content") or "") if is_chat
-                    else e["choices"][0]["text"])
-                   for e in events if e != "[DONE]" and e.get("choices"))
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +92,7 @@ def test_a_dying_replicas_vllm_stream_continues_token_exact(vllm_server, tmp_pat
                     "ignore_eos": True, "stream": True,
                     "stream_options": {"include_usage": True}}
             path = "/v1/chat/completions" if is_chat else "/v1/completions"
-            reference = _events(vllm_server.url, path, body)  # uninterrupted, straight to vLLM
+            reference = sse_post(vllm_server.url, path, body)  # uninterrupted, straight to vLLM
             # Once the stream is under way: `vllm` takes requests, and the relay dies.
 
             def kill_relay(i: int) -> None:
@@ -121,14 +100,14 @@ def test_a_dying_replicas_vllm_stream_continues_token_exact(vllm_server, tmp_pat
                     _activate(router, vllm_server, relay_port)
                     os.kill(relay.pid, signal.SIGKILL)
 
-            migrated = _events(router.url, path, body, kill_relay)
+            migrated = sse_post(router.url, path, body, kill_relay)
         finally:
             relay.kill()
             relay.wait()
     assert relay.returncode == -signal.SIGKILL
     assert migrated[-1] == "[DONE]" and migrated.count("[DONE]") == 1
     assert not any(e != "[DONE]" and "error" in e for e in migrated)
-    assert _text(migrated, is_chat) == _text(reference, is_chat)
+    assert sse_text(migrated, is_chat) == sse_text(reference, is_chat)
     usage = migrated[-2]["usage"]
     assert usage["completion_tokens"] == 96
     assert usage["prompt_tokens"] == reference[-2]["usage"]["prompt_tokens"]

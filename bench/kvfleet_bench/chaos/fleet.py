@@ -31,6 +31,7 @@ import aiohttp
 from kvfleet_operator.runtimes.local.procs import can_bind, free_port
 
 from kvfleet_bench.chaos.netproxy import FaultProxy
+from kvfleet_bench.procs import processes_with_env
 
 MARKER_ENV = "KVFLEET_CHAOS_MARKER"
 HOST = "127.0.0.1"
@@ -41,23 +42,8 @@ def kvfleet(*args: str) -> list[str]:
 
 
 def processes_with_marker(marker: str) -> list[int]:
-    """Live (not zombie) processes whose environment holds MARKER_ENV=marker."""
-    needle = f"{MARKER_ENV}={marker}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as env:
-                if needle not in env.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/stat") as stat:
-                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    continue
-        except OSError:
-            continue
-        found.append(int(entry))
-    return found
+    """Live processes this run marked (MARKER_ENV=marker)."""
+    return processes_with_env(MARKER_ENV, marker)
 
 
 def engine_processes(marker: str) -> list[int]:

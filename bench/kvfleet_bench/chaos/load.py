@@ -176,24 +176,24 @@ class SteadyLoad:
         self.outcomes.sort(key=lambda o: o.index)
         return self.outcomes
 
-    async def _one(self, http: aiohttp.ClientSession, shape: str, index: int, router: int,
-                   max_tokens: int) -> None:
+    async def _send(self, http: aiohttp.ClientSession, shape: str, index: int, router: int,
+                    max_tokens: int) -> Outcome:
+        """One request through router replica `router`, counted in flight there."""
         self.in_flight[router] += 1
         try:
-            out = await one_request(http, self.router_urls[router], shape, index, router,
-                                    self.t0, self.model, max_tokens, self.timeout_s)
+            return await one_request(http, self.router_urls[router], shape, index, router,
+                                     self.t0, self.model, max_tokens, self.timeout_s)
         finally:
             self.in_flight[router] -= 1
+
+    async def _one(self, http: aiohttp.ClientSession, shape: str, index: int, router: int,
+                   max_tokens: int) -> None:
+        out = await self._send(http, shape, index, router, max_tokens)
         if out.outcome == "connection" and out.detail.startswith(REFUSED):
             # Nothing was sent: a Service (or a client's retry) takes the next replica, as a
             # Kubernetes Service stops sending to a dead pod. Only the first try counts.
             start_s = out.start_s
             router = (router + 1) % len(self.router_urls)
-            self.in_flight[router] += 1
-            try:
-                out = await one_request(http, self.router_urls[router], shape, index, router,
-                                        self.t0, self.model, max_tokens, self.timeout_s)
-            finally:
-                self.in_flight[router] -= 1
+            out = await self._send(http, shape, index, router, max_tokens)
             out.start_s, out.rerouted = start_s, True
         self.outcomes.append(out)
