@@ -5,7 +5,8 @@ from cache_config_info, kvfleet:draining (an engine that got SIGTERM gets no new
 and a kvfleet engine's peer-prefix counters (`PeerTotals`, for peer_measure.py).
 
 `parse_metrics(text, now)` is pure; the parsing itself is `kvfleet_engine.contract`'s, shared
-with the operator, and a body with no usable core gauge reads as unknown. `poll_forever`
+with the operator, and a body with no usable core gauge, or with a figure no engine can
+report (a negative or huge count, KV usage outside 0-1, NaN), reads as unknown. `poll_forever`
 refreshes every endpoint on an interval and marks an endpoint fresh only while its last
 good scrape is younger than stale_after_s, so a silent backend reads as unknown, not idle.
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import re
 import time
 from collections.abc import Callable
 
@@ -38,11 +41,41 @@ def parse_metrics(text: str, now: float) -> Signals:
     if not m.is_usable:
         return Signals()
     g = m.gauges
-    return Signals(num_running=g.get(contract.NUM_REQUESTS_RUNNING, 0.0),
-                   num_waiting=g.get(contract.NUM_REQUESTS_WAITING, 0.0),
-                   kv_usage=g.get(contract.KV_CACHE_USAGE_PERC, 0.0),
-                   block_size=m.block_size or 0, scraped_at=now, is_draining=m.is_draining,
-                   peer=peer_totals(m))
+    signals = Signals(num_running=g.get(contract.NUM_REQUESTS_RUNNING, 0.0),
+                      num_waiting=g.get(contract.NUM_REQUESTS_WAITING, 0.0),
+                      kv_usage=g.get(contract.KV_CACHE_USAGE_PERC, 0.0),
+                      block_size=m.block_size or 0, scraped_at=now,
+                      is_draining=m.is_draining, peer=peer_totals(m))
+    if not is_plausible(signals) or _core_gauge_without_figure(text, g):
+        return Signals()
+    return signals
+
+
+MAX_PLAUSIBLE_REQUESTS = 1e6  # running or waiting on one engine (the operator's limit too)
+_CORE_SAMPLE = re.compile("^(" + "|".join(re.escape(n) for n in (
+    *contract.CORE_GAUGES,
+    *(old for old, new in contract.LEGACY_NAMES.items() if new in contract.CORE_GAUGES))
+) + r")(?:\{[^}]*\})?[ \t]+(\S+)", re.M)
+
+
+def _core_gauge_without_figure(text: str, gauges: dict[str, float]) -> bool:
+    """A core gauge exposed with no finite value (only NaN or Inf): the reader leaves it
+    out, so `waiting NaN` beside `running 0` would otherwise read as idle."""
+    for name, value in _CORE_SAMPLE.findall(text):
+        try:
+            is_finite = math.isfinite(float(value))
+        except ValueError:
+            continue  # a malformed line: the reader skips it, as it should
+        if not is_finite and contract.LEGACY_NAMES.get(name, name) not in gauges:
+            return True
+    return False
+
+
+def is_plausible(s: Signals) -> bool:
+    """What an engine can report: counts in [0, 1e6], KV usage in [0, 1] (NaN is neither).
+    Garbage reads as unknown, so it can neither make an endpoint look idle nor busy."""
+    return (0.0 <= s.num_running <= MAX_PLAUSIBLE_REQUESTS
+            and 0.0 <= s.num_waiting <= MAX_PLAUSIBLE_REQUESTS and 0.0 <= s.kv_usage <= 1.0)
 
 
 def peer_totals(m: EngineMetrics) -> PeerTotals | None:

@@ -45,3 +45,22 @@ def test_stale_scrape_is_unknown_not_idle():
     assert not e.is_signals_fresh
     assert e.kv_usage() is None and e.queue_depth() == 2  # router's own count only
     assert not Signals().is_fresh(now=1.0, stale_after_s=5.0)
+
+
+@pytest.mark.parametrize("body", [
+    "vllm:num_requests_running 0\nvllm:num_requests_waiting -4\nvllm:kv_cache_usage_perc 0.1\n",
+    "vllm:num_requests_running 0\nvllm:num_requests_waiting 1e300\nvllm:kv_cache_usage_perc 0.1\n",
+    "vllm:num_requests_running 1000001\nvllm:kv_cache_usage_perc 0.1\n",
+    "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 1.5\n",
+    "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc NaN\n",
+], ids=["negative", "huge", "past-the-limit", "kv-over-1", "kv-nan"])
+def test_a_figure_no_engine_can_report_reads_as_unknown(body):
+    """Garbage that parses must not pass as a reading: unknown (never fresh), not idle."""
+    s = parse_metrics(body, now=5.0)
+    assert s.scraped_at == 0.0
+
+
+def test_the_limits_themselves_are_readings():
+    s = parse_metrics("vllm:num_requests_running 1000000\nvllm:num_requests_waiting 0\n"
+                      "vllm:kv_cache_usage_perc 1.0\n", now=5.0)
+    assert s.scraped_at == 5.0 and s.num_running == 1e6 and s.kv_usage == 1.0
