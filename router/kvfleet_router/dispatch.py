@@ -167,10 +167,14 @@ class Dispatcher:
         routed.seat = self.gate.take(flow, e, time.monotonic())
         return routed
 
-    def _dispatched(self, info: RequestInfo, flow: Flow, routed: Routed) -> Routed:
-        tokens = info.estimated_prompt_tokens(self.core.cfg.prefix.chars_per_token) \
+    def _dispatch_charge(self, info: RequestInfo) -> int:
+        """What a tenant is charged when its request is dispatched: the prompt (estimated)
+        and `max_tokens`; the unused part is refunded when the exchange ends."""
+        return info.estimated_prompt_tokens(self.core.cfg.prefix.chars_per_token) \
             + info.max_tokens
-        self.gate.charge(info.tenant, tokens, time.monotonic())
+
+    def _dispatched(self, info: RequestInfo, flow: Flow, routed: Routed) -> Routed:
+        self.gate.charge(info.tenant, self._dispatch_charge(info), time.monotonic())
         self.metrics.flow_dispatched.labels(flow.band_label, flow.label).inc()
         return routed
 
@@ -367,16 +371,15 @@ class Dispatcher:
                 return out
             plan = continuation(request.path, body, st, cfg.migration.token_ids)
             if plan is None:
-                break
+                return await self._give_up(out, "failed", f"{reason}; it cannot be continued "
+                                           "(a token-id prompt, and no generated ids)")
             for _attempt in range(cfg.retries.max_attempts):
                 try:
                     routed = await self.acquire(info, role, policy, frozenset(tried),
                                                 is_gone=functools.partial(_is_gone, request),
                                                 flow=flow)
                 except Rejected:
-                    self.metrics.migrations.labels("failed").inc()
-                    await self.forwarder.end_broken(out, f"{reason}; no endpoint to continue")
-                    return out
+                    return await self._give_up(out, "failed", f"{reason}; no endpoint to continue")
                 e = routed.decision.endpoint
                 assert e is not None
                 ending = CLIENT_GONE  # should the handler be cancelled
@@ -391,10 +394,8 @@ class Dispatcher:
                         out, resp, first, functools.partial(_spliced, splice, ledger, strip_ids))
                 except BackendFailure as exc:
                     if exc.kind == REFUSED:  # never the endpoint's fault; nobody would take it
-                        self.metrics.migrations.labels("failed").inc()
-                        await self.forwarder.end_broken(out, f"{reason}; the continuation was "
-                                                             f"refused: {exc}")
-                        return out
+                        return await self._give_up(
+                            out, "failed", f"{reason}; the continuation was refused: {exc}")
                     tried.add(e.name)
                     self.feedback.failure(e, exc.kind, time.monotonic())
                     self.metrics.retries.inc()
@@ -411,12 +412,15 @@ class Dispatcher:
                 reason = leg_reason
                 break
             else:  # every attempt failed before its first byte
-                self.metrics.migrations.labels("failed").inc()
-                await self.forwarder.end_broken(out, f"{reason}; no endpoint took the "
-                                                     "continuation")
-                return out
-        self.metrics.migrations.labels("exhausted").inc()
-        await self.forwarder.end_broken(out, reason)
+                return await self._give_up(out, "failed",
+                                           f"{reason}; no endpoint took the continuation")
+        return await self._give_up(out, "exhausted", reason)
+
+    async def _give_up(self, out: web.StreamResponse, outcome: str,
+                       message: str) -> web.StreamResponse:
+        """The stream ends with one error event; `outcome` is why (migrations_total)."""
+        self.metrics.migrations.labels(outcome).inc()
+        await self.forwarder.end_broken(out, message)
         return out
 
     def _leg_done(self, e: EndpointState, routed: Routed, info: RequestInfo, ending: str,
@@ -429,9 +433,8 @@ class Dispatcher:
             self.feedback.success(e)
         elif ending != CLIENT_GONE:
             self.feedback.failure(e, "midstream", now)
-        charged = info.estimated_prompt_tokens(self.core.cfg.prefix.chars_per_token) \
-            + info.max_tokens
-        self.gate.charge(info.tenant, min(num_events, info.max_tokens) - charged, now)
+        self.gate.charge(info.tenant, min(num_events, info.max_tokens)
+                         - self._dispatch_charge(info), now)
         self.release(e, routed.seat)
 
 

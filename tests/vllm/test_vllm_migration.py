@@ -66,8 +66,7 @@ def vllm_server():
 
 
 @pytest.mark.parametrize("is_chat", [False, True], ids=["completions", "chat"])
-def test_a_dying_replicas_vllm_stream_continues_token_exact(vllm_server, tmp_path, is_chat,
-                                                            figures):
+def test_a_dying_replicas_vllm_stream_continues_token_exact(vllm_server, tmp_path, is_chat):
     with ProcessGroup(tmp_path / "logs") as procs:
         relay_port = free_port()
         relay = subprocess.Popen([sys.executable, "-c", RELAY, str(vllm_server.port),
@@ -114,7 +113,6 @@ def test_a_dying_replicas_vllm_stream_continues_token_exact(vllm_server, tmp_pat
     if is_chat:
         assert sum(1 for e in migrated if e != "[DONE]" and e.get("choices")
                    and "role" in e["choices"][0]["delta"]) == 1
-    figures[f"migration_{'chat' if is_chat else 'completions'}_tokens_exact"] = 96
 
 
 def _activate(router: Any, vllm_server: Any, relay_port: int) -> None:
