@@ -408,6 +408,75 @@ class AutoscalingSpec:
         return self
 
 
+ROLLOUT_STRATEGIES = ("rolling", "canary", "blueGreen")
+
+
+@spec_type
+class CanaryStepSpec:
+    """One canary step: the new revision's share of new requests, held this long."""
+
+    weight: Int = Field(ge=1, le=99)
+    duration_seconds: Int = Field(default=60, ge=1, le=86400)
+
+
+def _default_canary_steps() -> list[CanaryStepSpec]:
+    return [CanaryStepSpec(weight=w, duration_seconds=60) for w in (5, 25, 50)]
+
+
+@spec_type
+class BlueGreenSpec:
+    """The new revision at full size beside the old; traffic switches when it is ready, and
+    the old revision stays (the instant way back) for `holdSeconds` while the analysis runs
+    on the new one's traffic; then it is drained and removed."""
+
+    hold_seconds: Int = Field(default=60, ge=1, le=86400)
+
+
+@spec_type
+class AnalysisQuerySpec:
+    """A user's PromQL instant query (one number) that must stay at or under `max`."""
+
+    promql: Annotated[Str, Field(min_length=1, max_length=4096)]
+    max: Float
+
+
+@spec_type
+class AnalysisSpec:
+    """What the new revision must show, on the router's measurements of each revision,
+    before it gets more traffic. Ratios compare it with the stable revision; absolute limits
+    hold whatever the stable one does. A limit left unset is not checked."""
+
+    min_requests: Int = Field(default=20, ge=1, le=1000000)
+    max_error_rate: Float | None = Field(default=0.05, ge=0, le=1)
+    max_error_rate_increase: Float | None = Field(default=0.02, ge=0, le=1)
+    max_ttft_p90_seconds: Float | None = Field(default=None, gt=0, le=600)
+    max_ttft_p90_ratio: Float | None = Field(default=1.5, ge=1, le=100)
+    max_itl_p90_seconds: Float | None = Field(default=None, gt=0, le=60)
+    max_itl_p90_ratio: Float | None = Field(default=1.5, ge=1, le=100)
+    query: AnalysisQuerySpec | None = None
+
+
+@spec_type
+class RolloutSpec:
+    """How a change to what the engine pods run (a revision) reaches traffic."""
+
+    strategy: Annotated[Str, OneOf(ROLLOUT_STRATEGIES)] = "rolling"
+    steps: list[CanaryStepSpec] = Field(default_factory=_default_canary_steps, min_length=1,
+                                        max_length=20)
+    blue_green: BlueGreenSpec = Field(default_factory=BlueGreenSpec)
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec)
+    paused: Bool = False
+
+    @model_validator(mode="after")
+    def _steps_grow(self) -> RolloutSpec:
+        weights = [s.weight for s in self.steps]
+        for i in range(1, len(weights)):
+            if weights[i] <= weights[i - 1]:
+                raise SpecError(f"steps[{i}].weight", f"must grow step by step "
+                                f"({weights[i]} after {weights[i - 1]})")
+        return self
+
+
 @spec_type
 class PoolSpec:
     _: KW_ONLY
@@ -416,6 +485,7 @@ class PoolSpec:
     topology: TopologySpec
     routing: RoutingSpec = Field(default_factory=RoutingSpec)
     autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec)
 
     @model_validator(mode="after")
     def _consistent(self) -> PoolSpec:

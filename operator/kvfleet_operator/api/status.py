@@ -51,6 +51,8 @@ class Reason:
     SCALING_DOWN = "ScalingDown"
     DRAINING = "Draining"
     RECONCILED = "Reconciled"
+    ROLLOUT_IN_PROGRESS = "RolloutInProgress"  # a canary or blue-green rollout's steps
+    ROLLOUT_PAUSED = "RolloutPaused"  # spec.rollout.paused: the weight holds
     # Degraded
     AS_EXPECTED = "AsExpected"
     INVALID_SPEC = "InvalidSpec"
@@ -58,6 +60,7 @@ class Reason:
     ROUTER_UNREACHABLE = "RouterUnreachable"
     SIGNALS_STALE = "SignalsStale"
     APPLY_FAILED = "ApplyFailed"
+    ROLLBACK_SLO = "RollbackSLO"  # a rollout's analysis failed: the new revision was rolled back
     # ScalingLimited
     WITHIN_LIMITS = "WithinLimits"
     AT_MAX_REPLICAS = "AtMaxReplicas"
@@ -92,11 +95,12 @@ REASONS_BY_TYPE: dict[str, tuple[str, ...]] = {
     ),
     ConditionType.PROGRESSING: (
         Reason.RECONCILING, Reason.SCALING_UP, Reason.SCALING_DOWN, Reason.DRAINING,
-        Reason.RECONCILED,
+        Reason.RECONCILED, Reason.ROLLOUT_IN_PROGRESS, Reason.ROLLOUT_PAUSED,
     ),
     ConditionType.DEGRADED: (
         Reason.AS_EXPECTED, Reason.INVALID_SPEC, Reason.REPLICA_FAILED,
         Reason.ROUTER_UNREACHABLE, Reason.SIGNALS_STALE, Reason.APPLY_FAILED,
+        Reason.ROLLBACK_SLO,
     ),
     ConditionType.SCALING_LIMITED: (
         Reason.WITHIN_LIMITS, Reason.AT_MAX_REPLICAS, Reason.AT_MIN_REPLICAS,
@@ -153,6 +157,57 @@ class RoleStatus:
         return f"{self.ready_replicas}/{self.desired_replicas}"
 
 
+class RolloutPhase:
+    """`status.rollout.phase`."""
+
+    STABLE = "Stable"  # one revision serves; nothing to roll out
+    PROGRESSING = "Progressing"  # a canary step or a blue-green switch is under way
+    PAUSED = "Paused"  # spec.rollout.paused holds the current weight
+    ROLLED_BACK = "RolledBack"  # the analysis failed; the stable revision serves everything
+
+
+ROLLOUT_PHASES = (RolloutPhase.STABLE, RolloutPhase.PROGRESSING, RolloutPhase.PAUSED,
+                  RolloutPhase.ROLLED_BACK)
+
+
+@with_config(_CAMEL_KEYS)
+@dataclass(slots=True)
+class MetricCheck:
+    """One analysis check: the new revision's figure, the stable one's, the limit it had."""
+
+    name: str  # errorRate | ttftP90Seconds | itlP90Seconds | query
+    canary: float | None
+    stable: float | None
+    limit: float
+    passed: bool
+
+
+@with_config(_CAMEL_KEYS)
+@dataclass(slots=True)
+class Analysis:
+    time: str
+    passed: bool
+    message: str
+    canary_requests: int = 0
+    stable_requests: int = 0
+    checks: list[MetricCheck] = field(default_factory=list)
+
+
+@with_config(_CAMEL_KEYS)
+@dataclass(slots=True)
+class RolloutStatus:
+    strategy: str = "rolling"
+    phase: str = RolloutPhase.STABLE
+    stable_revision: str = ""
+    canary_revision: str = ""  # the revision being rolled out ("" when none)
+    step: int = 0  # 1-based canary step (blue-green: 1 before the switch, 2 after); 0: none
+    num_steps: int = 0
+    weight: int = 0  # the new revision's share of new requests, in percent
+    step_started_at: str = ""
+    message: str = ""
+    last_analysis: Analysis | None = None
+
+
 @with_config(_CAMEL_KEYS)
 @dataclass(slots=True)
 class PoolStatus:
@@ -162,6 +217,7 @@ class PoolStatus:
     roles: dict[str, RoleStatus] = field(default_factory=dict)
     router_config_version: int = 0
     endpoint: str | None = None
+    rollout: RolloutStatus | None = None
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
@@ -221,7 +277,41 @@ def parse_status(data: Any) -> PoolStatus:
     for name, item in (roles.items() if isinstance(roles, dict) else []):
         if isinstance(item, dict):
             status.roles[str(name)] = _role_status(item)
+    if isinstance(data.get("rollout"), dict):
+        status.rollout = _rollout_status(data["rollout"])
     return status
+
+
+def _rollout_status(item: dict[str, Any]) -> RolloutStatus:
+    out = RolloutStatus(
+        strategy=_str(item.get("strategy")) or "rolling",
+        phase=_str(item.get("phase")) or RolloutPhase.STABLE,
+        stable_revision=_str(item.get("stableRevision")),
+        canary_revision=_str(item.get("canaryRevision")),
+        step=_int(item.get("step")),
+        num_steps=_int(item.get("numSteps")),
+        weight=_int(item.get("weight")),
+        step_started_at=_str(item.get("stepStartedAt")),
+        message=_str(item.get("message")),
+    )
+    last = item.get("lastAnalysis")
+    if isinstance(last, dict):
+        out.last_analysis = Analysis(
+            time=_str(last.get("time")), passed=last.get("passed") is True,
+            message=_str(last.get("message")),
+            canary_requests=_int(last.get("canaryRequests")),
+            stable_requests=_int(last.get("stableRequests")),
+            checks=[MetricCheck(_str(c.get("name")), _num(c.get("canary")),
+                                _num(c.get("stable")), _num(c.get("limit")) or 0.0,
+                                c.get("passed") is True)
+                    for c in last.get("checks") or [] if isinstance(c, dict)],
+        )
+    return out
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) \
+        else None
 
 
 def _role_status(item: dict[str, Any]) -> RoleStatus:

@@ -98,6 +98,7 @@ class RolePlan:
     to_undrain: list[str] = field(default_factory=list)
     to_drain: list[str] = field(default_factory=list)
     to_stop: list[str] = field(default_factory=list)
+    revision: str = ""  # the engine template these replicas run (`rollout.revision_of`)
 
 
 @dataclass(slots=True)

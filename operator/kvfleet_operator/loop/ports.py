@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kvfleet_router.perf_model import RoleCoefficients
+from kvfleet_router.revision_stats import RevisionCounts
 
 from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.api.status import PoolStatus
@@ -41,6 +42,8 @@ class Replica(Protocol):
     def num_restarts(self) -> int: ...
     @property
     def last_error(self) -> str: ...  # why it last failed (its one-line reason), or ""
+    @property
+    def revision(self) -> str: ...  # the engine template it runs (`decide.rollout.revision_of`)
 
 
 class ReplicaRuntime(Protocol):
@@ -50,7 +53,9 @@ class ReplicaRuntime(Protocol):
     def replicas(self) -> Sequence[Replica]: ...
 
     async def create(self, spec: PoolSpec, plan: RolePlan) -> None:
-        """Start one more replica of `plan.role`, from the role's spec and the plan."""
+        """Start one more replica of `plan.role` and `plan.revision`, from that revision's
+        spec and the plan (during a rollout `spec` may be the stable revision's, not the
+        pool's current one)."""
 
     async def mark_draining(self, name: str) -> None: ...
     async def mark_ready(self, name: str) -> None: ...
@@ -77,6 +82,8 @@ class RouterView:
     version: int
     endpoints: dict[str, EndpointView] = field(default_factory=dict)
     newest_version: int | None = None
+    # Per engine revision, what the routers measured since they started (summed).
+    revisions: dict[str, RevisionCounts] = field(default_factory=dict)
 
     @property
     def max_version(self) -> int:
