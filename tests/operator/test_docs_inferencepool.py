@@ -62,3 +62,19 @@ def test_doc_says_how_to_validate_offline():
     assert "--dry-run=client" in text and "kubernetes-validate" in text
     assert "cel-python" in text and "kvfleet_operator.tools.crd_validate" in text
     assert "kvpool" in text and "not `infpool`" in text
+
+
+def test_doc_lists_every_printer_column_and_condition_reason():
+    from kvfleet_operator.api import REASONS_BY_TYPE
+    from pool_corpus import CRD
+
+    text = DOC.read_text(encoding="utf-8")
+    columns = text.split("## `kubectl get kvpool` columns", 1)[1].split("\n## ", 1)[0]
+    for column in CRD["spec"]["versions"][0]["additionalPrinterColumns"]:
+        assert f"| {column['name']} | {column['type']} | `{column['jsonPath']}` |" in columns
+    assert "| Rollout | string | `.status.rollout.phase` |" in columns
+    conditions = text.split("## Conditions", 1)[1].split("\n## ", 1)[0]
+    for type_, reasons in REASONS_BY_TYPE.items():
+        row = next(line for line in conditions.splitlines() if line.startswith(f"| `{type_}` |"))
+        assert all(f"`{r}`" in row for r in reasons), type_
+    assert "`RolloutInProgress`, `RolloutPaused`" in conditions and "`RollbackSLO`" in conditions

@@ -93,6 +93,9 @@ def allowed_text(node: dict[str, Any]) -> str:
         parts.append("non-empty" if node["minLength"] == 1 else f"length >= {node['minLength']}")
     if "maxLength" in node:
         parts.append(f"length <= {node['maxLength']}")
+    if "minItems" in node:
+        least = node["minItems"]
+        parts.append(f"at least {least} {'entry' if least == 1 else 'entries'}")
     for key in ("maxItems", "maxProperties"):
         if key in node:
             parts.append(f"at most {node[key]} entries")
@@ -206,6 +209,16 @@ def render_example(path: Path, schema: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def render_columns(version: dict[str, Any]) -> list[str]:
+    lines = ["## `kubectl get kvpool` columns", "",
+             "| Column | Type | From | Meaning |", "|---|---|---|---|"]
+    for column in version.get("additionalPrinterColumns") or []:
+        meaning = column.get("description") or "How long ago the pool was created."
+        lines.append(f"| {column['name']} | {column['type']} | `{cell(column['jsonPath'])}` | "
+                     f"{cell(meaning)} |")
+    return [*lines, ""]
+
+
 def render_status(schema: dict[str, Any]) -> list[str]:
     lines = ["## Conditions", "", "`status.conditions` follows kstatus and `metav1.Condition`:"
              " each entry has `type`, `status`, `reason`, `message`, `lastTransitionTime` and"
@@ -229,6 +242,7 @@ def render(crd: dict[str, Any] | None = None, examples_dir: Path = EXAMPLES_DIR)
         for where, node in object_sections(schema["properties"][section], section):
             out += render_section(where, node)
     out += render_status(schema)
+    out += render_columns(next(v for v in spec["versions"] if v.get("storage")))
     out += ["## Examples, field by field", ""]
     for example in sorted(examples_dir.glob("*.yaml")):
         out += render_example(example, schema)
