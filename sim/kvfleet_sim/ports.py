@@ -110,6 +110,7 @@ class SimRuntime:
         replica = SimReplica(name, self.config, profile, now, ready_at, self.measure_from_s,
                              role=plan.role, fake=self.fake, now=self.clock)  # fmt: skip
         replica.state = "ready" if ready_at <= now else "starting"
+        replica.revision = plan.revision
         self.by_name[name] = replica
 
     async def mark_draining(self, name: str) -> None:

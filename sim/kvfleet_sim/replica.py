@@ -73,6 +73,7 @@ class SimReplica:
         self.state = "starting"  # a reconcile phase, set by the simulated runtime
         self.num_restarts = 0
         self.last_error = ""
+        self.revision = ""  # the engine template it runs (set by the simulated runtime)
         self.clock = VirtualClock(started_at)
         self.engine: LLMEngine
         if fake is not None:

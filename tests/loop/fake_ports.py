@@ -26,6 +26,7 @@ class FakeReplica:
     num_restarts: int = 0
     address: str = ""
     last_error: str = ""
+    revision: str = ""
 
     def __post_init__(self) -> None:
         self.address = self.address or f"http://fake.{self.name}:8000"
@@ -49,7 +50,8 @@ class FakeRuntime:
     async def create(self, spec: Any, plan: Any) -> None:
         name = f"{plan.role}-{self._next}"
         self._next += 1
-        self.by_name[name] = FakeReplica(name, plan.role, started_at=self.clock())
+        self.by_name[name] = FakeReplica(name, plan.role, started_at=self.clock(),
+                                         revision=plan.revision)
 
     async def mark_draining(self, name: str) -> None:
         self.by_name[name].state = "draining"

@@ -190,6 +190,41 @@ def _check_api_keys(pool: InferencePool, path: Path | None) -> None:
         raise UpError(f"--api-keys-file {path}: not a readable file")
 
 
+class SpecWatcher:
+    """The pool file, watched: an edit the fleet can take becomes the loop's new spec (a new
+    engine template rolls out by `spec.rollout`); one it cannot take is reported once, and
+    the fleet keeps the spec it runs."""
+
+    def __init__(self, path: Path, pool: InferencePool) -> None:
+        self.path, self.pool = path, pool
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple[float, int] | None:
+        try:
+            info = self.path.stat()
+        except OSError:
+            return None
+        return info.st_mtime, info.st_size
+
+    def poll(self) -> InferencePool | str | None:
+        """A new pool, a one-line reason the edit was refused, or None (no edit)."""
+        stamp = self._stamp()
+        if stamp is None or stamp == self._seen:
+            return None
+        self._seen = stamp
+        try:
+            new = load_pool(self.path)
+            check_vllm_engine(new.spec.engine, device=local_device())
+        except SpecError as exc:
+            return f"spec change ignored: {exc}"
+        if new.name != self.pool.name:
+            return (f"spec change ignored: metadata.name changed ({self.pool.name} -> "
+                    f"{new.name}); a local fleet keeps its name")
+        if new.spec == self.pool.spec:
+            return None
+        return new
+
+
 def is_serving(desired: dict[str, int], pushed: dict[str, Any] | None) -> bool:
     """The router can answer a request now: every role that should run has an active
     endpoint in the config the router accepted (a role at zero has the router hold its
@@ -209,6 +244,7 @@ async def run_fleet(
     backoff: Backoff | None = None,
     metrics_port: int = 0,
     api_keys_file: Path | None = None,
+    pool_file: Path | None = None,
 ) -> int:
     # Details (tracebacks of a failed control-loop tick) go to a file, not the terminal.
     logging.basicConfig(filename=state_dir.log_file("up"), level=logging.INFO,
@@ -269,7 +305,16 @@ async def run_fleet(
                 timing=timing,
             )
 
+            watcher = SpecWatcher(pool_file, pool) if pool_file is not None else None
+
             def after_tick() -> None:
+                if watcher is not None and (change := watcher.poll()) is not None:
+                    if isinstance(change, str):
+                        progress.emit(ev.warning(ev.EventReason.SPEC_NOT_HONOURED, change))
+                    else:
+                        loop.replace_spec(change.spec)
+                        progress.say(f"pool {pool.name}: spec changed; generation "
+                                     f"{pool.generation} ({change.spec.rollout.strategy})")
                 loop_metrics.observe_status(pool.status, loop.num_held)
                 desired = {r: rs.desired_replicas for r, rs in pool.status.roles.items()}
                 if not base["is_serving"] and is_serving(desired, loop.state.router_config):
@@ -309,6 +354,6 @@ def main(argv: list[str], out: TextIO = sys.stdout) -> int:
             loop.add_signal_handler(sig, stop.set)
         backoff = Backoff(base_s=args.restart_backoff, max_s=max(30.0, args.restart_backoff))
         return await run_fleet(pool, state_dir, args.port, progress, stop, backoff,
-                               args.metrics_port, args.api_keys_file)
+                               args.metrics_port, args.api_keys_file, Path(args.pool))
 
     return asyncio.run(_main())

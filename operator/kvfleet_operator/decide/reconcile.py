@@ -45,9 +45,12 @@ from kvfleet_operator.api.status import (
     PoolStatus,
     Reason,
     RoleStatus,
+    RolloutPhase,
+    RolloutStatus,
     ScaleDecision,
 )
 from kvfleet_operator.decide.engine_args import engine_args, engine_command, engine_env
+from kvfleet_operator.decide.rollout import RolloutDecision
 from kvfleet_operator.decide.router_config import (
     RouterEndpoint,
     build_router_config,
@@ -72,6 +75,7 @@ class ObservedReplica:
     started_at: float = 0.0
     drain_started_at: float | None = None
     is_overdue: bool = False  # not ready for longer than the pool's start-up allowance
+    revision: str = ""  # the engine template it runs ("" read as the stable revision)
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
@@ -103,10 +107,15 @@ class RolePlan:
 
 @dataclass(slots=True)
 class Desired:
-    roles: dict[str, RolePlan]
+    plans: list[RolePlan]  # one per role, or per (role, revision) while revisions coexist
     router_config: dict[str, Any]
     is_router_config_changed: bool
     status: PoolStatus
+
+    @property
+    def roles(self) -> dict[str, RolePlan]:
+        """Each role's plan for the newest revision (the last planned for it)."""
+        return {plan.role: plan for plan in self.plans}
 
 
 def initial_replicas(spec: PoolSpec, status: PoolStatus | None = None) -> dict[str, int]:
@@ -118,8 +127,22 @@ def initial_replicas(spec: PoolSpec, status: PoolStatus | None = None) -> dict[s
     return out
 
 
+def pool_sizes(
+    spec: PoolSpec, desired_replicas: dict[str, int] | None, status: PoolStatus | None
+) -> dict[str, int]:
+    """Each role's replica count for the pool as a whole: the autoscaler's, or where a role
+    starts; clamped to the role's min/max."""
+    start = initial_replicas(spec, status)
+    return {
+        name: min(max((desired_replicas or {}).get(name, start[name]), role.replicas.min),
+                  role.replicas.max)
+        for name, role in spec.topology.roles().items()
+    }
+
+
 def _plan_role(
-    spec: PoolSpec, role: str, num_desired: int, replicas: list[ObservedReplica], now: float
+    spec: PoolSpec, role: str, num_desired: int, replicas: list[ObservedReplica], now: float,
+    revision: str = "",
 ) -> RolePlan:
     plan = RolePlan(
         role=role,
@@ -127,6 +150,7 @@ def _plan_role(
         command=engine_command(spec),
         args=engine_args(spec, role),
         env=engine_env(spec, role),
+        revision=revision,
     )
     in_service = [r for r in replicas if r.phase in _IN_SERVICE]
     draining = [r for r in replicas if r.phase == "draining"]
@@ -161,31 +185,33 @@ def _plan_role(
 
 
 def _router_endpoints(
-    replicas: list[ObservedReplica], plans: dict[str, RolePlan]
+    replicas: list[ObservedReplica], plans: list[RolePlan]
 ) -> list[RouterEndpoint]:
-    draining = {n for p in plans.values() for n in p.to_drain}
-    undrain = {n for p in plans.values() for n in p.to_undrain}
-    stopping = {n for p in plans.values() for n in p.to_stop}
+    draining = {n for p in plans for n in p.to_drain}
+    undrain = {n for p in plans for n in p.to_undrain}
+    stopping = {n for p in plans for n in p.to_stop}
     out = []
     for r in replicas:
         if r.name in stopping or r.phase not in ("ready", "draining") or r.url is None:
             continue
         is_draining = (r.phase == "draining" and r.name not in undrain) or r.name in draining
-        out.append(RouterEndpoint(r.name, r.url, r.role, is_draining))
+        out.append(RouterEndpoint(r.name, r.url, r.role, is_draining, r.revision))
     return out
 
 
 def _role_status(
-    plan: RolePlan, replicas: list[ObservedReplica], old: RoleStatus | None
+    plans: list[RolePlan], replicas: list[ObservedReplica], old: RoleStatus | None
 ) -> RoleStatus:
-    ready = [r for r in replicas if r.phase == "ready" and r.name not in plan.to_drain]
-    draining = [r for r in replicas if r.phase == "draining" and r.name not in plan.to_undrain] + [
-        r for r in replicas if r.name in plan.to_drain
+    to_drain = {n for p in plans for n in p.to_drain}
+    to_undrain = {n for p in plans for n in p.to_undrain}
+    ready = [r for r in replicas if r.phase == "ready" and r.name not in to_drain]
+    draining = [r for r in replicas if r.phase == "draining" and r.name not in to_undrain] + [
+        r for r in replicas if r.name in to_drain
     ]
     return RoleStatus(
-        desired_replicas=plan.num_desired,
+        desired_replicas=sum(p.num_desired for p in plans),
         replicas=sum(r.phase != "stopping" for r in replicas),
-        ready_replicas=len(ready) + len(plan.to_undrain),
+        ready_replicas=len(ready) + len(to_undrain),
         draining_replicas=len(draining),
         last_scale_decision=old.last_scale_decision if old else None,
     )
@@ -195,9 +221,10 @@ def _set_conditions(
     status: PoolStatus,
     spec: PoolSpec,
     observed: Observed,
-    plans: dict[str, RolePlan],
+    plans: list[RolePlan],
     limited: dict[str, str | None],
     wall: datetime,
+    rollout: RolloutStatus | None = None,
 ) -> None:
     roles = status.roles
     desired_total = sum(r.desired_replicas for r in roles.values())
@@ -213,9 +240,16 @@ def _set_conditions(
         ready = (TRUE, Reason.ALL_REPLICAS_READY, "all replicas ready")
     status.set_condition(ConditionType.READY, *ready, now=wall)
 
-    ups = [n for n, p in plans.items() if p.num_to_start or p.to_undrain]
-    downs = [n for n, p in plans.items() if p.to_drain or p.to_stop]
-    if ups:
+    ups = list(dict.fromkeys(p.role for p in plans if p.num_to_start or p.to_undrain))
+    downs = list(dict.fromkeys(p.role for p in plans if p.to_drain or p.to_stop))
+    if rollout is not None and rollout.phase == RolloutPhase.PAUSED:
+        progressing = (TRUE, Reason.ROLLOUT_PAUSED, rollout.message)
+    elif rollout is not None and rollout.phase == RolloutPhase.PROGRESSING:
+        what = f"{rollout.strategy} to revision {rollout.canary_revision}"
+        if rollout.step:
+            what += f", step {rollout.step}/{rollout.num_steps} at {rollout.weight}%"
+        progressing = (TRUE, Reason.ROLLOUT_IN_PROGRESS, f"{what}: {rollout.message}")
+    elif ups:
         progressing = (TRUE, Reason.SCALING_UP, f"starting replicas: {', '.join(ups)}")
     elif downs:
         progressing = (TRUE, Reason.SCALING_DOWN, f"removing replicas: {', '.join(downs)}")
@@ -232,6 +266,8 @@ def _set_conditions(
         detail = "; ".join(f"{r.name}: {r.last_error}" if r.last_error else r.name
                            for r in failed)  # fmt: skip
         degraded = (TRUE, Reason.REPLICA_FAILED, f"restarting {detail}")
+    elif rollout is not None and rollout.phase == RolloutPhase.ROLLED_BACK:
+        degraded = (TRUE, Reason.ROLLBACK_SLO, rollout.message)
     elif observed.num_unknown_signals:
         num = observed.num_unknown_signals
         degraded = (TRUE, Reason.SIGNALS_STALE, f"{num} replica(s) with stale or failed metrics")
@@ -262,24 +298,35 @@ def reconcile(
     limited: dict[str, str | None] | None = None,
     decisions: dict[str, ScaleDecision] | None = None,
     previous_router_config: dict[str, Any] | None = None,
+    rollout: RolloutDecision | None = None,
 ) -> Desired:
     """The desired state. `now` is the runtime's monotonic clock (drains); `wall` is for
     condition times. `desired_replicas` comes from the autoscaler; missing roles start at
-    `initial_replicas`. Counts are clamped to each role's min/max."""
+    `initial_replicas`. Counts are clamped to each role's min/max. With a `rollout` whose
+    split names revisions, each (role, revision) gets its own plan and count, from that
+    revision's spec; replicas of a revision the split does not name are drained away."""
     spec = pool.spec
     roles = spec.topology.roles()
-    unknown = sorted({r.role for r in observed.replicas} - set(roles))
-    start = initial_replicas(spec, pool.status)
-    plans: dict[str, RolePlan] = {}
-    for name, role in roles.items():
-        n = (desired_replicas or {}).get(name, start[name])
-        n = min(max(n, role.replicas.min), role.replicas.max)
+    split = rollout.split if rollout is not None else None
+    unknown = {r.name for r in observed.replicas if r.role not in roles
+               or (split is not None and r.revision not in split)}  # fmt: skip
+    sizes = pool_sizes(spec, desired_replicas, pool.status)
+    plans: list[RolePlan] = []
+    for name in roles:
         mine = [r for r in observed.replicas if r.role == name]
-        plans[name] = _plan_role(spec, name, n, mine, now)
-    # Replicas of a role the pool no longer has (topology changed): drain them away.
+        if split is None or rollout is None:
+            plans.append(_plan_role(spec, name, sizes[name], mine, now))
+            continue
+        for revision, counts in split.items():
+            plans.append(_plan_role(rollout.specs.get(revision, spec), name,
+                                    counts.get(name, 0),
+                                    [r for r in mine if r.revision == revision], now,
+                                    revision))  # fmt: skip
+    # Replicas of a role the pool no longer has (topology changed), or of a revision no
+    # longer wanted: drain them away.
     for r in observed.replicas:
-        if r.role in unknown:
-            plan = plans[next(iter(plans))]
+        if r.name in unknown:
+            plan = plans[-1]
             if r.phase == "ready":
                 plan.to_drain.append(r.name)
             elif r.phase != "draining" or is_drain_done(
@@ -289,7 +336,8 @@ def reconcile(
                 plan.to_stop.append(r.name)
 
     endpoints = _router_endpoints(observed.replicas, plans)
-    candidate = build_router_config(spec, endpoints, version=0)
+    weights = rollout.weights if rollout is not None else None
+    candidate = build_router_config(spec, endpoints, version=0, weights=weights)
     version = next_version(previous_router_config, candidate)
     candidate["version"] = version
 
@@ -299,17 +347,18 @@ def reconcile(
     status.router_config_version = version
     old_roles = status.roles
     status.roles = {
-        name: _role_status(
-            plans[name], [r for r in observed.replicas if r.role == name], old_roles.get(name)
-        )  # fmt: skip
+        name: _role_status([p for p in plans if p.role == name],
+                           [r for r in observed.replicas if r.role == name],
+                           old_roles.get(name))  # fmt: skip
         for name in roles
     }
+    status.rollout = rollout.status if rollout is not None else None
     for name, decision in (decisions or {}).items():
         if name in status.roles:
             status.roles[name].last_scale_decision = decision
-    _set_conditions(status, spec, observed, plans, limited or {}, wall)
+    _set_conditions(status, spec, observed, plans, limited or {}, wall, status.rollout)
     return Desired(
-        roles=plans,
+        plans=plans,
         router_config=candidate,
         is_router_config_changed=previous_router_config is None
         or version != int(previous_router_config.get("version", -1)),

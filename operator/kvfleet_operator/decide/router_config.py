@@ -37,6 +37,7 @@ class RouterEndpoint:
     url: str
     role: str
     is_draining: bool = False
+    revision: str = ""  # the engine template it runs ("" unknown: the router's default)
 
 
 def is_router_kv_sharing(spec: PoolSpec) -> bool:
@@ -51,7 +52,8 @@ def capacity(spec: PoolSpec) -> int:
 
 
 def build_router_config(
-    spec: PoolSpec, endpoints: Sequence[RouterEndpoint], version: int
+    spec: PoolSpec, endpoints: Sequence[RouterEndpoint], version: int,
+    weights: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     r = spec.routing
     policy: dict[str, Any] = {
@@ -83,6 +85,7 @@ def build_router_config(
                 "capacity": capacity(spec),
                 "models": [spec.model.api_name],
                 "prefix_mode": r.prefix_mode,
+                **({"revision": ep.revision} if ep.revision else {}),
             }
             for ep in sorted(endpoints, key=lambda e: e.name)
         ],
@@ -91,6 +94,8 @@ def build_router_config(
         "migration": {"enabled": r.migration.enabled,
                       "max_migrations": r.migration.max_migrations},
     }
+    if weights is not None:  # a rollout splits new requests between revisions
+        config["revisions"] = {"weights": dict(sorted(weights.items()))}
     if is_router_kv_sharing(spec):
         for ep in config["endpoints"]:
             ep["engine"] = "builtin"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -31,13 +31,22 @@ from typing import Any, Protocol
 from kvfleet_router.perf_model import RoleCoefficients
 
 from kvfleet_operator.api.pool import InferencePool
+from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.api.status import ScaleDecision
 from kvfleet_operator.decide.autoscaler import Decision, History, decide
 from kvfleet_operator.decide.autoscaler_spec import config_from_pool
-from kvfleet_operator.decide.reconcile import Desired, reconcile
+from kvfleet_operator.decide.reconcile import Desired, pool_sizes, reconcile
 from kvfleet_operator.decide.role_signals import ScrapeLog, Signals, aggregate
+from kvfleet_operator.decide.rollout import (
+    Presence,
+    RolloutDecision,
+    RolloutState,
+    revision_of,
+    step_rollout,
+)
 from kvfleet_operator.loop import events as ev
 from kvfleet_operator.loop.observe import (
+    IN_SERVICE,
     UNKNOWN_IN_FLIGHT,
     StartupLog,
     current_replicas,
@@ -52,6 +61,7 @@ from kvfleet_operator.loop.ports import (
     EventSink,
     MetricsSource,
     PortUnavailable,
+    Replica,
     ReplicaRuntime,
     RouterControl,
     RouterControlError,
@@ -143,6 +153,20 @@ class ControlLoop:
         self._last_push_error = ""
         self._last_tick_error = ""
         self._last_floor_message = ""
+        # A revision promoted by hand (the Kubernetes annotation, `kvfleet rollout promote`):
+        # the runtime sets it; a value that is not the canary's revision is ignored.
+        self.promote_revision: str | None = None
+        self._is_default_scaler = scaler is None
+
+    def replace_spec(self, spec: PoolSpec) -> None:
+        """The pool's spec changed while the loop runs (`kvfleet up` saw its file edited):
+        the next tick reconciles toward it, and a new engine template rolls out by
+        `spec.rollout`. What the loop has measured (scrapes, start-ups) carries over."""
+        self.pool.spec = spec
+        self.pool.generation += 1
+        self.config = config_from_pool(spec)
+        if self._is_default_scaler:
+            self.scaler = pool_autoscaler(self.pool)
 
     async def run(self, stop: asyncio.Event, after_tick: Callable[[], None] = lambda: None) -> None:
         while not stop.is_set():
@@ -211,6 +235,10 @@ class ControlLoop:
             fill_pending(signals, replicas, self.startups, now)
         self.signals = stable
         current = current_replicas(self.pool.spec, replicas)
+        if self.state.rollout is not None and self.state.rollout.canary:
+            # Two revisions side by side: the scaler sizes the pool as a whole, which is
+            # what it last asked for, not the sum of both revisions' replicas.
+            current = pool_sizes(self.pool.spec, self.state.desired, self.pool.status)
         decision = self.scaler(stable, panic, current, self.state.history, now)
         self.state.history = decision.history
         self.state.limited = {
@@ -273,8 +301,11 @@ class ControlLoop:
                  if r.state == "draining" and r.name not in state.drain_started}  # fmt: skip
         for name in fresh:
             state.drain_started[name] = now
+        rollout = self._step_rollout(now, replicas)
         observed = observe(replicas, self.view, self.scrapes, state.drain_started,
                            self.signals, self.startups.overdue(now))  # fmt: skip
+        for replica in observed.replicas:  # a replica that names no revision is the stable's
+            replica.revision = replica.revision or rollout.state.stable
         previous = self._version_floor(state.router_config)
         for replica in observed.replicas:
             if replica.name in fresh:
@@ -288,6 +319,7 @@ class ControlLoop:
             limited=state.limited,
             decisions=decisions,
             previous_router_config=previous,
+            rollout=rollout,
         )
         self.pool.status = desired.status
         in_flight = {r.name: r.num_in_flight for r in observed.replicas}
@@ -295,7 +327,7 @@ class ControlLoop:
         if desired.is_router_config_changed or self._is_router_behind():
             is_pushed = await self._push(desired.router_config)
         grace_s = self.pool.spec.autoscaling.drain_timeout_seconds + DELETE_GRACE_EXTRA_S
-        for plan in desired.roles.values():
+        for plan in desired.plans:
             if is_pushed:  # the routers know: only now may replicas change state
                 for name in plan.to_undrain:
                     await self.runtime.mark_ready(name)
@@ -322,11 +354,34 @@ class ControlLoop:
                         self.events.emit(ev.normal(ev.EventReason.REPLICA_STOPPING,
                                                    f"stop {name}{why}"))  # fmt: skip
             for _ in range(plan.num_to_start):
-                await self.runtime.create(self.pool.spec, plan)
+                await self.runtime.create(rollout.specs.get(plan.revision, self.pool.spec), plan)
         names = {r.name for r in self.runtime.replicas()}
         for gone in set(state.drain_started) - names:
             del state.drain_started[gone]
         return desired
+
+    def _step_rollout(self, now: float, replicas: Sequence[Replica]) -> RolloutDecision:
+        """The rollout's tick: which revisions run, how many of each, and their weights."""
+        state = self.state.rollout or RolloutState()
+        stable = state.stable or revision_of(self.pool.spec)
+        presence: dict[str, dict[str, Presence]] = {}
+        for r in replicas:
+            roles = presence.setdefault(r.revision or stable, {})
+            seen = roles.get(r.role, Presence())
+            roles[r.role] = Presence(seen.in_service + (r.state in IN_SERVICE),
+                                     seen.ready + (r.state == "ready"))  # fmt: skip
+        decision = step_rollout(
+            self.pool.spec, state, presence,
+            pool_sizes(self.pool.spec, self.state.desired, self.pool.status),
+            self.view.revisions if self.view is not None else None,
+            now=now, wall=datetime.fromtimestamp(now, UTC),
+            handles_rolling=getattr(self.runtime, "handles_rolling", False),
+            promote=self.promote_revision,
+        )  # fmt: skip
+        self.state.rollout = decision.state
+        for kind, reason, message in decision.events:
+            self.events.emit(ev.Event(kind, reason, message))
+        return decision
 
     # --- what `kvfleet status` shows ------------------------------------------------------
 

@@ -138,6 +138,7 @@ def observe(
             started_at=r.started_at,
             drain_started_at=drain_started.get(r.name),
             is_overdue=r.name in (overdue or {}),
+            revision=r.revision,
         )
         for r in replicas
     ]

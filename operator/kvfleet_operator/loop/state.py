@@ -2,7 +2,8 @@
 
 It holds what cannot be re-observed: the desired counts and autoscaler history, when each
 drain started (a drain timer must not restart after a restart), the last router config
-the routers accepted (its version keeps counting) and the ScalingLimited reasons.
+the routers accepted (its version keeps counting), the ScalingLimited reasons, and the
+rollout's memory (the stable revision and its spec, a rollout's step and window).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvfleet_operator.decide.autoscaler import History
+from kvfleet_operator.decide.rollout import RolloutState
 
 
 @dataclass(slots=True)
@@ -21,6 +23,7 @@ class LoopState:
     drain_started: dict[str, float] = field(default_factory=dict)
     router_config: dict[str, Any] | None = None  # the last one every router accepted
     limited: dict[str, str | None] = field(default_factory=dict)
+    rollout: RolloutState | None = None  # which revision is stable, and a rollout's progress
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -29,6 +32,7 @@ class LoopState:
             "drain_started": dict(self.drain_started),
             "router_config": self.router_config,
             "limited": dict(self.limited),
+            "rollout": self.rollout.to_dict() if self.rollout is not None else None,
         }
 
     @classmethod
@@ -50,6 +54,7 @@ class LoopState:
                 drain_started=drains,
                 router_config=config,
                 limited=limited,
+                rollout=RolloutState.from_dict(data["rollout"]) if data.get("rollout") else None,
             )
         except (TypeError, AttributeError) as exc:
             raise ValueError(f"malformed loop state: {exc}") from None

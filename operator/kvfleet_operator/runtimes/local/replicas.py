@@ -89,6 +89,7 @@ class Child:
     last_exit_code: int | None = None
     last_error: str = ""  # why it last failed: its own last log line, or the start-up timeout
     kill_reason: str = ""  # set when we kill it ourselves, for this run only
+    revision: str = ""  # the engine template it runs (the router's is "")
 
     @property
     def address(self) -> str:
@@ -104,6 +105,7 @@ class Child:
         return {
             "name": self.name,
             "role": self.role,
+            "revision": self.revision,
             "address": self.address,
             "port": self.port,
             "pid": self.pid,
@@ -197,7 +199,8 @@ class LocalRuntime:
         def argv_for(port: int) -> list[str]:
             return plan.command + engine_args(spec, role, host=HOST, port=port)
 
-        self.add_replica(role, argv_for, {**plan.env, **self._engine_env})
+        child = self.add_replica(role, argv_for, {**plan.env, **self._engine_env})
+        child.revision = plan.revision
 
     def adopt(
         self, records: Any, spec: PoolSpec, router_argv_for: Callable[[int], list[str]],
@@ -242,9 +245,11 @@ class LocalRuntime:
             return None  # a role the pool no longer has: not ours to run
         proc = procs.adopt(record.get("pid"), record.get("start_ticks"))
         restarts = record.get("num_restarts")
+        revision = record.get("revision")
         child = Child(name, role, port, argv_for, env, is_port_fixed=fixed, proc=proc,
                       num_restarts=restarts if isinstance(restarts, int) else 0,
-                      start_ticks=proc.ticks if proc is not None else None)  # fmt: skip
+                      start_ticks=proc.ticks if proc is not None else None,
+                      revision=revision if isinstance(revision, str) else "")  # fmt: skip
         if proc is None:
             if state in (DRAINING, STOPPING):
                 self._say(ev.EventReason.REPLICA_STOPPED, f"{name} exited while no loop ran")
@@ -271,7 +276,9 @@ class LocalRuntime:
             self._say(ev.EventReason.REPLICA_RESTARTED, "router: settings changed while no "
                       "loop ran; restarting it on its port", is_warning=True)  # fmt: skip
             return child
-        if not is_current and child.state in (READY, STARTING):
+        if not is_current and not child.revision and child.state in (READY, STARTING):
+            # No revision recorded (an `up` from before revisions): replace it. One with a
+            # revision is the rollout's to keep or replace.
             child.state = DRAINING  # the loop drains it (the router is told) and replaces it
         where = "" if name == ROUTER_NAME else f" on {child.address}"
         stale = "" if is_current else "; its command differs from the pool's now, so it drains"
