@@ -1,7 +1,8 @@
 -- Argo CD health check for inferencepools.kvfleet.io (InferencePool).
 -- Install it under resource.customizations.health.kvfleet.io_InferencePool in argocd-cm.
 -- It reads the kstatus-style status the operator writes: observedGeneration and the
--- Ready / Progressing / Degraded / ScalingLimited conditions.
+-- Ready / Progressing / Degraded / ScalingLimited conditions, and status.rollout during a
+-- canary or blue-green rollout (Ready stays True then, so the rollout is checked first).
 local hs = {}
 
 local function condition(name)
@@ -22,6 +23,33 @@ local function say(c)
     text = text .. ": " .. c.message
   end
   return text
+end
+
+-- "canary step 2/3, 25% of new requests to revision abcdef0123", from status.rollout.
+local function rollout_text()
+  local r = obj.status.rollout
+  if type(r) ~= "table" then
+    return nil
+  end
+  local parts = {}
+  if type(r.step) == "number" and r.step > 0 then
+    local step = (r.strategy or "rollout") .. " step " .. r.step
+    if type(r.numSteps) == "number" and r.numSteps > 0 then
+      step = step .. "/" .. r.numSteps
+    end
+    table.insert(parts, step)
+  end
+  if type(r.weight) == "number" then
+    local to = "the new revision"
+    if type(r.canaryRevision) == "string" and r.canaryRevision ~= "" then
+      to = "revision " .. r.canaryRevision
+    end
+    table.insert(parts, r.weight .. "% of new requests to " .. to)
+  end
+  if #parts == 0 then
+    return nil
+  end
+  return table.concat(parts, ", ")
 end
 
 local generation = (obj.metadata and obj.metadata.generation) or 0
@@ -47,6 +75,22 @@ end
 
 local ready = condition("Ready")
 local progressing = condition("Progressing")
+-- A canary or blue-green rollout under way (the stable revision keeps Ready True): Argo's
+-- convention is Progressing, and Suspended for a paused rollout.
+if progressing ~= nil and progressing.status == "True" and
+    (progressing.reason == "RolloutInProgress" or progressing.reason == "RolloutPaused") then
+  if progressing.reason == "RolloutPaused" then
+    hs.status = "Suspended"
+  else
+    hs.status = "Progressing"
+  end
+  local where = rollout_text()
+  hs.message = say(progressing)
+  if where ~= nil then
+    hs.message = where .. " (" .. hs.message .. ")"
+  end
+  return hs
+end
 if ready ~= nil and ready.status == "True" then
   hs.status = "Healthy"
   hs.message = say(ready)
