@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="request bodies one client address may have unfinished at once "
                         "(then 429); a router in front counts as one client")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds, after SIGTERM")
+    p.add_argument("--fault-error-rate", type=float, default=0.0,
+                   help="answer HTTP 500 to this share of completion requests, evenly spread "
+                        "(to rehearse a bad revision's rollback); 0 = never")
     p.add_argument("--kv-handle-ttl", type=float, default=60.0,
                    help="seconds a prefill keeps KV for an unclaimed decoder")
     p.add_argument("--kv-transfer-timeout", type=float, default=30.0,

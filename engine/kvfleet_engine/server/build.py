@@ -64,6 +64,7 @@ def build_server_parts(args: argparse.Namespace) -> tuple[Any, Any, ServerSettin
         body_read_timeout_s=args.body_read_timeout,
         max_uploads_per_client=args.max_uploads_per_client,
         drain_timeout_s=args.drain_timeout,
+        fault_error_rate=args.fault_error_rate,
         kv_handle_ttl_s=args.kv_handle_ttl,
         kv_transfer_timeout_s=args.kv_transfer_timeout,
         peer_fetch_timeout_s=args.peer_fetch_timeout,
@@ -97,6 +98,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise ValueError("--max-queue must be >= 0")
     if args.drain_timeout < 0:
         raise ValueError("--drain-timeout must be >= 0")
+    if not 0 <= args.fault_error_rate <= 1:
+        raise ValueError("--fault-error-rate must be in [0, 1]")
     if not 0 < args.body_read_timeout <= 3600:
         raise ValueError("--body-read-timeout must be in (0, 3600] seconds")
     if args.kv_handle_ttl <= 0 or args.kv_transfer_timeout <= 0 or args.peer_fetch_timeout <= 0:

@@ -166,6 +166,7 @@ async def _generate(request: web.Request, *, is_chat: bool) -> web.StreamRespons
     except Exception as exc:  # noqa: BLE001 - a function of this request alone: say so
         raise request_caused(exc) from None
     state.check_admission()
+    state.inject_fault()
     ids = ResponseIds(is_chat=is_chat, model=model)
     request_id = ids.id
     stream = state.open_stream(request_id)

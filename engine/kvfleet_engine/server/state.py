@@ -47,6 +47,7 @@ class ServerSettings:
     kv_export_max_bytes: int = 256 << 20  # KV payload one peer export may answer with
     enable_prefix_caching: bool = True
     retry_after_s: int = 1
+    fault_error_rate: float = 0.0  # a share of completions answered 500 (rollback rehearsals)
     engine_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     # bearer token for the fleet-internal endpoints (KV events, KV transfer); "" = open
     internal_token: str = field(default="", repr=False)
@@ -104,12 +105,25 @@ class ServerState:
         self.handles: Any = None  # kv_transfer.HandleStore
         self.peer_session: Any = None  # aiohttp.ClientSession for peer-prefix fetches
         self.kv_block_shape: tuple[str, list[int]] = ("", [])  # runner.kv_block_shape()
+        self.num_fault_candidates = 0  # completions seen by the fault injector
 
     @property
     def num_in_flight(self) -> int:
         """Work that a drain waits for: live requests, KV held for decoders, pulls."""
         num_handles = len(self.handles) if self.handles is not None else 0
         return len(self.streams) + num_handles + self.num_busy_transfers
+
+    def inject_fault(self) -> None:
+        """--fault-error-rate: request n fails when the running share of failures would fall
+        below the rate without it, so failures are evenly spread and exact over any run."""
+        rate = self.settings.fault_error_rate
+        if rate <= 0:
+            return
+        n = self.num_fault_candidates
+        self.num_fault_candidates += 1
+        if int((n + 1) * rate) > int(n * rate):
+            raise APIError(500, "injected fault (--fault-error-rate)", type=SERVER_ERROR,
+                           code="injected_fault")
 
     def check_admission(self) -> None:
         if self.engine is not None and not self.engine.is_alive:

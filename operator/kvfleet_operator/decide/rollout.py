@@ -257,7 +257,7 @@ def step_rollout(
         status.phase, status.message = RolloutPhase.PAUSED, f"paused at {weight}%"
         return finish(split, weights, status)
     verdict = _judge(spec, state, counts, state.stable, target, wall, query_value,
-                     is_due=now - (state.step_started or now) >= steps[state.step].duration_seconds)
+                     is_due=_held_for(state, now) >= steps[state.step].duration_seconds)
     if verdict is None:
         status.message = f"step {state.step + 1} at {weight}%: analysing"
         return finish(split, weights, status)
@@ -351,7 +351,7 @@ def _blue_green(spec: PoolSpec, state: RolloutState,
         status.phase, status.message = RolloutPhase.PAUSED, "paused after the switch"
         return finish(split, {old: 0, target: 100}, status)
     reference = RevisionCounts.from_dict(state.reference) if state.reference else None
-    due = now - (state.step_started or now) >= spec.rollout.blue_green.hold_seconds
+    due = _held_for(state, now) >= spec.rollout.blue_green.hold_seconds
     verdict = _judge(spec, state, counts, old, target, wall, query_value, is_due=due,
                      stable_window=reference)
     if verdict is None:
@@ -397,6 +397,10 @@ def _window(counts: dict[str, RevisionCounts] | None, baseline: dict[str, dict[s
 
 def _snapshot(counts: dict[str, RevisionCounts] | None) -> dict[str, dict[str, Any]]:
     return {rev: c.to_dict() for rev, c in (counts or {}).items()}
+
+
+def _held_for(state: RolloutState, now: float) -> float:
+    return 0.0 if state.step_started is None else now - state.step_started
 
 
 def _start_step(state: RolloutState, counts: dict[str, RevisionCounts] | None,
