@@ -5,7 +5,10 @@ Everything under /admin needs `Authorization: Bearer <token>` (token from
 is 401.
 
 GET  /admin/config  -> {"version", "config": {...}, "endpoints": [{"name", "url", "role",
-                        "state": active|draining|removed, "num_in_flight", "is_healthy"}]}
+                        "revision", "state": active|draining|removed, "num_in_flight",
+                        "is_healthy"}], "revisions": {"<revision>": {"requests", "errors",
+                        "ttft", "itl"}}}  (revisions: what the router measured per engine
+                        revision since it started, revision_stats.RevisionCounts.to_dict)
 PUT  /admin/config  (or POST) body = a whole config (see config.py). Validated first (400 with
                     the field path), then swapped in atomically. The version must be higher
                     than the current one (409 otherwise), except an identical re-push of the
@@ -25,6 +28,7 @@ from kvfleet_engine.contract.http_limits import JSONRejected, strict_loads
 from kvfleet_router.config import ConfigError, RouterConfig
 from kvfleet_router.config_store import ConfigStore, StaleVersion
 from kvfleet_router.errors import error_response
+from kvfleet_router.revisions import RevisionMeter
 
 
 def is_authorized(header: str | None, token: str | None) -> bool:
@@ -35,26 +39,31 @@ def is_authorized(header: str | None, token: str | None) -> bool:
                                                               token.encode())
 
 
-def config_status(store: ConfigStore) -> dict[str, object]:
+def config_status(store: ConfigStore, meter: RevisionMeter | None = None) -> dict[str, object]:
     cfg = store.current
     now = time.monotonic()
     return {
         "version": cfg.version,
         "config": cfg.to_dict(),
         "endpoints": [
-            {"name": e.name, "url": e.url, "role": e.role, "state": e.state_name(),
-             "num_in_flight": e.num_in_flight, "is_healthy": e.is_healthy(now)}
+            {"name": e.name, "url": e.url, "role": e.role, "revision": e.revision,
+             "state": e.state_name(), "num_in_flight": e.num_in_flight,
+             "is_healthy": e.is_healthy(now)}
             for e in store.endpoints()
         ],
+        "revisions": meter.to_dict() if meter is not None else {},
     }
 
 
 class AdminAPI:
-    """/admin/config over a ConfigStore, behind a bearer token; nothing else of the app."""
+    """/admin/config over a ConfigStore, behind a bearer token; nothing else of the app.
+    `meter`: the per-revision measurements GET answers (revisions.py)."""
 
-    def __init__(self, store: ConfigStore, token: str | None) -> None:
+    def __init__(self, store: ConfigStore, token: str | None,
+                 meter: RevisionMeter | None = None) -> None:
         self.store = store
         self.token = token
+        self.meter = meter
 
     @web.middleware
     async def auth(self, request: web.Request, handler):  # type: ignore[no-untyped-def]
@@ -66,7 +75,7 @@ class AdminAPI:
         return await handler(request)
 
     async def get_config(self, request: web.Request) -> web.Response:
-        return web.json_response(config_status(self.store))
+        return web.json_response(config_status(self.store, self.meter))
 
     async def put_config(self, request: web.Request) -> web.Response:
         try:

@@ -44,6 +44,7 @@ from kvfleet_router.metrics import RouterMetrics, fairness
 from kvfleet_router.pd import Disaggregator
 from kvfleet_router.proxy import Forwarder
 from kvfleet_router.quota_gate import QuotaGate
+from kvfleet_router.revisions import RevisionCollector
 from kvfleet_router.router_core import RouterCore
 from kvfleet_router.wait_queue import WaitQueue
 
@@ -59,6 +60,8 @@ class RouterApp:
         forwarder = self.forwarder = Forwarder(cfg.timeouts)
         feedback = HealthFeedback(metrics, lambda: core.cfg)
         dispatcher = Dispatcher(core, queue, metrics, forwarder, feedback)
+        forwarder.meter = dispatcher.meter  # per-revision outcomes (revisions.py)
+        metrics.registry.register(RevisionCollector(dispatcher.meter))
         self._dispatcher, self._feedback, self.epp_options = dispatcher, feedback, epp
         self.epp_server: Any = None  # an epp.server.EppServer once started
         self.epp_port = 0
@@ -66,7 +69,7 @@ class RouterApp:
         self.store = ConfigStore(core)
         self.store.on_apply(lambda c: forwarder.set_timeouts(c.timeouts))
         self.store.on_apply(self._resize_queue)
-        self.admin = AdminAPI(self.store, admin_token)
+        self.admin = AdminAPI(self.store, admin_token, dispatcher.meter)
         self.gate = QuotaGate(lambda: core.cfg, api_keys, on_reject=dispatcher.count_refusal)
         self.store.on_apply(self.gate.configure)
         self.front = OpenAIFront(core, dispatcher, disaggregator, forwarder, self.gate)

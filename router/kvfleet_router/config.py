@@ -15,6 +15,11 @@ endpoints:                       # the backends; names are unique
     models: []                   # served model names; empty = any
     prefix_mode: approximate     # approximate (router hashes text) | precise (KV events)
     engine: unknown              # unknown | builtin | vllm; only builtin ones take peer hints
+    revision: ""                 # the engine revision it runs ("" none; [a-z0-9-], <= 63)
+revisions:                       # optional: split new requests between revisions (a canary)
+  weights: {a1b2c3d4e5: 95, f6a7b8c9d0: 5}   # revision -> 0..100; one at least > 0; a
+                                 # revision at 0 (or not listed) gets no new requests while
+                                 # a listed one can serve (revisions.py). Absent: no split.
 policy:
   name: cache-aware              # round-robin | random | least-request | least-kv | prefix-cache |
                                  # session | latency | ucb | slo | cache-aware (the presets),
@@ -144,6 +149,7 @@ PIPELINE_FILTER_NAMES = ("bounded-load",)
 LOAD_AWARE_SCORERS = frozenset({"queue", "session"})
 PIPELINE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 PD_DECIDER_NAMES = ("uncached-tokens",)
+REVISION_PATTERN = r"^[a-z0-9-]{1,63}$"  # an engine revision (decide.rollout.revision_of)
 
 
 class ConfigError(ValueError):
@@ -224,6 +230,8 @@ class EndpointConfig:
     models: list[Str] = Field(default_factory=list)
     prefix_mode: Annotated[Str, OneOf(PREFIX_MODES)] = "approximate"
     engine: Annotated[Str, OneOf(ENGINE_KINDS)] = "unknown"
+    # The engine revision the endpoint runs ("" = none; `revisions` splits traffic by it).
+    revision: Annotated[Str, Field(pattern=r"^[a-z0-9-]{0,63}$")] = ""
 
     @field_validator("url")
     @classmethod
@@ -550,6 +558,25 @@ class LimitsConfig:
                                         le=100_000)
 
 
+RevisionName = Annotated[str, Strict(), Field(pattern=REVISION_PATTERN)]
+
+
+@config_type
+class RevisionsConfig:
+    """The traffic split of a rollout (revisions.py): each new request is assigned one
+    revision in proportion to `weights`, then routed among that revision's endpoints."""
+
+    weights: dict[RevisionName, Annotated[Int, Field(ge=0, le=100)]] = Field(
+        default_factory=dict)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> RevisionsConfig:
+        if not any(self.weights.values()):
+            raise ConfigError("weights: at least one revision must have a weight > 0 (else no "
+                              "request could be placed); leave `revisions` out for no split")
+        return self
+
+
 # --- quotas: per-tenant requests and tokens per minute (quota.py reads it) ---
 
 QuotaTenant = Annotated[str, Strict(), Field(min_length=1, max_length=128)]
@@ -602,6 +629,7 @@ class RouterConfig:
     kv_sharing: KVSharingConfig = Field(default_factory=KVSharingConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     flow_control: FlowControlConfig = Field(default_factory=FlowControlConfig)
+    revisions: RevisionsConfig | None = None  # None: no split (every endpoint as ever)
     schema: Annotated[Str, OneOf((SCHEMA,))] = SCHEMA
 
     @model_validator(mode="after")

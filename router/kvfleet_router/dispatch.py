@@ -23,6 +23,7 @@ from collections.abc import Callable
 from aiohttp import web
 from multidict import CIMultiDict
 
+from kvfleet_router.config import RouterConfig
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.errors import error_response
 from kvfleet_router.feedback import HealthFeedback
@@ -53,6 +54,7 @@ from kvfleet_router.proxy import (
     forward_headers,
 )
 from kvfleet_router.request_info import RequestInfo
+from kvfleet_router.revisions import RevisionMeter, RevisionSplit
 from kvfleet_router.router_core import Routed, RouterCore
 from kvfleet_router.wait_queue import QueueFull, WaitQueue
 
@@ -81,6 +83,9 @@ class Dispatcher:
         self._request_counters: dict[tuple[str, str], object] = {}
         self._labels = TenantLabels(core.cfg.flow_control.max_tenant_labels)
         self.gate = FlowGate(queue.service)  # seats, standings and what tenants were served
+        self.split = RevisionSplit()  # the rollout's traffic split (revisions.py)
+        self.meter = RevisionMeter()  # per-revision outcomes; the forwarder fills it too
+        self._split_cfg: RouterConfig | None = None
         self._zero_default_series()
 
     def _zero_default_series(self) -> None:
@@ -148,24 +153,44 @@ class Dispatcher:
         self._labels.max_labels = fc.max_tenant_labels
         return request_flow(fc, info.tenant, info.priority, self._labels.label(info.tenant, fc))
 
+    def follow_config(self) -> RevisionSplit:
+        """The split of the config in force (rebuilt after a push, which also forgets the
+        measurements of revisions no longer in it)."""
+        cfg = self.core.cfg
+        if self._split_cfg is not cfg:
+            self.split.configure(cfg.revisions)
+            self.meter.keep_only({e.revision for e in cfg.endpoints}
+                                 | set(cfg.revisions.weights if cfg.revisions else ()))
+            self._split_cfg = cfg
+        return self.split
+
     def _route_now(self, info: RequestInfo, role: str, policy: str | None,
                    exclude: frozenset[str], allowed: frozenset[str] | None,
                    flow: Flow, outranking_only: bool = False) -> Routed | str:
         """A decision, or why none (flow/gate.py: no-endpoint when none is ready, saturated
         when all are for this request; a stale scrape counts as saturated, seats the
-        request outranks do not). `outranking_only`: it may pass the queue only there."""
+        request outranks do not). `outranking_only`: it may pass the queue only there.
+        With a traffic split, the request's revision's endpoints first, then the
+        fallbacks (revisions.py); the reason is the most hopeful one (saturated)."""
         core = self.core
-        got = self.gate.candidates(flow, core.registry.endpoints, role, time.monotonic(),
-                                   core.cfg.saturation, exclude, allowed, outranking_only)
-        if isinstance(got, str):
-            return got
-        free, outranked = got
-        routed = self.try_route(info, role, policy, exclude, free, outranked)
-        e = routed.decision.endpoint
-        if e is None:
-            return "saturated"
-        routed.seat = self.gate.take(flow, e, time.monotonic())
-        return routed
+        why = "no-endpoint"
+        for endpoints in self.follow_config().pools(core.registry.endpoints, info.revision,
+                                                    info.is_revision_pinned):
+            got = self.gate.candidates(flow, endpoints, role, time.monotonic(),
+                                       core.cfg.saturation, exclude, allowed, outranking_only)
+            if isinstance(got, str):
+                if got == "saturated":
+                    why = got
+                continue
+            free, outranked = got
+            routed = self.try_route(info, role, policy, exclude, free, outranked)
+            e = routed.decision.endpoint
+            if e is None:
+                why = "saturated"
+                continue
+            routed.seat = self.gate.take(flow, e, time.monotonic())
+            return routed
+        return why
 
     def _dispatch_charge(self, info: RequestInfo) -> int:
         """What a tenant is charged when its request is dispatched: the prompt (estimated)
@@ -189,6 +214,8 @@ class Dispatcher:
         `flow`: the request's standing when the caller already has it (`serve`)."""
         queue, qcfg = self.queue, self.core.cfg.queue
         flow = flow or self._flow(info)
+        if info.revision is None:  # once per request: its retries keep the revision
+            info.revision = self.follow_config().assign(info.session_key)
         now = time.monotonic()
         # Never overtake the ones waiting, except on seats it outranks (flow/seats.py: a
         # tenant under its share passes the flood's queue as it passes the flood's seats).
@@ -357,6 +384,9 @@ class Dispatcher:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         strip_ids = cfg.migration.token_ids and not body.get("return_token_ids")
         leg_headers = headers if headers is not None else forward_headers(request.headers)
+        # A continuation resends the client's own prompt (no prefill KV): any revision may
+        # take it, its own first.
+        info.is_revision_pinned = False
         for _ in range(cfg.migration.max_migrations):
             st = ledger.state()
             remaining = remaining_tokens(body, st)
@@ -391,7 +421,8 @@ class Dispatcher:
                                                                    leg_headers)
                     splice = Splice(st, is_chat, plan.as_completion)
                     ending, num_events, leg_reason = await self.forwarder.relay(
-                        out, resp, first, functools.partial(_spliced, splice, ledger, strip_ids))
+                        out, resp, first, functools.partial(_spliced, splice, ledger, strip_ids),
+                        self.forwarder.counts_of(e))
                 except BackendFailure as exc:
                     if exc.kind == REFUSED:  # never the endpoint's fault; nobody would take it
                         return await self._give_up(

@@ -43,6 +43,7 @@ class EndpointState:
     models: tuple[str, ...] = ()
     prefix_mode: str = "approximate"
     engine: str = "unknown"  # builtin | vllm | unknown: only builtin ones take peer hints
+    revision: str = ""  # the engine revision it runs (revisions.py); "" none
     num_in_flight: int = 0
     is_probe_healthy: bool = True  # last active /health probe
     is_removed: bool = False  # dropped from config; kept until its in-flight requests end
@@ -88,6 +89,7 @@ class EndpointState:
         self.models = tuple(cfg.models)
         self.prefix_mode = cfg.prefix_mode
         self.engine = cfg.engine
+        self.revision = cfg.revision
 
     @property
     def load(self) -> float:

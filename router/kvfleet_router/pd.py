@@ -23,6 +23,7 @@ from kvfleet_engine import contract
 from multidict import CIMultiDict
 
 from kvfleet_router.dispatch import Dispatcher, Rejected
+from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.feedback import HealthFeedback
 from kvfleet_router.metrics import RouterMetrics
 from kvfleet_router.pd_plan import (
@@ -59,6 +60,15 @@ class Disaggregator:
         self.metrics = metrics
         self.planner = Planner(core)
 
+    def same_revision(self, decode: EndpointState) -> frozenset[str] | None:
+        """The endpoints a prefill leg for `decode` may use: those of its revision (P/D
+        never pairs revisions: their KV layouts or weights may differ); None (any) when
+        every endpoint runs the same one."""
+        endpoints = self.core.registry.endpoints
+        if all(e.revision == decode.revision for e in endpoints):
+            return None
+        return frozenset(e.name for e in endpoints if e.revision == decode.revision)
+
     async def run_prefill(self, request: web.Request, step: RunPrefill, info: RequestInfo,
                           headers: CIMultiDict[str]) -> dict[str, Any] | None:
         """The prefill leg; returns the engine's kv_transfer_params or None on any failure.
@@ -94,14 +104,17 @@ class Disaggregator:
         try:
             step: Step[dict[str, Any]] = plan.chosen(decode)
             if isinstance(step, RoutePrefill):
-                step = plan.prefill_routed(
-                    self.dispatcher.try_route(info, "prefill", policy, frozenset()))
+                step = plan.prefill_routed(self.dispatcher.try_route(
+                    info, "prefill", policy, frozenset(),
+                    self.same_revision(decode.decision.endpoint)))  # type: ignore[arg-type]
             if isinstance(step, RunPrefill):
                 step = plan.prefill_done(await self.run_prefill(request, step, info, headers))
             if plan.prefill_outcome is not None:
                 self.metrics.pd_prefills.labels(plan.prefill_outcome).inc()
             if step.kv is not None:
                 raw = json.dumps(with_kv_transfer_params(info.body, step.kv)).encode()
+                # a retried decode leg must read this KV: only the prefill's revision may
+                info.revision, info.is_revision_pinned = step.endpoint.revision, True
         except BaseException:
             self.dispatcher.release(decode.decision.endpoint, decode.seat)  # type: ignore[arg-type]
             raise

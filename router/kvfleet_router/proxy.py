@@ -32,6 +32,7 @@ from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.errors import sse_error_event
 from kvfleet_router.fault import BUSY, CLIENT, classify
 from kvfleet_router.migration import StreamLedger, strip_token_ids
+from kvfleet_router.revisions import MeteredCounts, RevisionMeter
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +92,14 @@ class Forwarder:
     """Owns the one pooled keep-alive ClientSession that every backend call shares
     (forwarding, and the probes, scrapes and KV-event streams that borrow `session`)."""
 
-    def __init__(self, timeouts: TimeoutsConfig) -> None:
+    def __init__(self, timeouts: TimeoutsConfig, meter: RevisionMeter | None = None) -> None:
         self._session: aiohttp.ClientSession | None = None
+        self.meter = meter  # per-revision outcomes and latencies (revisions.py), if kept
         self.set_timeouts(timeouts)
+
+    def counts_of(self, e: EndpointState) -> MeteredCounts | None:
+        """Where an attempt on `e` is counted; None when nothing is (no revision)."""
+        return self.meter.of(e.revision) if self.meter is not None and e.revision else None
 
     async def open(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30,
@@ -118,8 +124,19 @@ class Forwarder:
                                                     sock_read=t.idle_s)
 
     async def _open(self, e: EndpointState, path: str, raw: bytes,
-                    headers: CIMultiDict[str]) -> tuple[aiohttp.ClientResponse, bytes, bool]:
-        """Send, wait for the head and the first chunk: (response, first bytes, is_sse)."""
+                    headers: CIMultiDict[str], counts: MeteredCounts | None = None,
+                    ) -> tuple[aiohttp.ClientResponse, bytes, bool]:
+        """Send, wait for the head and the first chunk: (response, first bytes, is_sse).
+        A failure is counted in `counts` (an error unless a 4xx-like busy answer)."""
+        try:
+            return await self._open_once(e, path, raw, headers)
+        except BackendFailure as exc:
+            if counts is not None:
+                counts.record(is_error=exc.kind != "busy" or exc.status >= 500)
+            raise
+
+    async def _open_once(self, e: EndpointState, path: str, raw: bytes,
+                         headers: CIMultiDict[str]) -> tuple[aiohttp.ClientResponse, bytes, bool]:
         resp: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(self.first_byte_s):
@@ -161,31 +178,41 @@ class Forwarder:
                       ledger: StreamLedger | None = None,
                       strip_ids: bool = False) -> web.StreamResponse:
         """`ledger`: migration is on for this request (see the module's docstring);
-        `strip_ids`: the router asked for token ids the client did not."""
+        `strip_ids`: the router asked for token ids the client did not. The revision's
+        TTFT: to the first chunk of a stream, to the whole answer otherwise."""
+        counts = self.counts_of(e)
         start = time.perf_counter()
         resp, first, is_sse = await self._open(
             e, request.path, raw, headers if headers is not None else
-            forward_headers(request.headers))
+            forward_headers(request.headers), counts)
         ttft = time.perf_counter() - start
         kept = {k: resp.headers[k] for k in _KEEP_RESPONSE_HEADERS if k in resp.headers}
         if not is_sse:
             resp.release()
+            if counts is not None:
+                _counted(counts, resp.status, ttft)
             on_outcome(Outcome(ttft, ttft, 0, False, is_client_fault=resp.status >= 400))
             return web.Response(status=resp.status, body=first, headers=kept)
         if not first:  # the stream ended before any byte: nothing sent yet, retryable
             resp.close()
+            if counts is not None:
+                counts.record(is_error=True)
             raise BackendFailure("protocol", f"{e.name} closed the stream before any data")
+        if counts is not None:
+            counts.observe_ttft(ttft)
         out = web.StreamResponse(status=resp.status, headers=kept)
         try:
             await out.prepare(request)
         except (ConnectionError, RuntimeError):
             resp.close()
+            if counts is not None:
+                counts.record(is_error=False)  # the client left: no verdict on the engine
             on_outcome(Outcome(ttft, ttft, 0, True, is_client_gone=True))
             return out
         feed = _passthrough if ledger is None else _recording(ledger, strip_ids)
         ending, num_events, reason = CLIENT_GONE, 0, ""  # should the handler be cancelled
         try:
-            ending, num_events, reason = await self.relay(out, resp, first, feed)
+            ending, num_events, reason = await self.relay(out, resp, first, feed, counts)
         finally:
             on_outcome(Outcome(ttft, time.perf_counter() - start, num_events, True,
                                ending == BROKEN, ending == CLIENT_GONE))
@@ -198,17 +225,27 @@ class Forwarder:
         return out
 
     async def relay(self, out: web.StreamResponse, resp: aiohttp.ClientResponse, first: bytes,
-                    feed: Callable[[bytes], bytes]) -> tuple[str, int, str]:
+                    feed: Callable[[bytes], bytes], counts: MeteredCounts | None = None,
+                    ) -> tuple[str, int, str]:
         """Backend bytes through `feed` to the client: (how it ended, SSE data events seen,
         why it broke). The backend connection is released, or dropped when the exchange
         did not finish (so the engine frees the request). With a recording `feed`, an end
-        without `[DONE]` is a break: a proxy or engine cut the stream short."""
+        without `[DONE]` is a break: a proxy or engine cut the stream short. `counts`:
+        the gaps between chunks go to its ITL, and the attempt to its outcomes (a break
+        is an error)."""
         num_events = 0
         ending, reason = DONE, ""
         tail = b""
+        itl = counts.observe_itl if counts is not None else None
+        last = 0.0  # when the previous chunk arrived (0: this is the first)
         try:
             async with contextlib.aclosing(_chunks(first, resp)) as chunks:
                 async for data in chunks:
+                    if itl is not None:
+                        now = time.perf_counter()
+                        if last:
+                            itl(now - last)
+                        last = now
                     num_events += data.count(b"data:")
                     sent = feed(data)
                     if sent:
@@ -228,6 +265,8 @@ class Forwarder:
                 resp.release()
             else:
                 resp.close()
+            if counts is not None:
+                counts.record(is_error=ending == BROKEN)
         return ending, num_events, reason
 
     @staticmethod
@@ -249,24 +288,42 @@ class Forwarder:
     async def open_stream(self, e: EndpointState, path: str, raw: bytes,
                           headers: CIMultiDict[str]) -> tuple[aiohttp.ClientResponse, bytes]:
         """A continuation leg (dispatch.py): the response and its first bytes, which must
-        be a stream; anything else raises BackendFailure (the next endpoint is tried)."""
-        resp, first, is_sse = await self._open(e, path, raw, headers)
+        be a stream; anything else raises BackendFailure (the next endpoint is tried).
+        Its revision's TTFT is observed here, its outcome by `relay`."""
+        counts = self.counts_of(e)
+        start = time.perf_counter()
+        resp, first, is_sse = await self._open(e, path, raw, headers, counts)
         if resp.status >= 400 or not is_sse or not first:
             resp.close()
+            if counts is not None:  # a 4xx refusal is the request's fault, not the engine's
+                counts.record(is_error=resp.status >= 500 or resp.status < 400)
             # A 4xx here is the request's own fault (_open passes only those on): the
             # continuation itself was refused, which no other endpoint would take either.
             raise BackendFailure(REFUSED if resp.status >= 400 else "protocol",
                                  f"{e.name} answered the continuation with {resp.status}"
                                  f"{'' if is_sse else ' (not a stream)'}: {first[:200]!r}",
                                  resp.status)
+        if counts is not None:
+            counts.observe_ttft(time.perf_counter() - start)
         return resp, first
 
     async def post_json(self, e: EndpointState, path: str, raw: bytes,
                         headers: CIMultiDict[str]) -> tuple[int, bytes]:
-        """A non-streaming side call (P/D prefill leg); raises BackendFailure."""
-        resp, body, _ = await self._open(e, path, raw, headers)
+        """A non-streaming side call (P/D prefill leg); raises BackendFailure. Counted
+        for its revision (outcome only: a prefill leg's latency is not a TTFT)."""
+        counts = self.counts_of(e)
+        resp, body, _ = await self._open(e, path, raw, headers, counts)
         resp.release()
+        if counts is not None:
+            counts.record(is_error=resp.status >= 500)
         return resp.status, body
+
+
+def _counted(counts: MeteredCounts, status: int, ttft: float) -> None:
+    """A whole (not streamed) answer: an error if 5xx; its latency is the TTFT if 2xx/3xx."""
+    counts.record(is_error=status >= 500)
+    if status < 400:
+        counts.observe_ttft(ttft)
 
 
 def _passthrough(data: bytes) -> bytes:

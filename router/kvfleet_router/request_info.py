@@ -37,6 +37,10 @@ class RequestInfo:
     slo_ttft_s: float | None = None  # SLO_TTFT_HEADER, in seconds
     slo_tpot_s: float | None = None  # SLO_TPOT_HEADER, in seconds
     tenant: str = DEFAULT_TENANT  # flow_control.tenant_header, or the default tenant
+    # The engine revision the split assigned (revisions.py), set at the first dispatch;
+    # pinned: only that revision may serve (a P/D decode leg carrying its prefill's KV).
+    revision: str | None = None
+    is_revision_pinned: bool = False
     body: dict[str, Any] = field(default_factory=dict)
 
     def estimated_prompt_tokens(self, chars_per_token: float) -> int:

@@ -3,7 +3,9 @@
 `HttpRouterControl` pushes a config to each router's admin API (success only when all
 accepted it), combines their views (in-flight summed per endpoint, the oldest version), and
 sums the requests they hold (`kvfleet_router_queue_length`), and reads the perf-model fits
-they export (`kvfleet_router_perf_model_coefficient`, combined across routers).
+they export (`kvfleet_router_perf_model_coefficient`, combined across routers). Each view
+carries what the router measured per engine revision (`revisions` in its GET
+/admin/config, summed over routers): the rollout analysis reads it.
 Endpoints: kvfleet_router.admin.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 import aiohttp
 from kvfleet_engine.contract import parse_text
 from kvfleet_router.perf_model import RoleCoefficients
+from kvfleet_router.revision_stats import RevisionCounts, combine
 
 from kvfleet_operator.decide.role_signals import combine_perf_models, parse_router_perf_models
 from kvfleet_operator.loop.ports import EndpointView, RouterControlError, RouterView
@@ -63,17 +66,35 @@ async def get_view(session: aiohttp.ClientSession, base_url: str, token: str) ->
                 )
                 for e in data["endpoints"]
             },
+            revisions=_revisions(data.get("revisions")),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RouterControlError(f"router admin GET: unexpected answer: {exc!r}") from None
 
 
+def _revisions(raw: Any) -> dict[str, RevisionCounts]:
+    """The router's per-revision counters; {} when it reports none (an older router)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ValueError(f"revisions must be an object, got {type(raw).__name__}")
+    out: dict[str, RevisionCounts] = {}
+    for revision, counts in raw.items():
+        try:
+            out[revision] = RevisionCounts.from_dict(counts)
+        except ValueError as exc:
+            raise ValueError(f"revisions[{revision!r}]: {exc}") from None
+    return out
+
+
 def combine_views(views: Sequence[RouterView]) -> RouterView:
-    """One view of several routers: in-flight summed, healthy only if healthy in all, the
-    oldest config version (so a router that missed a push gets it again) and the newest
-    (so a loop that never recorded a push it made pushes above it)."""
+    """One view of several routers: in-flight and per-revision counters summed, healthy
+    only if healthy in all, the oldest config version (so a router that missed a push gets
+    it again) and the newest (so a loop that never recorded a push it made pushes above
+    it)."""
     out = RouterView(version=min(v.version for v in views),
-                     newest_version=max(v.version for v in views))
+                     newest_version=max(v.version for v in views),
+                     revisions=combine([v.revisions for v in views]))
     for view in views:
         for name, e in view.endpoints.items():
             seen = out.endpoints.get(name)

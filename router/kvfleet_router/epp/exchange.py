@@ -241,6 +241,10 @@ class Exchange:
         self.picked_at = time.monotonic()
         chosen = [e.name]
         addrs = [address(e.url)]
+        if opts.num_fallbacks and p.dispatcher.follow_config().is_active:
+            # the gateway's fallbacks keep the primary's revision (the split holds)
+            same = frozenset(x.name for x in core.registry.endpoints if x.revision == e.revision)
+            allowed = same if allowed is None else allowed & same
         for _ in range(opts.num_fallbacks):
             alt = core.route(info, opts.role, self.picked_at, policy, frozenset(chosen),
                              allowed).decision.endpoint
@@ -311,6 +315,11 @@ class Exchange:
         self.active = None
         p = self.picker
         now = time.monotonic()
+        counts = p.dispatcher.meter.of(e.revision)
+        if counts is not None:  # the revision's measurements: TTFT to the response headers
+            counts.record(is_error=self.is_gateway_failure or self.status >= 500)
+            if self.ttft_s is not None and 0 < self.status < 400:
+                counts.observe_ttft(self.ttft_s)
         if not self.is_gateway_failure:
             ttft = self.ttft_s if self.ttft_s is not None else now - self.picked_at
             outcome = Outcome(ttft, now - self.picked_at, 0, self.info.is_stream,
