@@ -160,7 +160,7 @@ async def test_a_loop_never_acts_twice_on_an_index_from_before_its_write(cluster
         clock.t += 1
         await loop.tick()
     assert deployment_applies(cluster)[setup:] == [3]  # one scale-up
-    assert replicas(cluster) == 3 and loop.runtime.counts["unified"] == 3
+    assert replicas(cluster) == 3 and loop.runtime.counts[DEPLOYMENT] == 3
     assert len(loop.runtime.replicas()) == 3  # the third a placeholder, from our own write
 
     await kubelet.sync()

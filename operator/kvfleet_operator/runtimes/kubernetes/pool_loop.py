@@ -9,6 +9,10 @@ after every create/update/resume of the pool). On a wake-up it rebuilds the loop
 spec or the generation changed (so `status.observedGeneration` follows the spec), and
 starts the loop once the handler has applied the pool's tokens.
 
+The pool's `kvfleet.io/rollout-promote: <revision>` annotation is handed to the loop before
+every tick (`ControlLoop.promote_revision`): a canary or blue-green rollout of that revision
+skips its remaining steps.
+
 `pool_from_body` is the one place a kopf body becomes an `InferencePool`.
 """
 
@@ -44,6 +48,7 @@ from kvfleet_operator.runtimes.kubernetes.ports.status_store import (
 from kvfleet_operator.runtimes.kubernetes.ports.tokens import read_token
 from kvfleet_operator.runtimes.metrics_sources import PrometheusMetrics, ScrapeMetrics
 
+PROMOTE_ANNOTATION = "kvfleet.io/rollout-promote"  # value: the revision to promote now
 CHECK_TOKENS = Tokens(admin="only-to-check-the-spec", engine="only-to-check-the-spec")
 REPORT_GRACE_S = 2.0  # after this, an invalid spec not shown in status is written again
 
@@ -51,6 +56,15 @@ REPORT_GRACE_S = 2.0  # after this, an invalid spec not shown in status is writt
 def pool_from_body(body: Mapping[str, Any]) -> InferencePool:
     """Raises SpecError naming the field."""
     return parse_pool(copy.deepcopy(dict(body)))
+
+
+def promote_revision(body: Mapping[str, Any]) -> str | None:
+    """The revision the pool's `kvfleet.io/rollout-promote` annotation promotes by hand, or
+    None. Read from kopf's live body before every tick: annotating the pool changes no spec,
+    so it rebuilds nothing."""
+    annotations = (body.get("metadata") or {}).get("annotations") or {}
+    value = str(annotations.get(PROMOTE_ANNOTATION) or "").strip()
+    return value or None
 
 
 def servable_pool(body: Mapping[str, Any], config: OperatorConfig) -> InferencePool:
@@ -163,6 +177,9 @@ async def run_pool(
             def observed(loop: ControlLoop = loop, series: Any = series) -> None:
                 if series is not None:
                     series.observe_status(loop.pool.status, loop.num_held)
+                loop.promote_revision = promote_revision(body)  # for the next tick
+
+            loop.promote_revision = promote_revision(body)
 
             stop = asyncio.Event()
             task = asyncio.create_task(loop.run(stop, observed))

@@ -11,9 +11,11 @@ from typing import Any
 
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.decide.reconcile import initial_replicas
+from kvfleet_operator.runtimes.kubernetes.build import meta
 from kvfleet_operator.runtimes.kubernetes.build.configmap import build_router_configmap
 from kvfleet_operator.runtimes.kubernetes.build.deployment import (
     build_engine_deployment,
+    build_revision_deployment,
     build_router_deployment,
 )
 from kvfleet_operator.runtimes.kubernetes.build.errors import UnservableSpec
@@ -64,8 +66,10 @@ def build_children(
     if not is_sidecar(pool):
         children.append(build_router_pdb(pool))
     children += lmcache_children(pool)  # routing.kvSharing on vLLM: the LMCache server
-    children += [build_engine_deployment(pool, role, counts[role], image, options)
-                 for role in roles]
+    # canary / blueGreen: what the pool would run from scratch, one Deployment per role at
+    # the spec's revision (the control loop, not the reconcile handler, applies these).
+    engine = build_revision_deployment if meta.is_per_revision(pool) else build_engine_deployment
+    children += [engine(pool, role, counts[role], image, options) for role in roles]
     if not is_sidecar(pool):  # else every engine pod carries its router
         children.append(build_router_deployment(pool, image))
     children += gateway_children(pool, image)  # routing.gateway: GIE pool + endpoint picker

@@ -13,6 +13,9 @@ run on a cluster (probes, drain, GPUs, volumes, a restricted securityContext).
 
 Either way the grace period is the drain timeout plus `GRACE_MARGIN_S`, and the operator
 has already drained the pod in every router before it deletes it.
+
+Every engine pod is labelled `kvfleet.io/revision` with `decide.rollout.revision_of` of the
+spec it was built from: the loop tells revisions apart by it (canary and blue-green rollouts).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from kvfleet_engine.contract import ENGINE_TOKEN_ENV
 from kvfleet_operator.api.pool import InferencePool
 from kvfleet_operator.api.spec import GPU_RESOURCE, RoleSpec
 from kvfleet_operator.decide.engine_args import NIXL_SIDE_CHANNEL_PORT, engine_args, engine_env
+from kvfleet_operator.decide.rollout import revision_of
 from kvfleet_operator.runtimes.kubernetes.build import meta
 from kvfleet_operator.runtimes.kubernetes.build.lmcache_server import lmcache_remote_url
 from kvfleet_operator.runtimes.kubernetes.build.model_source import model_volumes
@@ -185,9 +189,11 @@ def engine_pod_template(
         pod["nodeSelector"] = dict(role_spec.node_selector)
     if role_spec.tolerations:
         pod["tolerations"] = [_toleration(t) for t in role_spec.tolerations]
+    labels = meta.labels(pool, meta.engine_app(pool), meta.ENGINE, role)
+    labels[meta.REVISION_LABEL] = revision_of(spec)  # which template: rollouts split by it
     return {
         "metadata": {
-            "labels": meta.labels(pool, meta.engine_app(pool), meta.ENGINE, role),
+            "labels": labels,
             "annotations": {"kubectl.kubernetes.io/default-container": "engine"},
         },
         "spec": pod,

@@ -12,6 +12,13 @@ PART_OF = "kvfleet"
 MANAGED_BY = "kvfleet"
 POOL_LABEL = "kvfleet.io/pool"
 ROLE_LABEL = "kvfleet.io/role"
+# The engine template a pod runs (`decide.rollout.revision_of` of the spec it was built from).
+REVISION_LABEL = "kvfleet.io/revision"
+# Canary and blue-green pools run one engine Deployment per (role, revision); its pods carry
+# its name here, so the runtime knows which Deployment owns each pod (pods of the rolling
+# Deployment `<pool>-<role>` carry none).
+DEPLOYMENT_LABEL = "kvfleet.io/deployment"
+PER_REVISION_STRATEGIES = ("canary", "blueGreen")
 COMPONENT_LABEL = "app.kubernetes.io/component"
 ROUTER_APP = "kvfleet-router"
 
@@ -23,6 +30,20 @@ def engine_app(pool: InferencePool) -> str:
 
 def engine_name(pool: InferencePool, role: str) -> str:
     return f"{pool.name}-{role}"  # Deployment, headless Service and PDB of one role
+
+
+def revision_deployment_name(pool: InferencePool, role: str, revision: str) -> str:
+    """A canary or blue-green pool's Deployment of one role at one revision. At most
+    40 (pool) + 1 + 7 (role) + 1 + 10 (revision) = 59 characters: a label value (<= 63),
+    and its pods' names (the ReplicaSet's hash and 5 random characters added) are cut by
+    the API server's generateName as for any Deployment."""
+    return f"{pool.name}-{role}-{revision}"
+
+
+def is_per_revision(pool: InferencePool) -> bool:
+    """Does this pool run one engine Deployment per (role, revision) (`spec.rollout.strategy`
+    canary or blueGreen), rather than one per role that rolls natively (rolling)?"""
+    return pool.spec.rollout.strategy in PER_REVISION_STRATEGIES
 
 
 def router_name(pool: InferencePool) -> str:

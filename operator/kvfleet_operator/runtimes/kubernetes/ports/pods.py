@@ -26,6 +26,10 @@ Deployment's template is outdated. Each new pod whose containers are ready but w
 it is the old ReplicaSet's, which the Deployment has not scaled down yet). The gate opens
 (the new pod turns Ready, the Deployment may remove an old one) only when a victim's drain
 is over, or at once when nothing is outdated (a plain scale-up).
+
+Each replica carries its pod's `kvfleet.io/revision` and the Deployment that owns it
+(`pod_owner`): a canary or blue-green pool has one engine Deployment per (role, revision),
+and its pods name theirs in `kvfleet.io/deployment`.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from kvfleet_operator.runtimes.kubernetes.build.meta import DEPLOYMENT_LABEL, REVISION_LABEL
 
 DRAINING_ANNOTATION = "kvfleet.io/draining"
 STOPPING_ANNOTATION = "kvfleet.io/stopping"
@@ -61,6 +67,8 @@ class KubeReplica:
     last_error: str = ""
     pod_ip: str = ""
     is_replaced: bool = False  # a rollout victim (its replacement waits on its drain)
+    revision: str = ""  # its `kvfleet.io/revision` label ("": a pod from before revisions)
+    deployment: str = ""  # the engine Deployment that owns it (whose count it is part of)
 
     @property
     def is_placeholder(self) -> bool:
@@ -151,7 +159,15 @@ def rollout_step(pods: Sequence[Mapping[str, Any]], template_hash: str | None) -
                        new_victims=[str(p["metadata"]["name"]) for p in spare[:num_new]])
 
 
-def pod_replica(pod: Mapping[str, Any], role: str, port: int) -> KubeReplica:
+def pod_owner(pod: Mapping[str, Any], rolling_name: str) -> str:
+    """The engine Deployment a pod belongs to: the one its `kvfleet.io/deployment` label
+    names (a canary or blue-green pool's per-revision one), else the role's rolling one."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(DEPLOYMENT_LABEL) or rolling_name)
+
+
+def pod_replica(pod: Mapping[str, Any], role: str, port: int, deployment: str = "") -> KubeReplica:
+    """`deployment`: the role's rolling Deployment (the owner of pods that name none)."""
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
     annotations = meta.get("annotations") or {}
@@ -179,6 +195,8 @@ def pod_replica(pod: Mapping[str, Any], role: str, port: int) -> KubeReplica:
         last_error=failure or "",
         pod_ip=ip,
         is_replaced=is_replaced and state == "draining",
+        revision=str((meta.get("labels") or {}).get(REVISION_LABEL) or ""),
+        deployment=pod_owner(pod, deployment),
     )
 
 
@@ -187,11 +205,11 @@ _KEEP_ORDER = {"ready": 0, "draining": 0, "failed": 1, "starting": 2}
 
 def role_replicas(
     role: str, deployment: str, num_replicas: int | None, pods: Sequence[Mapping[str, Any]],
-    port: int, now: float,
+    port: int, now: float, revision: str = "",
 ) -> list[KubeReplica]:  # fmt: skip
     """One role's replicas; `num_replicas` is the Deployment's `spec.replicas` (None: no
-    Deployment yet, so no placeholders)."""
-    replicas = [pod_replica(p, role, port) for p in pods]
+    Deployment yet, so no placeholders); `revision`, the one its placeholders run."""
+    replicas = [pod_replica(p, role, port, deployment) for p in pods]
     alive = [r for r in replicas if r.state != "stopping" and not r.is_replaced]
     if num_replicas is None:
         return replicas
@@ -199,7 +217,8 @@ def role_replicas(
     for surplus in alive[num_replicas:]:
         surplus.state = "stopping"
     missing = max(0, num_replicas - len(alive))
-    replicas += [KubeReplica(f"{deployment}{PENDING}{i}", role, "starting", "", now)
+    replicas += [KubeReplica(f"{deployment}{PENDING}{i}", role, "starting", "", now,
+                             revision=revision, deployment=deployment)
                  for i in range(missing)]  # fmt: skip
     return replicas
 

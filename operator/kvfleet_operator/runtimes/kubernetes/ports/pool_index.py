@@ -151,6 +151,10 @@ class OwnWrites:
         self._written[key] = _Written(obj, before_rv, self._clock())
         return obj
 
+    def forget(self, kind: str, name: str) -> None:
+        """We deleted it: our earlier writes no longer stand for it."""
+        self._written.pop((kind, name), None)
+
     def view(self, kind: str, indexed: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         """The index's objects, each replaced by our own write where the index is behind
         it; objects we wrote that the index does not show yet (a create) are added."""
