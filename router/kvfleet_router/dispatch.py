@@ -174,8 +174,7 @@ class Dispatcher:
         fallbacks (revisions.py); the reason is the most hopeful one (saturated)."""
         core = self.core
         why = "no-endpoint"
-        for endpoints in self.follow_config().pools(core.registry.endpoints, info.revision,
-                                                    info.is_revision_pinned):
+        for endpoints in self.follow_config().pools(core.registry.endpoints, info.revision):
             got = self.gate.candidates(flow, endpoints, role, time.monotonic(),
                                        core.cfg.saturation, exclude, allowed, outranking_only)
             if isinstance(got, str):
@@ -346,8 +345,10 @@ class Dispatcher:
             e = routed.decision.endpoint
             assert e is not None
             try:
-                body = self.with_priority(self.with_peer_hint(raw, info, routed, role), info, e,
-                                          routed.seat)
+                body = self.with_priority(self.with_peer_hint(
+                    raw if info.kv_revision in (None, e.revision) else
+                    json.dumps(info.body).encode(),  # a prefill's KV stays in its revision
+                    info, routed, role), info, e, routed.seat)
                 if ask_ids:
                     body = _with_return_token_ids(body)
                 return await self.forwarder.forward(
@@ -384,9 +385,6 @@ class Dispatcher:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         strip_ids = cfg.migration.token_ids and not body.get("return_token_ids")
         leg_headers = headers if headers is not None else forward_headers(request.headers)
-        # A continuation resends the client's own prompt (no prefill KV): any revision may
-        # take it, its own first.
-        info.is_revision_pinned = False
         for _ in range(cfg.migration.max_migrations):
             st = ledger.state()
             remaining = remaining_tokens(body, st)

@@ -113,8 +113,9 @@ class Disaggregator:
                 self.metrics.pd_prefills.labels(plan.prefill_outcome).inc()
             if step.kv is not None:
                 raw = json.dumps(with_kv_transfer_params(info.body, step.kv)).encode()
-                # a retried decode leg must read this KV: only the prefill's revision may
-                info.revision, info.is_revision_pinned = step.endpoint.revision, True
+                # a retried decode leg tries this revision first; on another it goes
+                # without the KV (Dispatcher.serve): P/D never pairs revisions
+                info.revision = info.kv_revision = step.endpoint.revision
         except BaseException:
             self.dispatcher.release(decode.decision.endpoint, decode.seat)  # type: ignore[arg-type]
             raise

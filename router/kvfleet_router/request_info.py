@@ -37,10 +37,12 @@ class RequestInfo:
     slo_ttft_s: float | None = None  # SLO_TTFT_HEADER, in seconds
     slo_tpot_s: float | None = None  # SLO_TPOT_HEADER, in seconds
     tenant: str = DEFAULT_TENANT  # flow_control.tenant_header, or the default tenant
-    # The engine revision the split assigned (revisions.py), set at the first dispatch;
-    # pinned: only that revision may serve (a P/D decode leg carrying its prefill's KV).
+    # The engine revision the split assigned (revisions.py), set at the first dispatch
+    # (a P/D request's: its decode endpoint's, so a retry tries that revision first).
     revision: str | None = None
-    is_revision_pinned: bool = False
+    # P/D: the revision of the prefill whose KV the decode body carries; an attempt on an
+    # endpoint of another revision is sent the client's own body (no pairing across).
+    kv_revision: str | None = None
     body: dict[str, Any] = field(default_factory=dict)
 
     def estimated_prompt_tokens(self, chars_per_token: float) -> int:

@@ -11,9 +11,9 @@ the round-robin. The dispatcher then routes among that revision's endpoints only
 falls back, in order, to each other weighted revision (heaviest first) and last to
 endpoints of no weighted revision (weight 0, unlisted, or none) when the assigned one has
 no endpoint that may take the request now (none ready, or all saturated), so the split
-never fails or queues a request that another revision could serve. A pinned request (a
-P/D decode leg that carries its prefill's KV) never falls back. Without `revisions` every
-endpoint serves as before.
+never fails or queues a request that another revision could serve (a P/D decode leg that
+falls back leaves its prefill's KV behind: pd.py). Without `revisions` every endpoint
+serves as before.
 
 `RevisionMeter` holds one `MeteredCounts` (revision_stats.RevisionCounts plus the sums a
 Prometheus histogram needs) per revision an upstream attempt went to; the forwarder and
@@ -48,9 +48,9 @@ class RevisionSplit:
         self._live: list[str] = []  # weight > 0, config order (ties go to the first)
         self._total = 0
         self._current: dict[str, int] = {}
-        # endpoint lists in the order to try, per (revision, pinned), for one registry list
-        # (the registry swaps its list on every config, never mutates it)
-        self._pools: dict[tuple[str, bool], list[list[EndpointState]]] = {}
+        # endpoint lists in the order to try, per revision, for one registry list (the
+        # registry swaps its list on every config, never mutates it)
+        self._pools: dict[str, list[list[EndpointState]]] = {}
         self._pools_of: list[EndpointState] | None = None
 
     def configure(self, cfg: RevisionsConfig | None) -> None:
@@ -92,25 +92,21 @@ class RevisionSplit:
                 sessions.popitem(last=False)
         return best
 
-    def pools(self, endpoints: list[EndpointState], revision: str | None,
-              is_pinned: bool = False) -> list[list[EndpointState]]:
+    def pools(self, endpoints: list[EndpointState],
+              revision: str | None) -> list[list[EndpointState]]:
         """The endpoint sets to try in order for a request of `revision` (module
         docstring); `[endpoints]` when there is nothing to split."""
-        if revision is None or (not self.weights and not is_pinned):
+        if revision is None or not self.weights:
             return [endpoints]
         if self._pools_of is not endpoints:
             self._pools, self._pools_of = {}, endpoints
-        key = (revision, is_pinned)
-        got = self._pools.get(key)
+        got = self._pools.get(revision)
         if got is None:
-            got = self._pools[key] = self._build(endpoints, revision, is_pinned)
+            got = self._pools[revision] = self._build(endpoints, revision)
         return got
 
-    def _build(self, endpoints: list[EndpointState], revision: str,
-               is_pinned: bool) -> list[list[EndpointState]]:
+    def _build(self, endpoints: list[EndpointState], revision: str) -> list[list[EndpointState]]:
         own = [e for e in endpoints if e.revision == revision]
-        if is_pinned:
-            return [own]
         others = sorted((r for r in self._live if r != revision),
                         key=lambda r: -self.weights[r])
         out = [own, *([e for e in endpoints if e.revision == r] for r in others)]

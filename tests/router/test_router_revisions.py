@@ -232,7 +232,7 @@ def _revision_of(name: str) -> str:
 async def test_pd_prefill_and_decode_always_come_from_one_revision(weights):
     cfg = {"endpoints": _eps(A, 2, "prefill") + _eps(B, 2, "prefill") + _eps(A, 2, "decode")
            + _eps(B, 2, "decode"), "pd": {"prefill_threshold_tokens": 0},
-           "policy": {"name": "round-robin"}}
+           "policy": {"name": "random"}}  # unrestricted, half the pairs would cross
     if weights:
         cfg["revisions"] = {"weights": weights}
     pairs = await _pd_run(cfg, 200, PairingForwarder())
@@ -252,14 +252,19 @@ async def test_pd_without_a_prefill_endpoint_in_its_revision_decodes_alone():
     assert sorted(set(pairs)) == [("", "d-bbbb-0"), ("p-aaaa-0", "d-aaaa-0")]
 
 
-async def test_a_retried_decode_leg_stays_in_its_prefills_revision():
+async def test_a_retried_decode_leg_tries_its_prefills_revision_first_else_drops_the_kv():
     cfg = {"endpoints": _eps(A, 1, "prefill") + _eps(B, 1, "prefill") + _eps(A, 2, "decode")
-           + _eps(B, 2, "decode"), "pd": {"prefill_threshold_tokens": 0},
-           "policy": {"name": "round-robin"}, "revisions": {"weights": {A: 50, B: 50}}}
-    fwd = PairingForwarder(fail_decode=frozenset({"d-aaaa-0", "d-bbbb-0"}))
-    pairs = await _pd_run(cfg, 40, fwd)
-    assert all(_revision_of(p) == _revision_of(dec) for p, dec in pairs), pairs
-    assert {dec for _, dec in pairs} == {"d-aaaa-1", "d-bbbb-1"}
+           + _eps(B, 1, "decode"), "pd": {"prefill_threshold_tokens": 0},
+           "policy": {"name": "round-robin"}, "revisions": {"weights": {A: 50, B: 50}},
+           "health": {"eject_after_errors": 1000}, "retries": {"max_attempts": 3}}
+    # A's first decode fails: the retry takes A's other one, with the KV
+    pairs = await _pd_run(cfg, 40, PairingForwarder(fail_decode=frozenset({"d-aaaa-0"})))
+    assert set(pairs) == {("p-aaaa-0", "d-aaaa-1"), ("p-bbbb-0", "d-bbbb-0")}
+    # both of A's fail: the retry goes to B without A's KV (computes the prompt itself)
+    pairs = await _pd_run(cfg, 40, PairingForwarder(
+        fail_decode=frozenset({"d-aaaa-0", "d-aaaa-1"})))
+    assert set(pairs) == {("", "d-bbbb-0"), ("p-bbbb-0", "d-bbbb-0")}
+    assert pairs.count(("", "d-bbbb-0")) == 20
 
 
 # --- the measurements ---
