@@ -12,6 +12,7 @@ error event, which the client raises as a plain `openai.APIError`) from a hang o
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -70,8 +71,9 @@ async def _one_request(client: openai.AsyncOpenAI, model: str, max_tokens: int, 
 
 async def run_load(base_url: str, model: str, *, concurrency: int, duration_s: float,
                    max_tokens: int = 16, prompt_chars: int = 64,
-                   timeout_s: float = 120.0) -> LoadResult:
-    """Keep `concurrency` requests in flight for `duration_s`, then wait for the last ones."""
+                   timeout_s: float = 120.0, until: threading.Event | None = None) -> LoadResult:
+    """Keep `concurrency` requests in flight for `duration_s` (or until `until` is set, from
+    another thread), then wait for the last ones."""
     result = LoadResult()
     client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0,
                                 timeout=timeout_s)
@@ -79,7 +81,7 @@ async def run_load(base_url: str, model: str, *, concurrency: int, duration_s: f
     counter = iter(range(10**9))
 
     async def worker() -> None:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (until is not None and until.is_set()):
             await _one_request(client, model, max_tokens, next(counter), prompt_chars, result)
 
     try:

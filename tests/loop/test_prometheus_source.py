@@ -80,9 +80,18 @@ def test_prometheus_source_matches_a_direct_scrape(tmp_path):
                     replicas, now=1.0)
                 direct_replica = FakeReplica("unified-0", "unified", "ready", address=engine.url)
                 direct = await ScrapeMetrics(http).sample([direct_replica], now=1.0)
-                return via_prom, direct
+                source = PrometheusMetrics(http, prom.url)
+                answers = [await source.query_value(q) for q in (  # a rollout's own query
+                    'sum(vllm:generation_tokens_total{pod="unified-0"})',  # one series
+                    "scalar(vector(2.5))",  # a scalar
+                    'vllm:generation_tokens_total{pod="nobody"}',  # no series
+                    "vector(1) or label_replace(vector(2), 'x', 'y', '', '')",  # two series
+                    "sum(",  # not PromQL: 400
+                )]
+                return via_prom, direct, answers
 
-        via_prom, direct = asyncio.run(both())
+        via_prom, direct, answers = asyncio.run(both())
+        assert answers == [8.0, 2.5, None, None, None]
     got, want = via_prom["unified-0"].sample, direct["unified-0"].sample
     assert got is not None and want is not None, via_prom["unified-0"].error
     assert got.num_generation_tokens == want.num_generation_tokens == 8

@@ -224,8 +224,10 @@ def test_blue_green_switches_when_full_and_rolls_back_to_the_old_revision() -> N
     assert d.weights == {old: 0, new: 100} and d.events[-1][1] == "RolloutSwitched"
     good = step(spec, d.state, full, {old: counts(100), new: counts(100)}, 31.0)
     assert good.split == {new: {"unified": 4}} and good.state.stable == new
-    bad = step(spec, d.state, full,
-               {old: counts(100), new: counts(40, ttft_s=0.5)}, 2.0)  # noqa: E501 fails fast
+    slow = {old: counts(100), new: counts(40, ttft_s=0.5)}
+    early = step(spec, d.state, full, slow, 30.9)  # latency waits for the whole hold
+    assert early.state.canary == new and early.weights == {old: 0, new: 100}
+    bad = step(spec, d.state, full, slow, 31.0)
     assert bad.split == {old: {"unified": 4}} and bad.state.rolled_back == new
     assert "ttftP90Seconds" in bad.status.message
 

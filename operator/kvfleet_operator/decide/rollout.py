@@ -30,6 +30,7 @@ from kvfleet_operator.api.status import (
 from kvfleet_operator.api.validation import to_dict, validate
 
 NORMAL, WARNING = "Normal", "Warning"
+FAIL_FAST_CHECKS = ("errorRate", "query")  # judged mid-step; latency only on a whole step
 
 REVISION_LENGTH = 10  # hex digits: short enough for a label and a Deployment name
 
@@ -371,8 +372,10 @@ def _blue_green(spec: PoolSpec, state: RolloutState,
 def _judge(spec: PoolSpec, state: RolloutState, counts: dict[str, RevisionCounts] | None,
            stable: str, canary: str, wall: datetime, query_value: float | None, *,
            is_due: bool, stable_window: RevisionCounts | None = None) -> Analysis | None:
-    """The verdict on this step's window: a failure as soon as the new revision has served
-    `minRequests` and fails a check; a pass only once the step is due. None: not yet."""
+    """The verdict on this step's window, once the new revision has served `minRequests`:
+    errors (and the user's query) fail it as soon as they break a limit; latency is judged
+    only on the whole step, since a fresh replica's first answers are slower (cold) and a
+    p90 over the first few requests would roll back a good revision. None: not yet."""
     mine = _window(counts, state.baseline, canary)
     rules = spec.rollout.analysis
     if mine is None or mine.requests < rules.min_requests:
@@ -380,7 +383,8 @@ def _judge(spec: PoolSpec, state: RolloutState, counts: dict[str, RevisionCounts
     theirs = stable_window if stable_window is not None else _window(counts, state.baseline,
                                                                      stable)
     verdict = analyze(rules, mine, theirs, wall, query_value)
-    if verdict.passed and not is_due:
+    is_broken = any(not c.passed and c.name in FAIL_FAST_CHECKS for c in verdict.checks)
+    if not is_due and not is_broken:
         return None
     state.last_analysis = to_dict(verdict)
     return verdict

@@ -301,7 +301,7 @@ class ControlLoop:
                  if r.state == "draining" and r.name not in state.drain_started}  # fmt: skip
         for name in fresh:
             state.drain_started[name] = now
-        rollout = self._step_rollout(now, replicas)
+        rollout = self._step_rollout(now, replicas, await self._rollout_query())
         observed = observe(replicas, self.view, self.scrapes, state.drain_started,
                            self.signals, self.startups.overdue(now))  # fmt: skip
         for replica in observed.replicas:  # a replica that names no revision is the stable's
@@ -360,7 +360,18 @@ class ControlLoop:
             del state.drain_started[gone]
         return desired
 
-    def _step_rollout(self, now: float, replicas: Sequence[Replica]) -> RolloutDecision:
+    async def _rollout_query(self) -> float | None:
+        """The analysis' own PromQL query, asked only while a rollout runs, of a metrics
+        source that can answer one (Prometheus); None otherwise (the check then fails)."""
+        query = self.pool.spec.rollout.analysis.query
+        ask = getattr(self.metrics, "query_value", None)
+        if query is None or ask is None or not (self.state.rollout and self.state.rollout.canary):
+            return None
+        value: float | None = await ask(query.promql)
+        return value
+
+    def _step_rollout(self, now: float, replicas: Sequence[Replica],
+                      query_value: float | None = None) -> RolloutDecision:
         """The rollout's tick: which revisions run, how many of each, and their weights."""
         state = self.state.rollout or RolloutState()
         stable = state.stable or revision_of(self.pool.spec)
@@ -376,7 +387,7 @@ class ControlLoop:
             self.view.revisions if self.view is not None else None,
             now=now, wall=datetime.fromtimestamp(now, UTC),
             handles_rolling=getattr(self.runtime, "handles_rolling", False),
-            promote=self.promote_revision,
+            promote=self.promote_revision, query_value=query_value,
         )  # fmt: skip
         self.state.rollout = decision.state
         for kind, reason, message in decision.events:

@@ -15,6 +15,7 @@ series back to exposition text, read by the one `/metrics` parser).
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -61,6 +62,38 @@ class PrometheusMetrics:
             r.name: found.get(r.name) or Scrape(t=now, sample=None, error=f"{r.name}: {missing}")
             for r in replicas
         }
+
+
+    async def query_value(self, promql: str) -> float | None:
+        """A rollout analysis' own query: its one number, or None (no answer, no series,
+        several series, not a finite number)."""
+        return await instant_value(self._session, self.base_url, promql, self.timeout_s)
+
+
+async def instant_value(session: Any, base_url: str, promql: str,
+                        timeout_s: float = 5.0) -> float | None:
+    """One PromQL instant query that must answer one finite number (a scalar or a
+    one-series vector); anything else is None."""
+    url = base_url.rstrip("/") + "/api/v1/query"
+    try:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with session.get(url, params={"query": promql}, timeout=timeout) as resp:
+            if resp.status != 200:
+                return None
+            body = await resp.json(content_type=None)
+        data = body.get("data") or {} if isinstance(body, dict) else {}
+        result = data.get("result")
+        if data.get("resultType") == "scalar" and isinstance(result, list):
+            value = float(result[1])
+        elif data.get("resultType") == "vector" and isinstance(result, list) \
+                and len(result) == 1:  # fmt: skip
+            value = float(result[0]["value"][1])
+        else:
+            return None
+    except (TimeoutError, aiohttp.ClientError, ValueError, TypeError, KeyError, IndexError,
+            AttributeError, OSError):  # fmt: skip
+        return None
+    return value if math.isfinite(value) else None
 
 
 async def scrape(session, replica: str, url: str, now: float, timeout_s: float = 2.0) -> Scrape:
