@@ -444,7 +444,8 @@ class AnalysisQuerySpec:
 class AnalysisSpec:
     """What the new revision must show, on the router's measurements of each revision,
     before it gets more traffic. Ratios compare it with the stable revision; absolute limits
-    hold whatever the stable one does. A limit left unset is not checked."""
+    hold whatever the stable one does. A limit with a default is always checked (loosen it
+    to relax it); one without (the absolute p90s, the query) only when set."""
 
     min_requests: Int = Field(default=20, ge=1, le=1000000)
     max_error_rate: Float | None = Field(default=0.05, ge=0, le=1)
