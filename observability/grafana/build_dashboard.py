@@ -88,6 +88,25 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
      "percentunit", [
         (f"min by (band) (kvfleet_router_flow_fairness{{{SEL}}})", "{{band}}"),
     ]),
+    # Rollouts: what the routers measured per engine revision (router/README.md "Revisions
+    # and traffic split"), the figures a canary's analysis compares
+    ("Rollout: requests per revision", "reqps", [
+        (f"sum by (revision, outcome) (rate(kvfleet_router_revision_requests_total{{{SEL}}}"
+         "[5m]))", "{{revision}} {{outcome}}"),
+    ]),
+    ("Rollout: error rate per revision", "percentunit", [
+        (f"sum by (revision) (rate(kvfleet_router_revision_requests_total{{{SEL}, "
+         f"outcome=\"error\"}}[5m])) / sum by (revision) "
+         f"(rate(kvfleet_router_revision_requests_total{{{SEL}}}[5m]))", "{{revision}}"),
+    ]),
+    ("Rollout: time to first token p90 per revision", "s", [
+        ("histogram_quantile(0.9, sum by (revision, le) "
+         f"(rate(kvfleet_router_revision_ttft_seconds_bucket{{{SEL}}}[5m])))", "{{revision}}"),
+    ]),
+    ("Rollout: inter-token latency p90 per revision", "s", [
+        ("histogram_quantile(0.9, sum by (revision, le) "
+         f"(rate(kvfleet_router_revision_itl_seconds_bucket{{{SEL}}}[5m])))", "{{revision}}"),
+    ]),
 ]
 
 

@@ -37,6 +37,10 @@ kvfleet_router_perf_model_coefficient{role,target,feature}
                                                    TPOT_FEATURES): what the operator's
                                                    autoscaler sizes the role with
 kvfleet_router_perf_model_evidence{role,target}    finished streams behind those weights
+kvfleet_router_revision_requests_total{revision,outcome}  upstream attempts per engine
+                                                   revision: ok | error (revisions.py)
+kvfleet_router_revision_ttft_seconds{revision}     time to first token per revision
+kvfleet_router_revision_itl_seconds{revision}      gaps between streamed chunks per revision
 Flow control (flow/; tenant labels capped by flow_control.max_tenant_labels, the rest
 `other`; band: critical | standard | sheddable | the integer):
 kvfleet_router_flow_queue_length{band}             requests waiting, per band
