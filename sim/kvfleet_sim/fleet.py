@@ -52,6 +52,7 @@ import heapq
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvfleet_engine.contract import KVEvent
 from kvfleet_engine.contract.peer_prefix import parse_peer_prefix
@@ -59,7 +60,9 @@ from kvfleet_engine.core.config import EngineConfig
 from kvfleet_engine.core.prefix_share import PrefixInstall
 from kvfleet_engine.core.sequence import PrefixKV, PreloadedKV
 from kvfleet_operator.api.pool import InferencePool
+from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.api.status import DECISION_REASONS
+from kvfleet_operator.decide.rollout import revision_of
 from kvfleet_operator.decide.router_config import is_router_kv_sharing
 from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
 from kvfleet_operator.loop.ports import Saved
@@ -88,6 +91,7 @@ from kvfleet_sim.ports import (
     drive,
 )
 from kvfleet_sim.replica import Finished, SimReplica
+from kvfleet_sim.rollout import RolloutError, RolloutScenario, outcome, rollout_spec
 from kvfleet_sim.scalers import SimScaler
 from kvfleet_sim.trace import TraceRequest, prompt_tokens
 
@@ -123,6 +127,8 @@ class SimSettings:
     replica_profiles: tuple[str, ...] = ()
     # The router's in-flight cap per endpoint; None: the operator's (twice the batch).
     endpoint_capacity: int | None = None
+    # A rollout mid-replay (rollout.py): the spec changes at its time; None: no rollout.
+    rollout: RolloutScenario | None = None
 
     def __post_init__(self) -> None:
         if self.startup_s < 0 or self.scrape_interval_s <= 0 or self.tick_s <= 0:
@@ -162,10 +168,16 @@ class SimResult:
     tenants: dict[str, str] = field(default_factory=dict)
     # requests the router refused (they are in `finished`, aborted), by reason
     refusals: dict[str, int] = field(default_factory=dict)
+    rollout: dict[str, Any] | None = None  # the rollout scenario's outcome (rollout.outcome)
 
 
 def engine_config(pool: InferencePool) -> EngineConfig:
-    e = pool.spec.engine
+    return engine_config_of(pool.spec)
+
+
+def engine_config_of(spec: PoolSpec) -> EngineConfig:
+    """The engine config a replica of `spec` runs (a rollout's new revision has its own)."""
+    e = spec.engine
     if e.kind != "builtin" or e.runner != "simulated" or not e.profile:
         raise SimError("the simulator needs engine.kind: builtin, runner: simulated, a profile")
     from kvfleet_engine.runners.cost_model import load_profile
@@ -174,7 +186,7 @@ def engine_config(pool: InferencePool) -> EngineConfig:
         profile = load_profile(e.profile)
     except (OSError, ValueError, KeyError) as exc:
         raise SimError(f"engine.profile {e.profile!r}: {exc}") from None
-    if pool.spec.topology.is_disaggregated or is_router_kv_sharing(pool.spec):
+    if spec.topology.is_disaggregated or is_router_kv_sharing(spec):
         try:
             kv_bytes_per_token(profile)
         except HandoffError as exc:
@@ -204,6 +216,16 @@ class FleetSim:
         self.router = SimRouter(settings.seed, settings.sees_router_queue, settings.prefix_mode,
                                 settings.endpoint_capacity)
         self.router.on_config = lambda: self.dispatch(self.clock.t)
+        self.runtime.config_of = engine_config_of  # a rollout's revision may differ
+        self.runtime.on_itl = self.router.observe_itl
+        self.rollout_spec: PoolSpec | None = None
+        self.rollout_started: tuple[float, str, str] | None = None  # (t, from rev, to rev)
+        if settings.rollout is not None:
+            try:  # refused now, not after half a replay
+                self.rollout_spec = rollout_spec(pool.spec, settings.rollout)
+            except RolloutError as exc:
+                raise SimError(str(exc)) from None
+            engine_config_of(self.rollout_spec)
         self.events = SimEvents(self.clock)
         # A fleet provisioned for the peak starts there; autoscaled ones start as the pool says.
         saved = Saved(pool.status, LoopState(desired=dict(scaler.initial))) \
@@ -268,6 +290,8 @@ class FleetSim:
         self.runtime.is_provisioned_before_start = False
         self.push(self.settings.tick_s, "tick")
         self.push(0.0, "scrape")
+        if self.settings.rollout is not None:
+            self.push(self.settings.rollout.at_s, "rollout")
         i, num_clipped, t = 0, 0, 0.0
         trace_end = trace[-1].t if trace else 0.0
         while self.heap or i < len(trace):
@@ -307,6 +331,8 @@ class FleetSim:
                 self.fetch_done(name, t)
             elif kind == "expire":
                 self.expire(name, t)
+            elif kind == "rollout":
+                self.roll_out(t)
             elif kind == "kill":
                 for f in self.runtime.kill(name):
                     if f.request_id.startswith("p:"):
@@ -341,7 +367,37 @@ class FleetSim:
                          (queried - q0, hit - h0), self.router.core.prefix_hit_ratio, roles,
                          self.role_timeline, self.num_prefill_legs, self.peer_stats(),
                          ((ta - ta0, tn - tn0), (pa - pa0, pn - pn0)), dict(self.tenants),
-                         dict(self.refusals))
+                         dict(self.refusals), self.rollout_outcome(finished))
+
+    def rollout_outcome(self, finished: list[Finished]) -> dict[str, Any] | None:
+        scenario = self.settings.rollout
+        if scenario is None:
+            return None
+        replicas = [r for r, _ in self.runtime.retired] + list(self.runtime.by_name.values())
+        revision = {r.name: r.revision for r in replicas}
+        served: dict[str, int] = {}
+        for f in finished:
+            if not f.is_aborted and f.replica in revision:
+                served[revision[f.replica]] = served.get(revision[f.replica], 0) + 1
+        at_end: dict[str, int] = {}
+        for r in self.runtime.by_name.values():
+            if r.state != "stopping":
+                at_end[r.revision] = at_end.get(r.revision, 0) + 1
+        return outcome(scenario, self.rollout_started, self.loop.pool.status,
+                       self.events.events, self.router.measured(), at_end, served,
+                       sum(f.is_aborted for f in finished))
+
+    def roll_out(self, t: float) -> None:
+        """The scenario's moment: the pool's spec changes what its engines run; the loop's
+        next tick starts rolling it out (`ControlLoop.replace_spec`)."""
+        scenario, new = self.settings.rollout, self.rollout_spec
+        assert scenario is not None and new is not None
+        old = revision_of(self.loop.pool.spec)
+        target = revision_of(new)
+        self.runtime.slowdowns[target] = scenario.slowdown
+        self.rollout_started = (t, old, target)
+        self.loop.replace_spec(new)
+        self.spec = new
 
     def perf_error(self) -> tuple[tuple[float, int], tuple[float, int]]:
         """The router's perf-model error trackers summed over its endpoints so far."""
@@ -393,6 +449,9 @@ class FleetSim:
             self.refuse(h, over_quota, t)
             return
         h.flow = flow = r.flow(h.tenant, h.priority)
+        # A rollout's split picks its revision once (the dispatcher's `acquire`); the trace
+        # names no sessions, so every request takes the round-robin's next.
+        h.revision = r.split.assign(None)
         leads = r.queue.would_lead(flow.band)
         got = self.place(h, t, outranking_only=not leads)
         if got is None:
@@ -483,15 +542,25 @@ class FleetSim:
         info = RequestInfo(model=self.spec.model.api_name, prompt_token_ids=h.prompt,
                            max_tokens=h.num_output, tenant=h.tenant, priority=h.priority)
         plan: PDPlan[PreloadedKV] = PDPlan(self.planner, info)
-        got = r.gate.candidates(flow, core.registry.endpoints, plan.role, t, core.cfg.saturation,
-                                outranking_only=outranking_only)
-        if isinstance(got, str):
-            return got
-        free, outranked = got
-        routed = core.route(info, plan.role, t, None, frozenset(), free, outranked)
-        ep = core.start(routed)
+        # With a rollout's split, the request's revision's endpoints first, then the others
+        # (`RevisionSplit.pools`, as the dispatcher's `_route_now`); the reason is the most
+        # hopeful one (saturated). Without a split: every endpoint, one pass.
+        why, ep = "no-endpoint", None
+        for endpoints in r.split.pools(core.registry.endpoints, h.revision):
+            got = r.gate.candidates(flow, endpoints, plan.role, t, core.cfg.saturation,
+                                    outranking_only=outranking_only)
+            if isinstance(got, str):
+                why = "saturated" if got == "saturated" else why
+                continue
+            free, outranked = got
+            routed = core.route(info, plan.role, t, None, frozenset(), free, outranked)
+            ep = core.start(routed)
+            if ep is not None:
+                break
+            why = "saturated"
         if ep is None:
-            return "saturated"
+            return why
+        h.sent_at = t
         r.feedback.attempt(ep, t)
         h.seat = r.gate.take(flow, ep, t)
         tokens = info.estimated_prompt_tokens(core.cfg.prefix.chars_per_token) + info.max_tokens
@@ -502,7 +571,8 @@ class FleetSim:
         self.seated[h.request_id] = h
         step: Step[PreloadedKV] = plan.chosen(routed)
         if isinstance(step, RoutePrefill):
-            step = plan.prefill_routed(self.route_leg(info, "prefill", t)[0])
+            step = plan.prefill_routed(self.route_leg(info, "prefill", t,
+                                                      self.same_revision(ep))[0])
         if isinstance(step, RunPrefill):
             self.num_prefill_legs += 1
             self.prefilling[h.request_id] = (h, step.endpoint, plan)
@@ -513,11 +583,21 @@ class FleetSim:
         self.send(ep.name, h.request_id, h, t)
         return None
 
-    def route_leg(self, info: RequestInfo, role: str, t: float
+    def same_revision(self, decode: EndpointState) -> frozenset[str] | None:
+        """The endpoints a prefill leg for `decode` may use (pd.py's `same_revision`): its
+        revision's, as P/D never pairs revisions; None (any) when all run one revision."""
+        endpoints = self.router.core.registry.endpoints
+        if all(e.revision == decode.revision for e in endpoints):
+            return None
+        return frozenset(e.name for e in endpoints if e.revision == decode.revision)
+
+    def route_leg(self, info: RequestInfo, role: str, t: float,
+                  allowed: frozenset[str] | None = None,
                   ) -> tuple[Routed, EndpointState | None]:  # fmt: skip
         """One routing decision, counted in flight and as an attempt (the dispatcher's
-        `try_route`); never waits. The P/D prefill leg's (seatless, as in pd.py)."""
-        routed = self.router.core.route(info, role, t)
+        `try_route`); never waits. The P/D prefill leg's (seatless, as in pd.py), only
+        among `allowed` when given."""
+        routed = self.router.core.route(info, role, t, None, frozenset(), allowed)
         ep = self.router.core.start(routed)
         if ep is not None:
             self.router.feedback.attempt(ep, t)
@@ -592,6 +672,7 @@ class FleetSim:
         rid = f.request_id[2:]
         h, prefill, plan = self.prefilling.pop(rid)
         self.router.core.finish(prefill)
+        self.router.count(prefill, is_error=f.is_aborted)  # a side call: no TTFT
         if not f.is_aborted:
             self.router.feedback.success(prefill)  # the non-streamed side call went well
         if rid not in self.serving:
@@ -600,6 +681,7 @@ class FleetSim:
         step = plan.prefill_done(kv)
         if step.kv is None:  # the decode endpoint computes the prompt itself
             if step.endpoint.name in self.runtime.by_name:
+                h.sent_at = t
                 self.send(step.endpoint.name, rid, h, t)
             return
         assert replica is not None and self.handoff is not None  # a P/D pool's leg answered
@@ -616,6 +698,7 @@ class FleetSim:
             self.finished.append(Finished(rid, decode.name, h.arrival, t, t, 0, True))
             self.release(rid)
             return
+        h.sent_at = t  # the decode leg goes now: its TTFT runs from here, as the router's
         self.send(decode.name, rid, h, t, preloaded=preload)
 
     def release(self, request_id: str, done: Finished | None = None) -> None:
@@ -636,6 +719,10 @@ class FleetSim:
             if done is not None:  # an answer that never ended keeps its whole charge
                 used = 0 if done.is_aborted else len(h.prompt) + done.num_output_tokens
                 self.settle_quota(h, used, self.clock.t)
+        if ep is not None:  # the forwarder's per-revision counting; an answer lost is an error
+            sent = h.sent_at if h is not None else routed.ctx.now if routed is not None else 0.0
+            ttft = None if done is None or done.is_aborted else done.first_token - sent
+            self.router.count(ep, is_error=ttft is None, ttft_s=ttft)
         if ep is not None and routed is not None and done is not None and not done.is_aborted:
             now = routed.ctx.now
             outcome = Outcome(done.first_token - now, done.finished - now,

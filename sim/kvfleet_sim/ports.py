@@ -4,7 +4,9 @@ that `kvfleet up` runs, over these instead of processes and HTTP.
 - `SimClock`: the virtual now, shared by the loop and the data plane.
 - `SimRuntime`: replicas are `SimReplica`s; start-up takes `startup_s` of virtual time
   (a fleet provisioned before the trace starts is ready at once); a deleted replica leaves
-  the router, finishes what it holds, and is cut off after its grace period.
+  the router, finishes what it holds, and is cut off after its grace period. A replica runs
+  the cost profile of the spec it is created from (`engine.profile`: a rollout's new
+  revision may name another), slowed by `slowdowns[revision]` when the scenario says so.
 - `SimRouter`: the router's own `RouterCore` (registry, prefix indexes, policies) behind
   its `ConfigStore`: `push` goes through `ConfigStore.push`, the code path of an admin PUT
   (versions only go up); its view is what `GET /admin/config` lists (retired endpoints
@@ -14,7 +16,11 @@ that `kvfleet up` runs, over these instead of processes and HTTP.
   `FlowGate` (seats, standings, saturation), sized from each pushed config's `queue` and
   `flow_control` as the router's app sizes its `WaitQueue`; its `HealthFeedback` learns
   from every finished exchange, as the dispatcher's does; `perf_models` hands the
-  autoscaler the perf-model fits a live router exports on /metrics.
+  autoscaler the perf-model fits a live router exports on /metrics. A rollout's traffic
+  split is the router's own `RevisionSplit` (revisions.py), configured from each push as the
+  dispatcher configures it; each upstream attempt's outcome, TTFT and ITL go to the router's
+  `RevisionMeter`, and `view()` answers them in `RouterView.revisions`, as `GET
+  /admin/config` does, so the loop's rollout analysis runs in virtual time.
 - `SimMetrics`: a replica's engine stats read directly (no network, never stale).
 - `SimStore` keeps state in memory; `SimEvents` records every event with its time.
 - `drive(coro)`: run a coroutine that never suspends (every port here is synchronous).
@@ -22,12 +28,14 @@ that `kvfleet up` runs, over these instead of processes and HTTP.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from kvfleet_engine.core.config import EngineConfig
+from kvfleet_engine.runners.cost_model import CostProfile, load_profile
 from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.api.status import PoolStatus
 from kvfleet_operator.decide.reconcile import RolePlan
@@ -47,12 +55,18 @@ from kvfleet_router.flow.tenants import Flow, TenantLabels, request_flow
 from kvfleet_router.metrics import RouterMetrics, perf_models
 from kvfleet_router.perf_model import RoleCoefficients
 from kvfleet_router.quota import QuotaBook
+from kvfleet_router.revision_stats import RevisionCounts
+from kvfleet_router.revisions import RevisionMeter, RevisionSplit
 from kvfleet_router.router_core import RouterCore
 
 from kvfleet_sim.fake_backend import FakeBackendModel
 from kvfleet_sim.replica import Finished, SimReplica
 
 T = TypeVar("T")
+
+# A slower build's cost profile: every time coefficient times the slowdown factor.
+SCALED_COSTS = ("overhead_s", "floor_s", "prefill_s_per_token", "decode_s_per_seq",
+                "s_per_kv_token", "prefill_s_per_pair")
 
 
 def drive(coro: Coroutine[Any, Any, T]) -> T:
@@ -90,6 +104,31 @@ class SimRuntime:
         self.retired: list[tuple[SimReplica, float]] = []  # (replica, when it stopped)
         self.cut_off: list[Finished] = []  # requests still running when a grace period ended
         self._next_id = 0
+        # A rollout scenario's slower build: revision -> factor on every step time.
+        self.slowdowns: dict[str, float] = {}
+        # The engine config of a spec (`fleet.engine_config_of`); None: `config` for all.
+        self.config_of: Callable[[PoolSpec], EngineConfig] | None = None
+        # Where each inter-token gap goes, with its replica's revision (the router's meter).
+        self.on_itl: Callable[[str, float], None] | None = None
+        self._costs: dict[tuple[str, float], CostProfile] = {}
+
+    def profile_of(self, spec: PoolSpec, revision: str) -> str | CostProfile:
+        """The cost profile a replica of `spec` runs: the spec's `engine.profile` (the
+        mixed-speed `profiles` stand in for the pool's own profile only), slowed by the
+        revision's factor."""
+        named = spec.engine.profile or self.profile
+        if self.profiles and named == self.profile:
+            named = self.profiles[(self._next_id - 1) % len(self.profiles)]
+        factor = self.slowdowns.get(revision, 1.0)
+        if factor == 1.0:
+            return named
+        key = (named, factor)
+        if key not in self._costs:
+            base = load_profile(named)
+            self._costs[key] = dataclasses.replace(
+                base, name=f"{base.name} x{factor:g}",
+                **{f: getattr(base, f) * factor for f in SCALED_COSTS})
+        return self._costs[key]
 
     async def supervise(self) -> None:
         now = self.clock()
@@ -105,12 +144,15 @@ class SimRuntime:
         ready_at = now if self.is_provisioned_before_start else now + self.startup_s
         name = f"{plan.role}-{self._next_id}"
         self._next_id += 1
-        profile = self.profiles[(self._next_id - 1) % len(self.profiles)] if self.profiles \
-            else self.profile  # fmt: skip
-        replica = SimReplica(name, self.config, profile, now, ready_at, self.measure_from_s,
+        profile = self.profile_of(spec, plan.revision)
+        config = self.config_of(spec) if self.config_of is not None else self.config
+        replica = SimReplica(name, config, profile, now, ready_at, self.measure_from_s,
                              role=plan.role, fake=self.fake, now=self.clock)  # fmt: skip
         replica.state = "ready" if ready_at <= now else "starting"
         replica.revision = plan.revision
+        if self.on_itl is not None:
+            on_itl, revision = self.on_itl, plan.revision
+            replica.on_itl = lambda gap: on_itl(revision, gap)
         self.by_name[name] = replica
 
     async def mark_draining(self, name: str) -> None:
@@ -157,6 +199,10 @@ class HeldRequest:
     seat: Seat | None = None
     num_charged_output: int = 0  # output tokens charged at dispatch (max_tokens)
     quota_charged: int = 0  # tokens charged against its tenant's TPM, settled at the end
+    # a rollout's split: the revision assigned at arrival (None: no split), and when the
+    # leg that streams the answer was sent (the router's TTFT for that revision runs from it)
+    revision: str | None = None
+    sent_at: float = 0.0
 
 
 class SimRouter:
@@ -188,6 +234,9 @@ class SimRouter:
         # runs after each push (which rebuilds the core's policies): a model of a peer
         # router's rule takes a policy's place (sgl_rule.SglRule)
         self.after_push: Callable[[RouterCore], None] | None = None
+        self.split = RevisionSplit()  # a rollout's traffic split (the dispatcher's)
+        self.meter = RevisionMeter()  # per-revision outcomes and latencies (the forwarder's)
+        self.forgotten: dict[str, RevisionCounts] = {}  # what the meter dropped, for reports
 
     @property
     def endpoints(self) -> dict[str, EndpointState]:
@@ -219,6 +268,40 @@ class SimRouter:
         self.queue.band_bound = cfg.flow_control.band_bound
         self.service.window_s = cfg.flow_control.service_window_s
         self.quotas.configure(cfg.quotas)
+        # the dispatcher's `follow_config`: the split follows the weights, and revisions no
+        # longer in the config are forgotten
+        self.split.configure(cfg.revisions)
+        kept = {e.revision for e in cfg.endpoints} | set(
+            cfg.revisions.weights if cfg.revisions else ())
+        for rev in set(self.meter.counts) - kept:  # the report still wants them
+            self.forgotten[rev] = self.forgotten.get(rev, RevisionCounts()) + \
+                self.meter.counts[rev]  # fmt: skip
+        self.meter.keep_only(kept)
+
+    def measured(self) -> dict[str, RevisionCounts]:
+        """Every revision's counts over the whole run, those the router forgot included
+        (the report's; the loop sees only `view()`'s, as a live router answers them)."""
+        out = dict(self.forgotten)
+        for rev, c in self.meter.counts.items():
+            mine = RevisionCounts.from_dict(c.to_dict())
+            out[rev] = out[rev] + mine if rev in out else mine
+        return out
+
+    def count(self, e: EndpointState, *, is_error: bool, ttft_s: float | None = None) -> None:
+        """One upstream attempt on `e` ended (the forwarder's counting): its outcome, and
+        the time to its first token when it streamed one."""
+        counts = self.meter.of(e.revision)
+        if counts is None:
+            return
+        counts.record(is_error=is_error)
+        if ttft_s is not None:
+            counts.observe_ttft(ttft_s)
+
+    def observe_itl(self, revision: str, gap_s: float) -> None:
+        """A gap between two streamed tokens of an endpoint of `revision`."""
+        counts = self.meter.of(revision)
+        if counts is not None:
+            counts.observe_itl(gap_s)
 
     def flow(self, tenant: str, priority: int) -> Flow:
         """A request's standing (the dispatcher's `_flow`)."""
@@ -236,10 +319,12 @@ class SimRouter:
         return seat.standing
 
     async def view(self) -> RouterView | None:
+        # the counters as GET /admin/config answers them, read back as the loop reads them
+        revisions = {r: RevisionCounts.from_dict(c) for r, c in self.meter.to_dict().items()}
         return RouterView(self.version, {
             e.name: EndpointView(e.name, e.state_name(), e.num_in_flight, True)
             for e in self.store.endpoints()
-        })  # fmt: skip
+        }, revisions=revisions)  # fmt: skip
 
     async def num_held(self) -> int:
         return len(self.held) if self.sees_held else 0

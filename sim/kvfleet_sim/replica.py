@@ -20,6 +20,7 @@ from kvfleet_engine.core.engine import LLMEngine
 from kvfleet_engine.core.prefix_share import PrefixInstall
 from kvfleet_engine.core.sampling_params import SamplingParams
 from kvfleet_engine.core.sequence import PrefixKV, PreloadedKV
+from kvfleet_engine.runners.cost_model import CostProfile
 from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
 from kvfleet_engine.server.metrics import ITL_BUCKETS, TTFT_BUCKETS
 from kvfleet_operator.decide.role_signals import ReplicaSample
@@ -62,7 +63,8 @@ class Finished:
 
 
 class SimReplica:
-    def __init__(self, name: str, config: EngineConfig, profile: str, started_at: float,
+    def __init__(self, name: str, config: EngineConfig, profile: str | CostProfile,
+                 started_at: float,
                  ready_at: float, measure_from: float = 0.0, role: str = "unified",
                  fake: FakeBackendModel | None = None,
                  now: Callable[[], float] | None = None) -> None:  # fmt: skip
@@ -95,6 +97,8 @@ class SimReplica:
         self.itl = Histogram(ITL_BUCKETS)
         self.itl_gaps = array("d")  # inter-token gaps of measured requests, exact
         self.measure_from = measure_from  # requests arriving earlier are warm-up
+        # every inter-token gap, told as it happens (the router's per-revision ITL)
+        self.on_itl: Callable[[float], None] | None = None
         self._arrival: dict[str, float] = {}
         self._first: dict[str, float] = {}
         self._last: dict[str, float] = {}
@@ -150,6 +154,8 @@ class SimReplica:
                 else:
                     gap = end - self._last[rid]
                     self.itl.observe(gap)
+                    if self.on_itl is not None:
+                        self.on_itl(gap)
                     if self._arrival[rid] >= self.measure_from:
                         self.itl_gaps.append(gap)
                 self._last[rid] = end
