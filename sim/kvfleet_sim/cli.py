@@ -30,7 +30,11 @@ path, with the KV hand-off over `--kv-gbytes-per-s` plus `--kv-latency-ms`; pool
 splits the prefix tokens reused into local and fetched. Mooncake rows may name a `tenant`
 and a `priority` (the router's flow control, `routing.flowControl`, schedules them); with
 more than one tenant a third table gives each tenant's requests, served, refused, TTFT
-and served tokens. Bad flags, an
+and served tokens. `--rollout-at T` (run, compare) changes what the engines run at
+virtual second T (`--rollout-profile`, a build `--rollout-slowdown` times slower) and the
+control loop rolls it out by the pool's `spec.rollout` (or `--rollout-strategy`): the
+report adds the rollout's outcome (its events, where it ended, failed requests, and what the
+router measured per revision; `rollout.py`). Bad flags, an
 unreadable or malformed trace, an impossible rate or a pool the simulator cannot model end
 with one line on stderr and exit 2.
 """
@@ -45,10 +49,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from kvfleet_operator.api.spec import ROLLOUT_STRATEGIES
+
 from kvfleet_sim import efficiency, oracle, plots
 from kvfleet_sim.fleet import SimError, SimSettings
 from kvfleet_sim.report import Summary
-from kvfleet_sim.run import POLICIES, Variant, run_variants
+from kvfleet_sim.rollout import RolloutScenario, summary_line
+from kvfleet_sim.run import POLICIES, SimRun, Variant, run_variants
 from kvfleet_sim.scalers import SCALERS
 from kvfleet_sim.trace import TraceError, TraceRequest
 
@@ -113,6 +120,32 @@ def _optimum(p: argparse.ArgumentParser) -> None:
                         "replays, a looser optimum)")  # fmt: skip
 
 
+def _rollout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rollout-at", type=float, default=None, metavar="SECONDS",
+                   help="roll out a new engine revision at this virtual second of the replay "
+                        "(warm-up included; after --compress)")
+    p.add_argument("--rollout-profile", default=None, metavar="PROFILE",
+                   help="the new revision's engine.profile (default: the pool's)")
+    p.add_argument("--rollout-slowdown", type=float, default=None, metavar="FACTOR",
+                   help="the new build's step times over its profile's (2: twice as slow; "
+                        "default 1)")
+    p.add_argument("--rollout-strategy", choices=ROLLOUT_STRATEGIES, default=None,
+                   help="in place of the pool's spec.rollout.strategy")
+
+
+def rollout_of(args: argparse.Namespace) -> RolloutScenario | None:
+    at = getattr(args, "rollout_at", None)
+    rest = {"--rollout-profile": getattr(args, "rollout_profile", None),
+            "--rollout-slowdown": getattr(args, "rollout_slowdown", None),
+            "--rollout-strategy": getattr(args, "rollout_strategy", None)}
+    if at is None:
+        if given := [flag for flag, v in rest.items() if v is not None]:
+            raise CLIError(f"{given[0]} needs --rollout-at")
+        return None
+    slowdown = args.rollout_slowdown if args.rollout_slowdown is not None else 1.0
+    return RolloutScenario(at, args.rollout_profile, slowdown, args.rollout_strategy)
+
+
 def replica_list(text: str) -> list[int]:
     """`1,2,4,8` -> [1, 2, 4, 8] (argparse type)."""
     try:
@@ -137,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--scaler", choices=SCALER_CHOICES, default="kvfleet")
     run.add_argument("--policy", choices=sorted(POLICIES), default=None,
                      help="routing policy in place of the pool's")  # fmt: skip
+    _rollout(run)
     cmp = sub.add_parser("compare", help="several pools, scalers or policies, one table")
     _common(cmp)
     _outputs(cmp)
@@ -146,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="repeatable; default: every reactive one (all but oracle)")
     cmp.add_argument("--policy", action="append", choices=sorted(POLICIES),
                      help="repeatable; default: each pool's own")  # fmt: skip
+    _rollout(cmp)
     gate = sub.add_parser("gate", help="exit 1 when a candidate pool is worse than a baseline")
     _common(gate)
     _outputs(gate)
@@ -263,14 +298,43 @@ def format_tenant_table(summaries: list[Summary]) -> str:
     return "\n".join(rows)
 
 
+def format_rollout(runs: list[SimRun]) -> str:
+    """Per run with a rollout: where it ended, then one row per revision (what the router
+    measured: attempts, errors, TTFT and ITL p90; requests answered; replicas at the end)."""
+    lines = []
+    rows = ["| run | revision | requests | errors | TTFT p90 (ms) | ITL p90 (ms) | answered "
+            "| replicas at end |", "|" + "---|" * 8]
+    for r in runs:
+        out = r.result.rollout
+        if out is None:
+            continue
+        strategy = (out["status"] or {}).get("strategy") or out["scenario"]["strategy"] or ""
+        lines.append(f"rollout ({r.name}): {strategy} {out['from_revision'] or '?'} -> "
+                     f"{out['to_revision'] or '?'} at {out['scenario']['at_s']:g} s: "
+                     f"{summary_line(out)}; failed requests {out['num_failed']}")
+        for rev, c in out["revisions"].items():
+            mark = " (new)" if rev == out["to_revision"] else ""
+            rows.append(f"| {r.name} | {rev}{mark} | {c['requests']} | {c['errors']} "
+                        f"| {_opt_ms(c['ttft_p90_s'])} | {_opt_ms(c['itl_p90_s'])} "
+                        f"| {c['served']} | {c['replicas_at_end']} |")
+    return "\n".join([*lines, *rows])
+
+
+def _opt_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.1f}"
+
+
 def args_json(args: argparse.Namespace, skip: tuple[str, ...]) -> dict[str, object]:
-    """The flags for --json; the peer-link and oracle flags only when set (older JSON stays
-    as it was)."""
+    """The flags for --json; the peer-link, oracle and rollout flags only when set (older
+    JSON stays as it was)."""
     out = {k: v for k, v in vars(args).items() if k not in skip}
     for key, default in (("peer_gbytes_per_s", PEER_GBYTES_PER_S),
                          ("peer_latency_ms", PEER_LATENCY_MS), ("optimum", False),
                          ("oracle_interval_s", oracle.DEFAULT_INTERVAL_S)):
         if out.get(key) == default:
+            out.pop(key, None)
+    for key in ("rollout_at", "rollout_profile", "rollout_slowdown", "rollout_strategy"):
+        if out.get(key) is None:
             out.pop(key, None)
     return out
 
@@ -323,7 +387,8 @@ def settings_of(args: argparse.Namespace) -> SimSettings:
                        kv_latency_s=args.kv_latency_ms / 1000,
                        peer_bytes_per_s=args.peer_gbytes_per_s * 1e9,
                        peer_latency_s=args.peer_latency_ms / 1000,
-                       replica_profiles=tuple(args.replica_profile or ()))  # fmt: skip
+                       replica_profiles=tuple(args.replica_profile or ()),
+                       rollout=rollout_of(args))  # fmt: skip
 
 
 def _stderr_line(line: str) -> None:
@@ -408,6 +473,8 @@ def main(argv: list[str]) -> int:
         print(format_peer_table(summaries))
     if any(s.tenants is not None for s in summaries):
         print(format_tenant_table(summaries))
+    if any(r.result.rollout is not None for r in runs):
+        print(format_rollout(runs))
     for r in runs:
         if r.oracle is not None and r.oracle.misses:
             print(f"note: {r.name}: intervals {[k + 1 for k in r.oracle.misses]} stay under "

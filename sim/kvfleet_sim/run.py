@@ -112,6 +112,8 @@ class SimRun:
 
     def to_dict(self) -> dict[str, Any]:
         extra = {"oracle": self.oracle.to_dict()} if self.oracle is not None else {}
+        if self.result.rollout is not None:
+            extra["rollout"] = self.result.rollout
         return {
             **extra,
             "variant": self.variant.to_dict(),
@@ -185,6 +187,10 @@ def run_variants(
     check_variants(variants)
     if not variants:
         raise ValueError("nothing to run")
+    if settings.rollout is not None and (optimum or any(v.scaler == oracle.ORACLE
+                                                        for v in variants)):
+        raise SimError("a rollout scenario needs reactive scalers: the oracle's replays "
+                       "plan replica counts, not rollouts")
     pools = [v.load() for v in variants]  # every pool checked before the first run
     for pool in pools:
         FleetSim.check_pool(pool)
