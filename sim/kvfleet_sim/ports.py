@@ -29,6 +29,7 @@ that `kvfleet up` runs, over these instead of processes and HTTP.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -151,8 +152,7 @@ class SimRuntime:
         replica.state = "ready" if ready_at <= now else "starting"
         replica.revision = plan.revision
         if self.on_itl is not None:
-            on_itl, revision = self.on_itl, plan.revision
-            replica.on_itl = lambda gap: on_itl(revision, gap)
+            replica.on_itl = functools.partial(self.on_itl, plan.revision)
         self.by_name[name] = replica
 
     async def mark_draining(self, name: str) -> None:
