@@ -226,6 +226,11 @@ class FleetSim:
             except RolloutError as exc:
                 raise SimError(str(exc)) from None
             engine_config_of(self.rollout_spec)
+            rules = self.rollout_spec.rollout
+            if rules.strategy != "rolling" and rules.analysis.query is not None:
+                # the loop asks Prometheus (`query_value`); unanswered, the check always fails
+                raise SimError("spec.rollout.analysis.query: the simulator has no Prometheus "
+                               "to ask; leave the query out of a simulated rollout")
         self.events = SimEvents(self.clock)
         # A fleet provisioned for the peak starts there; autoscaled ones start as the pool says.
         saved = Saved(pool.status, LoopState(desired=dict(scaler.initial))) \

@@ -145,6 +145,20 @@ def test_blue_green_switches_at_once_and_loses_nothing():
     assert len(sim.runtime.by_name) == 2
 
 
+def test_a_rolling_update_replaces_every_replica_with_nothing_lost():
+    pool = pool_of("rolling", replicas=3)
+    old = revision_of(pool.spec)
+    sim, result = replay(pool, RolloutScenario(at_s=5.0))
+    out = result.rollout
+    new = out["to_revision"]
+    assert out["events"] == []  # rolling has no steps to report
+    assert out["num_failed"] == 0 and len(result.finished) == len(steady())
+    assert out["status"]["stableRevision"] == new
+    assert {r.revision for r in sim.runtime.by_name.values()} == {new}
+    assert len(sim.runtime.by_name) == 3
+    assert out["revisions"][old]["served"] > 0 and out["revisions"][new]["served"] > 0
+
+
 def test_pd_legs_of_one_request_never_cross_revisions():
     m = yaml.safe_load(PD_POOL.read_text())
     for role in ("prefill", "decode"):
@@ -222,9 +236,12 @@ def test_the_router_answers_what_it_measured_per_revision():
     ({"at_s": 1.0, "slowdown": 0.0}, "slowdown"),
     ({"at_s": 1.0, "profile": "h200-nonesuch"}, "unknown profile"),
     ({"at_s": 1.0, "strategy": "yolo"}, "strategy"),
+    ({"at_s": 1.0, "strategy": "canary"}, "no Prometheus"),
 ])
 def test_bad_scenarios_are_refused_before_the_replay(kwargs, match):
     with pytest.raises((RolloutError, SimError), match=match):
         pool = load_pool(POOL)
+        pool.spec.rollout = validate(RolloutSpec, {"analysis": {"query": {
+            "promql": "sum(rate(x[1m]))", "max": 1}}}, "rollout")
         FleetSim(pool, SCALERS["fixed-max"](pool.spec),
                  SimSettings(rollout=RolloutScenario(**kwargs)))
