@@ -53,6 +53,7 @@ def _info(session: str | None = None) -> RequestInfo:
 async def _served(d: Dispatcher, info: RequestInfo | None = None, role: str = "unified"):
     routed = await d.acquire(info or _info(), role, None, frozenset())
     e = routed.decision.endpoint
+    assert e is not None
     d.release(e, routed.seat)
     return e
 
@@ -213,8 +214,9 @@ async def _pd_run(cfg: dict, n: int, forwarder: PairingForwarder) -> list[tuple[
     pd = Disaggregator(core, d, forwarder, feedback, metrics)  # type: ignore[arg-type]
     pairs = []
     for i in range(n):
-        body = {"prompt": f"{i} " + "word " * 200, "max_tokens": 4}
-        info = RequestInfo(prompt_text=body["prompt"], max_tokens=4, body=body)
+        prompt = f"{i} " + "word " * 200
+        body = {"prompt": prompt, "max_tokens": 4}
+        info = RequestInfo(prompt_text=prompt, max_tokens=4, body=body)
         forwarder.legs.clear()
         await pd.serve(make_mocked_request("POST", "/v1/completions"), json.dumps(body).encode(),
                        info, None)
