@@ -38,7 +38,7 @@ async def test_picks_split_by_weight_fallbacks_stay_in_revision_answers_counted(
         "revisions": {"weights": {A: 25, B: 75}}}, insecure=True, fallbacks=1)
     primaries: list[str] = []
     async with ExtProcClient(epp.epp_port) as c:
-        for i in range(20):
+        for _ in range(20):
             call = c.open()
             out = await c.send(call, [headers_msg(completion_headers()), body_msg(GOOD)], [1, 1])
             assert out.pick is not None
