@@ -42,7 +42,8 @@ Events run in time order: arrivals, replica steps (each replica on its own clock
 router's scrapes of its endpoints every `scrape_interval_s`, control-loop ticks every
 `tick_s` (the loop decides every `autoscaling.intervalSeconds`), the end of a P/D KV
 hand-off, a peer's answer to a prefix fetch and the fetch's end, the end of a stopped
-replica's grace period, and a queued request's TTL.
+replica's grace period, a queued request's TTL, and a rollout scenario's moment (`rollout.py`:
+the pool's spec changes what its engines run, and the loop rolls it out by `spec.rollout`).
 """
 
 from __future__ import annotations
