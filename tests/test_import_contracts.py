@@ -58,6 +58,7 @@ BREAKS = [
      "the router's config schema and the engine's contract only"),
     ("kvfleet_router/perf_model.py", "import kvfleet_router.config",
      "needs only the standard library"),
+    ("kvfleet_router/revision_stats.py", "import aiohttp", "The per-revision counters"),
     ("kvfleet_operator/decide/slo_sizing.py", "import kvfleet_router.policies.scorers",
      "the router's config schema and the engine's contract only"),
     ("kvfleet_operator/decide/autoscaler.py", "import kvfleet_operator.loop.ports",

@@ -130,12 +130,18 @@ class MeteredCounts(RevisionCounts):
         self.itl_sum += seconds
 
 
+MAX_DEPARTED_REVISIONS = 4  # counters kept after their revision left the config
+
+
 class RevisionMeter:
     """Counters per revision since the router started (never reset while a revision is in
-    the config; a revision that left it is forgotten at the next config)."""
+    the config). A revision that left it (a rolled-back canary, a replaced stable) keeps its
+    counters for the last `MAX_DEPARTED_REVISIONS` such revisions, so what it did to
+    clients stays readable after the rollout is over; older ones are forgotten."""
 
     def __init__(self) -> None:
         self.counts: dict[str, MeteredCounts] = {}
+        self.departed: list[str] = []  # oldest first
 
     def of(self, revision: str) -> MeteredCounts | None:
         """Where to count an attempt on an endpoint of `revision`; None for "" (no
@@ -148,8 +154,12 @@ class RevisionMeter:
         return got
 
     def keep_only(self, revisions: set[str]) -> None:
-        for r in [r for r in self.counts if r not in revisions]:
-            del self.counts[r]
+        """`revisions` are the config's now: the others become departed (bounded)."""
+        self.departed = [r for r in self.departed if r not in revisions and r in self.counts]
+        self.departed += [r for r in self.counts if r not in revisions
+                          and r not in self.departed]  # fmt: skip
+        while len(self.departed) > MAX_DEPARTED_REVISIONS:
+            del self.counts[self.departed.pop(0)]
 
     def to_dict(self) -> dict[str, dict[str, object]]:
         return {r: c.to_dict() for r, c in sorted(self.counts.items())}

@@ -24,7 +24,12 @@ from kvfleet_router.pd import Disaggregator
 from kvfleet_router.proxy import BackendFailure
 from kvfleet_router.request_info import RequestInfo
 from kvfleet_router.revision_stats import NUM_BUCKETS, RevisionCounts, bucket_of
-from kvfleet_router.revisions import RevisionCollector, RevisionMeter, RevisionSplit
+from kvfleet_router.revisions import (
+    MAX_DEPARTED_REVISIONS,
+    RevisionCollector,
+    RevisionMeter,
+    RevisionSplit,
+)
 from kvfleet_router.router_core import RouterCore
 from kvfleet_router.wait_queue import WaitQueue
 from router_fixtures import admin_headers, http_json, start_fake, start_router
@@ -294,8 +299,15 @@ def test_the_meter_exports_counters_and_histograms():
     assert f'kvfleet_router_revision_ttft_seconds_bucket{{le="0.05",revision="{A}"}} 1.0' in text
     assert f'kvfleet_router_revision_itl_seconds_count{{revision="{A}"}} 2.0' in text
     assert f'kvfleet_router_revision_itl_seconds_sum{{revision="{A}"}} 0.512' in text
-    meter.keep_only({B})
-    assert meter.to_dict() == {}
+    meter.keep_only({B})  # A left the config: still readable, as one of the last departed
+    assert list(meter.to_dict()) == [A]
+    gone = [f"gone-{i}" for i in range(MAX_DEPARTED_REVISIONS)]
+    for rev in gone:
+        meter.of(rev)
+    meter.keep_only({B})  # one departed too many: the oldest (A) is forgotten
+    assert sorted(meter.to_dict()) == sorted(gone)
+    meter.keep_only({B, gone[0]})  # back in the config: no longer departed
+    assert meter.departed == gone[1:]
 
 
 def _metric(text: str, name: str, **labels: str) -> float:
