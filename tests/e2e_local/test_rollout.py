@@ -178,3 +178,31 @@ def test_a_blue_green_switch_loses_nothing(tmp_path: Path) -> None:
         assert len(fleet.replicas(state, "unified")) == 3
     finally:
         fleet.cleanup()
+
+
+def test_a_paused_canary_holds_its_weight_until_promoted_by_hand(tmp_path: Path) -> None:
+    pool = copy.deepcopy(POOL)
+    pool["spec"]["rollout"]["steps"] = [{"weight": 20, "durationSeconds": 3600}]
+    fleet, path, old = start(tmp_path, pool)
+    try:
+        load = Load(fleet.endpoint)
+        new = edited(pool, ["--seed", "7"])
+        new["spec"]["rollout"]["paused"] = True
+        write(path, new)
+        state = fleet.wait_for("the canary paused at 20%",
+                               lambda s: rollout(s).get("phase") == "Paused", 60)
+        r = rollout(state)
+        assert r["weight"] == 20 and r["step"] == 1
+        assert condition(state, "Progressing")["reason"] == "RolloutPaused"
+        assert condition(state, "Ready")["status"] == "True"  # the stable revision serves
+        new["metadata"]["annotations"] = {"kvfleet.io/rollout-promote": r["canaryRevision"]}
+        write(path, new)
+        state = fleet.wait_for("the hand-promoted revision serving alone",
+                               lambda s: rollout(s).get("phase") == "Stable"
+                               and rollout(s).get("stableRevision") == r["canaryRevision"]
+                               and revisions(s) == {r["canaryRevision"]}, 60)  # fmt: skip
+        result = load.finish()
+        assert result.num_failed == 0, result.errors
+        assert any("promoted by hand" in line for line in fleet.events())
+    finally:
+        fleet.cleanup()

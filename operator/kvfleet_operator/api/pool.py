@@ -27,6 +27,9 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 # must be DNS-1035 labels with room for a suffix.
 POOL_NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 MAX_POOL_NAME = 40
+# `kubectl annotate kvpool NAME kvfleet.io/rollout-promote=REVISION`: skip the remaining
+# steps of the rollout of REVISION (any other value is ignored).
+PROMOTE_ANNOTATION = "kvfleet.io/rollout-promote"
 
 
 @dataclass(slots=True)
@@ -38,6 +41,12 @@ class InferencePool:
     uid: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     status: PoolStatus = field(default_factory=PoolStatus)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def promote_revision(self) -> str | None:
+        """The revision the pool's promote annotation names, if any."""
+        return self.annotations.get(PROMOTE_ANNOTATION) or None
 
     def to_dict(self) -> dict[str, Any]:
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
@@ -78,6 +87,9 @@ def parse_pool(manifest: Any) -> InferencePool:
         isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
     ):
         raise SpecError("metadata.labels", "must map strings to strings")
+    annotations = metadata.get("annotations") or {}
+    if not isinstance(annotations, dict):
+        raise SpecError("metadata.annotations", "must map strings to strings")
     if "spec" not in manifest:
         raise SpecError("spec", "required field is missing")
     generation = metadata.get("generation", 1)
@@ -88,6 +100,7 @@ def parse_pool(manifest: Any) -> InferencePool:
         generation=generation if isinstance(generation, int) and generation > 0 else 1,
         uid=uid if isinstance(uid, str) else None,
         labels=dict(labels),
+        annotations={str(k): v for k, v in annotations.items() if isinstance(v, str)},
         spec=parse_spec(manifest["spec"]),
         status=parse_status(manifest.get("status")),
     )

@@ -220,7 +220,7 @@ class SpecWatcher:
         if new.name != self.pool.name:
             return (f"spec change ignored: metadata.name changed ({self.pool.name} -> "
                     f"{new.name}); a local fleet keeps its name")
-        if new.spec == self.pool.spec:
+        if new.spec == self.pool.spec and new.annotations == self.pool.annotations:
             return None
         return new
 
@@ -312,9 +312,11 @@ async def run_fleet(
                     if isinstance(change, str):
                         progress.emit(ev.warning(ev.EventReason.SPEC_NOT_HONOURED, change))
                     else:
-                        loop.replace_spec(change.spec)
-                        progress.say(f"pool {pool.name}: spec changed; generation "
-                                     f"{pool.generation} ({change.spec.rollout.strategy})")
+                        pool.annotations = change.annotations  # the promote annotation
+                        if change.spec != pool.spec:
+                            loop.replace_spec(change.spec)
+                            progress.say(f"pool {pool.name}: spec changed; generation "
+                                         f"{pool.generation} ({change.spec.rollout.strategy})")
                 loop_metrics.observe_status(pool.status, loop.num_held)
                 desired = {r: rs.desired_replicas for r, rs in pool.status.roles.items()}
                 if not base["is_serving"] and is_serving(desired, loop.state.router_config):

@@ -387,7 +387,8 @@ class ControlLoop:
             self.view.revisions if self.view is not None else None,
             now=now, wall=datetime.fromtimestamp(now, UTC),
             handles_rolling=getattr(self.runtime, "handles_rolling", False),
-            promote=self.promote_revision, query_value=query_value,
+            promote=self.promote_revision or self.pool.promote_revision,
+            query_value=query_value,
         )  # fmt: skip
         self.state.rollout = decision.state
         for kind, reason, message in decision.events:
