@@ -77,3 +77,21 @@ def test_the_ttft_target_is_exported_when_the_pool_has_one():
     assert _series(with_target)['kvfleet_pool_ttft_p90_target_seconds{pool="p"}'] == 1.0
     without = LoopMetrics("p", load_pool(POOLS / "sim-unified.yaml").spec)
     assert not any(k.startswith("kvfleet_pool_ttft") for k in _series(without))
+
+
+def test_the_rollout_is_a_series_and_rollbacks_are_counted():
+    from kvfleet_operator.api.status import RolloutStatus
+    from kvfleet_operator.decide.rollout import RolloutReason
+
+    m = LoopMetrics("p", load_pool(POOLS / "sim-unified.yaml").spec)
+    assert 'kvfleet_pool_rollout_weight{pool="p"}' not in _series(m)  # no rollout status yet
+    m.observe_status(PoolStatus(rollout=RolloutStatus(
+        strategy="canary", phase="Progressing", stable_revision="aaa", canary_revision="bbb",
+        weight=25)), num_held=0)  # fmt: skip
+    m.emit(ev.warning(RolloutReason.ROLLBACK_SLO, "revision bbb rolled back: ..."))
+    m.emit(ev.normal(RolloutReason.STEP_PASSED, "revision bbb at 5%"))
+    s = _series(m)
+    assert s['kvfleet_pool_rollout_weight{pool="p"}'] == 25
+    assert s['kvfleet_pool_rollout{canary_revision="bbb",phase="Progressing",pool="p",'
+             'stable_revision="aaa",strategy="canary"}'] == 1
+    assert s['kvfleet_rollbacks_total{pool="p"}'] == 1

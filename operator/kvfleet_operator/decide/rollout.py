@@ -30,6 +30,20 @@ from kvfleet_operator.api.status import (
 from kvfleet_operator.api.validation import to_dict, validate
 
 NORMAL, WARNING = "Normal", "Warning"
+
+
+class RolloutReason:
+    """The reasons of a rollout's events (Kubernetes Events, `kvfleet up`'s lines)."""
+
+    STARTED = "RolloutStarted"
+    STEP_PASSED = "RolloutStepPassed"
+    SWITCHED = "RolloutSwitched"  # blue-green: traffic moved to the new revision
+    PROMOTED = "RolloutPromoted"
+    PROMOTED_BY_HAND = "RolloutPromotedByHand"
+    ABORTED = "RolloutAborted"  # the spec moved on before the rollout finished
+    ROLLBACK_SLO = "RollbackSLO"
+
+
 FAIL_FAST_CHECKS = ("errorRate", "query")  # judged mid-step; latency only on a whole step
 
 REVISION_LENGTH = 10  # hex digits: short enough for a label and a Deployment name
@@ -195,8 +209,8 @@ def step_rollout(
     if strategy == "rolling" or target == state.stable:
         replacing = _others(presence, target)
         if state.canary and state.canary != target:
-            events.append((WARNING, "RolloutAborted", f"revision {state.canary} abandoned: the "
-                                                      f"spec names {target}"))
+            events.append((WARNING, RolloutReason.ABORTED,
+                           f"revision {state.canary} abandoned: the spec names {target}"))
         _become_stable(state, target, spec)
         state.rolled_back = "" if target != state.rolled_back else state.rolled_back
         status = RolloutStatus(strategy=strategy, stable_revision=target)
@@ -217,15 +231,16 @@ def step_rollout(
 
     if state.canary != target:  # a new rollout (or a newer revision replaces the canary)
         if state.canary:
-            events.append((WARNING, "RolloutAborted",
+            events.append((WARNING, RolloutReason.ABORTED,
                            f"revision {state.canary} abandoned: the spec names {target}"))
         state.canary, state.step, state.step_started = target, 0, None
         state.baseline, state.reference, state.last_analysis = _snapshot(counts), None, None
-        events.append((NORMAL, "RolloutStarted",
+        events.append((NORMAL, RolloutReason.STARTED,
                        f"{strategy} rollout of revision {target} (stable {state.stable})"))
 
     if promote == target and state.step < _final_step(spec):
-        events.append((NORMAL, "RolloutPromotedByHand", f"revision {target} promoted by hand"))
+        events.append((NORMAL, RolloutReason.PROMOTED_BY_HAND,
+                       f"revision {target} promoted by hand"))
         state.step = _final_step(spec)
     if state.step >= _final_step(spec):
         return _final(state, target, spec, presence, desired, strategy, finish, events)
@@ -264,7 +279,7 @@ def step_rollout(
         return finish(split, weights, status)
     if not verdict.passed:
         return _roll_back(state, target, verdict, desired, strategy, events, finish)
-    events.append((NORMAL, "RolloutStepPassed", f"revision {target} at {weight}%: "
+    events.append((NORMAL, RolloutReason.STEP_PASSED, f"revision {target} at {weight}%: "
                                                 f"{verdict.message}"))
     state.step += 1
     if state.step >= len(steps):  # the last step passed: the new revision takes everything
@@ -293,7 +308,7 @@ def _final(state: RolloutState, target: str, spec: PoolSpec,
     has every replica ready it takes every new request and the old one is drained."""
     mine = presence.get(target, {})
     if all(mine.get(r, Presence()).ready >= n for r, n in desired.items()):
-        events.append((NORMAL, "RolloutPromoted", f"revision {target} serves everything; "
+        events.append((NORMAL, RolloutReason.PROMOTED, f"revision {target} serves everything; "
                                                   f"revision {state.stable} drains"))
         last = state.last_analysis
         _become_stable(state, target, spec)
@@ -341,7 +356,7 @@ def _blue_green(spec: PoolSpec, state: RolloutState,
         state.reference = window.to_dict() if window is not None else None
         state.step = 1
         _start_step(state, counts, now)
-        events.append((NORMAL, "RolloutSwitched", f"revision {target} takes the traffic; "
+        events.append((NORMAL, RolloutReason.SWITCHED, f"revision {target} takes the traffic; "
                                                   f"revision {old} held for the analysis"))
     if state.was_paused and not paused:
         _start_step(state, counts, now)
@@ -360,7 +375,7 @@ def _blue_green(spec: PoolSpec, state: RolloutState,
         return finish(split, {old: 0, target: 100}, status)
     if not verdict.passed:
         return _roll_back(state, target, verdict, desired, "blueGreen", events, finish)
-    events.append((NORMAL, "RolloutPromoted", f"revision {target} passed its hold: "
+    events.append((NORMAL, RolloutReason.PROMOTED, f"revision {target} passed its hold: "
                                               f"{verdict.message}"))
     _become_stable(state, target, spec)
     state.last_analysis = to_dict(verdict)
@@ -417,7 +432,7 @@ def _roll_back(state: RolloutState, target: str, verdict: Analysis, desired: dic
                strategy: str, events: list[tuple[str, str, str]],
                finish: Any) -> RolloutDecision:
     message = f"revision {target} rolled back: {verdict.message}"
-    events.append((WARNING, "RollbackSLO", message))
+    events.append((WARNING, RolloutReason.ROLLBACK_SLO, message))
     state.rolled_back, state.failure = target, verdict.message
     state.canary, state.step, state.step_started = "", 0, None
     state.baseline, state.reference = {}, None

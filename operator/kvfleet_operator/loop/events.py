@@ -34,6 +34,7 @@ class EventReason:
     STATE_WRITE_FAILED = "StateWriteFailed"
     SPEC_NOT_HONOURED = "SpecNotHonoured"
     ODD_SETTING = "OddSetting"
+    # A rollout's events: decide/rollout.py's RolloutReason (RolloutStarted, RollbackSLO, ...)
 
 
 @dataclass(slots=True, frozen=True)

@@ -7,6 +7,9 @@ kvfleet_pool_replicas{pool,role,state}       desired | ready | draining replicas
 kvfleet_pool_condition{pool,type,status,reason}  1 for each condition as it is now
 kvfleet_pool_ttft_p90_target_seconds{pool}   the pool's TTFT p90 target, when it has one
 kvfleet_pool_held_requests{pool}             requests the routers hold for capacity
+kvfleet_pool_rollout{pool,strategy,phase,stable_revision,canary_revision}  1: the rollout now
+kvfleet_pool_rollout_weight{pool}            the new revision's percent of new requests
+kvfleet_rollbacks_total{pool}                rollouts rolled back by their analysis
 kvfleet_scale_decisions_total{pool,reason}   replica counts moved (ScalingUp, ...)
 kvfleet_drain_timeouts_total{pool}           replicas stopped at their drain timeout with
                                              requests still in flight
@@ -23,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from kvfleet_operator.api.spec import PoolSpec
 from kvfleet_operator.api.status import DECISION_REASONS, PoolStatus
+from kvfleet_operator.decide.rollout import RolloutReason
 from kvfleet_operator.loop.events import Event, EventReason
 
 
@@ -54,6 +58,16 @@ class _StatusCollector(Collector):
                        self.pool, target)  # fmt: skip
         yield _one("kvfleet_pool_held_requests", "requests the routers hold", self.pool,
                    self.num_held)  # fmt: skip
+        r = self.status.rollout
+        if r is not None:
+            rollout = GaugeMetricFamily(
+                "kvfleet_pool_rollout", "the pool's rollout now (1 per pool)",
+                labels=["pool", "strategy", "phase", "stable_revision", "canary_revision"])
+            rollout.add_metric([self.pool, r.strategy, r.phase, r.stable_revision,
+                                r.canary_revision], 1)  # fmt: skip
+            yield rollout
+            yield _one("kvfleet_pool_rollout_weight", "the new revision's percent of new "
+                       "requests", self.pool, r.weight)  # fmt: skip
 
 
 def _one(name: str, doc: str, pool: str, value: float) -> GaugeMetricFamily:
@@ -81,9 +95,12 @@ class LoopMetrics:
                                    registry=r)  # fmt: skip
         self.crashes = Counter("kvfleet_replica_crashes", "replicas that exited on their own",
                                ["pool"], registry=r)  # fmt: skip
+        self.rollbacks = Counter("kvfleet_rollbacks", "rollouts rolled back by their analysis",
+                                 ["pool"], registry=r)  # fmt: skip
         for reason in DECISION_REASONS:
             self.scale_decisions.labels(pool, reason)
-        for counter in (self.drain_timeouts, self.push_failures, self.loop_errors, self.crashes):
+        for counter in (self.drain_timeouts, self.push_failures, self.loop_errors, self.crashes,
+                        self.rollbacks):
             counter.labels(pool)  # present at 0 from the start, so rate() and alerts see it
 
     def emit(self, event: Event) -> None:
@@ -97,6 +114,8 @@ class LoopMetrics:
             self.loop_errors.labels(self.pool).inc()
         elif event.reason == EventReason.REPLICA_CRASHED:
             self.crashes.labels(self.pool).inc()
+        elif event.reason == RolloutReason.ROLLBACK_SLO:
+            self.rollbacks.labels(self.pool).inc()
 
     def observe_status(self, status: PoolStatus, num_held: int) -> None:
         self._status.status = status
