@@ -50,8 +50,8 @@ RESOURCE = f"inferencepools.kvfleet.io/{NAME}"
 
 
 def rollout_pool() -> dict[str, Any]:
-    pool = copy.deepcopy(POOL)
-    spec = pool["spec"]
+    pool: dict[str, Any] = copy.deepcopy(POOL)
+    spec: dict[str, Any] = pool["spec"]
     spec["topology"]["unified"]["replicas"] = {"min": 2, "max": 2}
     spec["autoscaling"] = {"enabled": False, "intervalSeconds": 1, "drainTimeoutSeconds": 10}
     spec["rollout"] = {"strategy": "canary",
