@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from kvfleet_operator.api.errors import SpecError
-from kvfleet_operator.api.pool import InferencePool, parse_pool
+from kvfleet_operator.api.pool import PROMOTE_ANNOTATION, InferencePool, parse_pool
 from kvfleet_operator.loop.control_loop import ControlLoop, LoopTiming
 from kvfleet_operator.loop.events import Fanout
 from kvfleet_operator.loop.ports import MetricsSource
@@ -48,7 +48,6 @@ from kvfleet_operator.runtimes.kubernetes.ports.status_store import (
 from kvfleet_operator.runtimes.kubernetes.ports.tokens import read_token
 from kvfleet_operator.runtimes.metrics_sources import PrometheusMetrics, ScrapeMetrics
 
-PROMOTE_ANNOTATION = "kvfleet.io/rollout-promote"  # value: the revision to promote now
 CHECK_TOKENS = Tokens(admin="only-to-check-the-spec", engine="only-to-check-the-spec")
 REPORT_GRACE_S = 2.0  # after this, an invalid spec not shown in status is written again
 
@@ -61,7 +60,8 @@ def pool_from_body(body: Mapping[str, Any]) -> InferencePool:
 def promote_revision(body: Mapping[str, Any]) -> str | None:
     """The revision the pool's `kvfleet.io/rollout-promote` annotation promotes by hand, or
     None. Read from kopf's live body before every tick: annotating the pool changes no spec,
-    so it rebuilds nothing."""
+    so it rebuilds nothing (the `InferencePool` the loop was built from keeps the
+    annotations it had then)."""
     annotations = (body.get("metadata") or {}).get("annotations") or {}
     value = str(annotations.get(PROMOTE_ANNOTATION) or "").strip()
     return value or None
