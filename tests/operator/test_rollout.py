@@ -134,22 +134,30 @@ def test_a_first_sight_makes_what_runs_stable_and_splits_nothing() -> None:
 def test_a_canary_walks_its_steps_and_is_promoted_once_it_has_the_pools_size() -> None:
     old, new = revision_of(STABLE), revision_of(CANARY)
     d = step(CANARY, started(), present(**{old: (4, 4)}), {}, 0.0)
-    assert d.split == {old: {"unified": 3}, new: {"unified": 1}}
+    assert d.split == {old: {"unified": 4}, new: {"unified": 1}}  # the stable gives up none yet
     assert d.weights == {old: 100, new: 0}  # nothing for the canary until it is ready
     assert d.state.step_started is None and d.events[0][1] == "RolloutStarted"
-    on = present(**{old: (3, 3), new: (1, 1)})
+    on = present(**{old: (4, 4), new: (1, 1)})
     d = step(CANARY, d.state, on, {old: counts(100)}, 1.0)
     assert d.weights == {old: 95, new: 5} and d.state.step_started == 1.0
+    assert d.split == {old: {"unified": 3}, new: {"unified": 1}}  # one for one ready canary
+    on = present(**{old: (3, 3), new: (1, 1)})
     seen = {old: counts(500), new: counts(30)}
     d = step(CANARY, d.state, on, seen, 60.9)  # passing, but the step is not over
     assert d.weights == {old: 95, new: 5} and d.state.step == 0
-    d = step(CANARY, d.state, on, seen, 61.0)
-    assert d.state.step == 1 and d.weights == {old: 50, new: 50}
-    assert d.split == {old: {"unified": 2}, new: {"unified": 2}}
-    assert d.status.step == 2 and d.status.weight == 50
+    d = step(CANARY, d.state, on, seen, 61.0)  # passed: 50% waits for its second replica
+    assert d.state.step == 1 and d.weights == {old: 95, new: 5}
+    assert d.split == {old: {"unified": 3}, new: {"unified": 2}}
+    assert d.status.step == 2 and d.status.weight == 5
+    d = step(CANARY, d.state, present(**{old: (3, 3), new: (2, 1)}), seen, 62.0)
+    assert d.weights == {old: 95, new: 5} and d.state.step_started is None
+    on = present(**{old: (3, 3), new: (2, 2)})
+    d = step(CANARY, d.state, on, seen, 63.0)
+    assert d.weights == {old: 50, new: 50} and d.state.step_started == 63.0
+    assert d.split == {old: {"unified": 2}, new: {"unified": 2}} and d.status.weight == 50
     on = present(**{old: (2, 2), new: (2, 2)})
     seen = {old: counts(700), new: counts(230)}
-    d = step(CANARY, d.state, on, seen, 121.0)  # the last step passed: grow, then switch
+    d = step(CANARY, d.state, on, seen, 123.0)  # the last step passed: grow, then switch
     assert d.split == {new: {"unified": 4}, old: {"unified": 2}}
     assert d.weights == {old: 50, new: 50} and d.status.phase == RolloutPhase.PROGRESSING
     d = step(CANARY, d.state, present(**{old: (2, 2), new: (4, 4)}), seen, 130.0)

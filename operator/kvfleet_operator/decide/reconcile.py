@@ -200,8 +200,12 @@ def _router_endpoints(
 
 
 def _role_status(
-    plans: list[RolePlan], replicas: list[ObservedReplica], old: RoleStatus | None
+    plans: list[RolePlan], replicas: list[ObservedReplica], old: RoleStatus | None,
+    pool_size: int,
 ) -> RoleStatus:
+    """`pool_size` is the role's desired count: with two revisions side by side (a canary's
+    surge, a blue-green's second fleet) the role is ready once that many replicas of any
+    revision are, as the pool then serves at its size."""
     to_drain = {n for p in plans for n in p.to_drain}
     to_undrain = {n for p in plans for n in p.to_undrain}
     ready = [r for r in replicas if r.phase == "ready" and r.name not in to_drain]
@@ -209,7 +213,7 @@ def _role_status(
         r for r in replicas if r.name in to_drain
     ]
     return RoleStatus(
-        desired_replicas=sum(p.num_desired for p in plans),
+        desired_replicas=pool_size,
         replicas=sum(r.phase != "stopping" for r in replicas),
         ready_replicas=len(ready) + len(to_undrain),
         draining_replicas=len(draining),
@@ -349,7 +353,7 @@ def reconcile(
     status.roles = {
         name: _role_status([p for p in plans if p.role == name],
                            [r for r in observed.replicas if r.role == name],
-                           old_roles.get(name))  # fmt: skip
+                           old_roles.get(name), sizes[name])  # fmt: skip
         for name in roles
     }
     status.rollout = rollout.status if rollout is not None else None

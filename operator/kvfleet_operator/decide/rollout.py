@@ -245,30 +245,30 @@ def step_rollout(
     if state.step >= _final_step(spec):
         return _final(state, target, spec, presence, desired, strategy, finish, events)
 
-    roles = list(desired)
-    canary_ready = all(presence.get(target, {}).get(r, Presence()).ready >= 1 for r in roles
-                       if desired[r] > 0)  # fmt: skip
     if strategy == "blueGreen":
         return _blue_green(spec, state, presence, desired, counts, now=now, wall=wall,
                            query_value=query_value, events=events, finish=finish)
     steps = spec.rollout.steps
     weight = steps[state.step].weight
-    split = {state.stable: {}, target: {}}
-    for role, total in desired.items():
-        split[state.stable][role], split[target][role] = canary_counts(total, weight)
+    split = _canary_split(state.stable, target, desired, weight, presence)
     status = RolloutStatus(strategy=strategy, phase=RolloutPhase.PROGRESSING,
                            stable_revision=state.stable, canary_revision=target,
-                           step=state.step + 1, num_steps=len(steps) + 1)
+                           step=state.step + 1, num_steps=len(steps) + 1,
+                           last_analysis=_analysis(state.last_analysis))
     paused = spec.rollout.paused
     if state.step_started is None or (state.was_paused and not paused):
-        if not canary_ready:
+        mine = presence.get(target, {})
+        if any(mine.get(r, Presence()).ready < n for r, n in split[target].items()):
+            # The step's weight waits for its replicas (the previous step's holds), so
+            # the window never measures a canary swamped by a share meant for more.
+            before = steps[state.step - 1].weight if state.step else 0
+            status.weight = before
             status.message = f"step {state.step + 1}: waiting for the new revision's replicas"
-            return finish(split, {state.stable: 100, target: 0}, status)
+            return finish(split, {state.stable: 100 - before, target: before}, status)
         _start_step(state, counts, now)  # the weight takes effect now: the window opens
     state.was_paused = paused
     weights = {state.stable: 100 - weight, target: weight}
     status.weight, status.step_started_at = weight, rfc3339_at(wall, now, state.step_started)
-    status.last_analysis = _analysis(state.last_analysis)
     if paused:
         status.phase, status.message = RolloutPhase.PAUSED, f"paused at {weight}%"
         return finish(split, weights, status)
@@ -280,19 +280,28 @@ def step_rollout(
     if not verdict.passed:
         return _roll_back(state, target, verdict, desired, strategy, events, finish)
     events.append((NORMAL, RolloutReason.STEP_PASSED, f"revision {target} at {weight}%: "
-                                                f"{verdict.message}"))
+                                                      f"{verdict.message}"))
     state.step += 1
     if state.step >= len(steps):  # the last step passed: the new revision takes everything
         return _final(state, target, spec, presence, desired, strategy, finish, events)
-    _start_step(state, counts, now)
-    weight = steps[state.step].weight
+    state.step_started = None  # the next weight waits for its replicas
+    nxt = steps[state.step].weight
+    status.step, status.weight, status.last_analysis = state.step + 1, weight, verdict
+    status.message = f"step {state.step + 1} at {nxt}%: starting its replicas"
+    return finish(_canary_split(state.stable, target, desired, nxt, presence), weights, status)
+
+
+def _canary_split(stable: str, target: str, desired: dict[str, int], weight: int,
+                  presence: dict[str, dict[str, Presence]]) -> dict[str, dict[str, int]]:
+    """The canary's share of each role at `weight`; the stable revision gives up a replica
+    only for a canary one that is ready, so the pool never runs short."""
+    split: dict[str, dict[str, int]] = {stable: {}, target: {}}
     for role, total in desired.items():
-        split[state.stable][role], split[target][role] = canary_counts(total, weight)
-    status.step, status.weight = state.step + 1, weight
-    status.step_started_at = rfc3339(wall)
-    status.message = f"step {state.step + 1} at {weight}%"
-    status.last_analysis = verdict
-    return finish(split, {state.stable: 100 - weight, target: weight}, status)
+        keep, canary = canary_counts(total, weight)
+        ready = presence.get(target, {}).get(role, Presence()).ready
+        split[stable][role] = max(keep, total - min(ready, canary))
+        split[target][role] = canary
+    return split
 
 
 def _final_step(spec: PoolSpec) -> int:
