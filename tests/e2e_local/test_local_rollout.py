@@ -20,9 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
-
-from tests.e2e_local.e2e_fleet import Fleet
-from tests.e2e_local.e2e_loadgen import LoadResult, run_load
+from e2e_fleet import Fleet
+from e2e_loadgen import LoadResult, run_load
 
 pytestmark = pytest.mark.timeout(240)
 
