@@ -269,14 +269,14 @@ class SimRouter:
         self.service.window_s = cfg.flow_control.service_window_s
         self.quotas.configure(cfg.quotas)
         # the dispatcher's `follow_config`: the split follows the weights, and revisions no
-        # longer in the config are forgotten
+        # longer in the config become departed (the meter keeps the last few)
         self.split.configure(cfg.revisions)
         kept = {e.revision for e in cfg.endpoints} | set(
             cfg.revisions.weights if cfg.revisions else ())
-        for rev in set(self.meter.counts) - kept:  # the report still wants them
-            self.forgotten[rev] = self.forgotten.get(rev, RevisionCounts()) + \
-                self.meter.counts[rev]  # fmt: skip
+        before = dict(self.meter.counts)
         self.meter.keep_only(kept)
+        for rev in set(before) - set(self.meter.counts):  # the report still wants them
+            self.forgotten[rev] = self.forgotten.get(rev, RevisionCounts()) + before[rev]
 
     def measured(self) -> dict[str, RevisionCounts]:
         """Every revision's counts over the whole run, those the router forgot included

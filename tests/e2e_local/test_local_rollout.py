@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -194,6 +196,11 @@ def test_a_paused_canary_holds_its_weight_until_promoted_by_hand(tmp_path: Path)
         assert r["weight"] == 20 and r["step"] == 1
         assert condition(state, "Progressing")["reason"] == "RolloutPaused"
         assert condition(state, "Ready")["status"] == "True"  # the stable revision serves
+        shown = subprocess.run(
+            [sys.executable, "-m", "kvfleet_operator.cli.main", "status", "--state-dir",
+             str(fleet.state_dir)], capture_output=True, text=True, timeout=30).stdout
+        assert (f"rollout   canary, revision {old} stable; paused: revision "
+                f"{r['canaryRevision']} at 20% (step 1/2): paused at 20%") in shown, shown
         new["metadata"]["annotations"] = {"kvfleet.io/rollout-promote": r["canaryRevision"]}
         write(path, new)
         state = fleet.wait_for("the hand-promoted revision serving alone",

@@ -12,6 +12,7 @@ from kvfleet_operator.api.spec import ReplicasSpec, RolloutSpec
 from kvfleet_operator.api.validation import validate
 from kvfleet_operator.decide.reconcile import RolePlan
 from kvfleet_operator.decide.rollout import revision_of
+from kvfleet_router.revisions import MAX_DEPARTED_REVISIONS
 from kvfleet_sim.fleet import FleetSim, SimError, SimSettings, engine_config
 from kvfleet_sim.ports import SimClock, SimRouter, SimRuntime, drive
 from kvfleet_sim.rollout import RolloutError, RolloutScenario
@@ -223,12 +224,17 @@ def test_the_router_answers_what_it_measured_per_revision():
     assert (view.revisions["r1"].requests, view.revisions["r1"].errors) == (1, 0)
     assert view.revisions["r1"].ttft_p90() is not None and sum(view.revisions["r1"].itl) == 1
     assert (view.revisions["r2"].requests, view.revisions["r2"].errors) == (1, 1)
-    # r2 leaves the config: the router forgets it (as GET /admin/config does), the
-    # report keeps it
+    # r2 leaves the config: the router keeps it as one of the last departed (as GET
+    # /admin/config does), until enough others departed after it; the report keeps it
     drive(router.push({"version": 2, "endpoints": endpoints[:1]}))
     assert not router.split.is_active
-    assert set(drive(router.view()).revisions) == {"r1"}
+    assert set(drive(router.view()).revisions) == {"r1", "r2"}
+    for n in range(MAX_DEPARTED_REVISIONS):  # departures push r2 out of the router
+        router.meter.of(f"gone-{n}")
+        drive(router.push({"version": 3 + n, "endpoints": endpoints[:1]}))
+    assert "r2" not in drive(router.view()).revisions
     assert router.measured()["r2"].errors == 1
+    assert sum(c.requests for c in router.measured().values()) == 2  # nothing counted twice
 
 
 @pytest.mark.parametrize("kwargs,match", [

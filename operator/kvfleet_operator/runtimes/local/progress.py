@@ -75,6 +75,20 @@ def conditions_line(state: dict[str, Any]) -> str:
     ) or "unknown"
 
 
+def rollout_line(state: dict[str, Any]) -> str:
+    """The rollout, in one line: which revision serves, and one under way or rolled back."""
+    r = state.get("status", {}).get("rollout") or {}
+    if not r.get("stableRevision"):
+        return ""
+    text = f"{r.get('strategy', '?')}, revision {r['stableRevision']} stable"
+    if r.get("phase") in ("Progressing", "Paused") and r.get("canaryRevision"):
+        text += (f"; {r['phase'].lower()}: revision {r['canaryRevision']} at "
+                 f"{r.get('weight', 0)}% (step {r.get('step', 0)}/{r.get('numSteps', 0)})")
+    if r.get("message") and r.get("phase") != "Stable":
+        text += f": {r['message']}"
+    return text
+
+
 def render_status(state: dict[str, Any], is_running: bool, now: float | None = None,
                   left_running: Sequence[str] = ()) -> list[str]:  # fmt: skip
     """`left_running`: the processes a killed `up` left serving (none while it runs)."""
@@ -106,6 +120,8 @@ def render_status(state: dict[str, Any], is_running: bool, now: float | None = N
         f"replicas  {summary_line(state) if is_running else 'none'}",
         f"status    {status}",
     ]
+    if line := rollout_line(state):
+        lines.append(f"rollout   {line}")
     for role, rs in sorted(state.get("status", {}).get("roles", {}).items()):
         decision = rs.get("lastScaleDecision")
         if decision:
