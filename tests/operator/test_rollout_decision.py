@@ -262,3 +262,31 @@ def test_the_rollout_state_survives_the_loop_state_round_trip() -> None:
     assert back.rollout == d.state
     with pytest.raises(ValueError):
         LoopState.from_dict({**state.to_dict(), "rollout": {"stable": 3}})
+
+
+def test_a_change_of_roles_is_replaced_not_split() -> None:
+    split_pool = parse_spec({
+        "model": {"name": "m", "source": "builtin://tiny-random"},
+        "engine": {"kind": "builtin", "runner": "simulated", "profile": "cpu-tiny"},
+        "topology": {"prefill": {"replicas": {"min": 1, "max": 1}},
+                     "decode": {"replicas": {"min": 1, "max": 1}}},
+        "rollout": {"strategy": "canary"},
+    })
+    old, new = revision_of(STABLE), revision_of(split_pool)
+    d = step_rollout(split_pool, started(), present(**{old: (4, 4)}),
+                     {"prefill": 1, "decode": 1}, {}, now=0.0, wall=WALL)
+    assert d.state.stable == new and d.state.canary == "" and d.weights is None
+    assert d.status.strategy == "rolling" and new in d.split
+    assert [e[1] for e in d.events] == ["RolloutNotPossible"]
+    kube = step_rollout(split_pool, started(), present(**{old: (4, 4)}),
+                        {"prefill": 1, "decode": 1}, {}, now=0.0, wall=WALL,
+                        handles_rolling=True)
+    assert kube.split is not None  # a canary pool's Deployments are the loop's to replace
+
+
+def test_a_stable_spec_that_no_longer_parses_is_replaced() -> None:
+    state = started()
+    state.stable_spec = {"model": {"name": "m"}, "bogus": 1}
+    d = step(CANARY, state, present(**{revision_of(STABLE): (4, 4)}), {}, 0.0)
+    assert d.state.stable == revision_of(CANARY) and d.weights is None
+    assert [e[1] for e in d.events] == ["RolloutNotPossible"]

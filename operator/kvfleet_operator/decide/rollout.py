@@ -18,6 +18,7 @@ from typing import Any
 
 from kvfleet_router.revision_stats import RevisionCounts
 
+from kvfleet_operator.api.errors import SpecError
 from kvfleet_operator.api.spec import AnalysisSpec, PoolSpec
 from kvfleet_operator.api.status import (
     Analysis,
@@ -41,6 +42,7 @@ class RolloutReason:
     PROMOTED = "RolloutPromoted"
     PROMOTED_BY_HAND = "RolloutPromotedByHand"
     ABORTED = "RolloutAborted"  # the spec moved on before the rollout finished
+    NOT_POSSIBLE = "RolloutNotPossible"  # a change no split can roll out: replaced instead
     ROLLBACK_SLO = "RollbackSLO"
 
 
@@ -200,7 +202,24 @@ def step_rollout(
     strategy = spec.rollout.strategy
     specs = {target: spec}
     if state.stable != target and state.stable_spec is not None:
-        specs[state.stable] = validate(PoolSpec, state.stable_spec, "stable")
+        try:
+            specs[state.stable] = validate(PoolSpec, state.stable_spec, "stable")
+        except SpecError as exc:  # saved by another version of kvfleet: start it no more
+            state.stable_spec = None
+            events.append((WARNING, RolloutReason.NOT_POSSIBLE,
+                           f"the stable revision's saved spec no longer parses ({exc}): "
+                           f"revision {target} replaces it"))
+    old_spec = specs.get(state.stable)
+    if strategy != "rolling" and target != state.stable and (
+            old_spec is None or set(old_spec.topology.roles()) != set(spec.topology.roles())):
+        # Two revisions that do not serve the same roles cannot share traffic by weight,
+        # and one without its spec cannot grow back: the new one replaces the old instead.
+        if old_spec is not None:
+            roles = ", ".join(spec.topology.roles())
+            events.append((WARNING, RolloutReason.NOT_POSSIBLE,
+                           f"revision {target} changes the roles ({roles}): replacing "
+                           f"revision {state.stable} instead of a {strategy}"))
+        strategy = "rolling"
 
     def finish(decision_split: dict[str, dict[str, int]] | None,
                weights: dict[str, int] | None, status: RolloutStatus) -> RolloutDecision:
@@ -214,7 +233,7 @@ def step_rollout(
         _become_stable(state, target, spec)
         state.rolled_back = "" if target != state.rolled_back else state.rolled_back
         status = RolloutStatus(strategy=strategy, stable_revision=target)
-        if handles_rolling and strategy == "rolling":
+        if handles_rolling and spec.rollout.strategy == "rolling":
             return finish(None, None, status)
         split = _rolling_split(presence, target, desired)
         if replacing:
