@@ -11,7 +11,6 @@ it (the shim's doing).
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import signal
 import subprocess
@@ -38,19 +37,9 @@ async def kubectl(env: dict[str, str], *args: str, stdin: str | None = None) -> 
 
 
 @pytest.fixture
-def user_env(cluster, tmp_path):
+def user_env(cluster, kubectl_env):
     del cluster.resources["kvfleet.io/v1alpha1/inferencepools"]  # only once the CRD is applied
-    config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": str(cluster.url).rstrip("/")}}],
-        "users": [{"name": "me", "user": {"token": "not-checked"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "me"}}],
-    }  # fmt: skip
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    home = tmp_path / "home"
-    home.mkdir()
-    return {**os.environ, "KUBECONFIG": str(path), "HOME": str(home)}
+    return kubectl_env
 
 
 async def test_kubectl_and_kvfleet_operator_run_as_a_user_would(cluster, user_env):

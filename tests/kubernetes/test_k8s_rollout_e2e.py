@@ -24,7 +24,6 @@ import asyncio
 import base64
 import copy
 import json
-import os
 import shutil
 import sys
 import threading
@@ -107,21 +106,6 @@ class ReadyWatch:
             await asyncio.sleep(0.1)
 
 
-@pytest.fixture
-def kube_env(cluster, tmp_path):
-    config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": str(cluster.url).rstrip("/")}}],
-        "users": [{"name": "me", "user": {"token": "not-checked"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "me"}}],
-    }  # fmt: skip
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    home = tmp_path / "home"
-    home.mkdir()
-    return {**os.environ, "KUBECONFIG": str(path), "HOME": str(home)}
-
-
 def status(cluster) -> dict[str, Any]:
     return (cluster.obj(POOLS, NS, NAME) or {}).get("status") or {}
 
@@ -197,8 +181,8 @@ async def eventually_async(check: Callable[[], Awaitable[bool]], timeout_s: floa
 
 @pytest.mark.timeout(240)
 async def test_canary_good_then_bad_then_blue_green_through_the_kubernetes_runtime(
-        cluster, tmp_path, kube_env):  # fmt: skip
-    env = kube_env
+        cluster, tmp_path, kubectl_env):  # fmt: skip
+    env = kubectl_env
     config = OperatorConfig(max_tick_s=0.5, retry_delay_s=0.5)
     async with operator_running(str(cluster.url), config), \
             ProcessKubelet(cluster, NS, tmp_path) as kubelet:  # fmt: skip
