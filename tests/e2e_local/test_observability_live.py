@@ -48,6 +48,7 @@ SIGNALS = {
         'sum by (pool) (rate(kvfleet_router_rejected_total{reason=~"saturated|queue-full"}[5m]))'],
     "KvfleetDrainTimeouts": ["increase(kvfleet_drain_timeouts_total[1h])"],
     "KvfleetReplicaCrashLooping": ["increase(kvfleet_replica_crashes_total[15m])"],
+    "KvfleetRolloutRolledBack": ["increase(kvfleet_rollbacks_total[1h])"],
     "KvfleetTenantThrottled": [
         "sum by (pool, tenant) "
         '(rate(kvfleet_router_flow_rejected_total{reason=~"saturated|queue-full"}[5m]))'],

@@ -328,5 +328,8 @@ async def test_a_timed_out_fetch_counts_the_bytes_it_asked_for_and_its_wait(flee
 
     assert outcome(after, MODEL, "timeout") - outcome(before, MODEL, "timeout") == 1
     assert delta(pp.PEER_FETCH_TIMEOUT_BYTES) == 5 * BLOCK_BYTES
-    assert 0.3 <= delta(pp.PEER_FETCH_TIMEOUT_SECONDS) < 1.5
+    # The hint's 0.3 s, as the engine's clock saw it: aiohttp's timer may fire a fraction of
+    # a millisecond before a monotonic reading taken just before it was armed (0.29969 s
+    # was seen under load), so the floor allows 10 ms.
+    assert 0.29 <= delta(pp.PEER_FETCH_TIMEOUT_SECONDS) < 1.5
     assert delta(pp.PEER_FETCH_BYTES) == 0

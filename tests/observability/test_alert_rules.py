@@ -21,7 +21,7 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_rules_check():
     out = _promtool("check", "rules", "kvfleet-alerts.yaml")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 9 rules found" in out.stdout
+    assert "SUCCESS: 10 rules found" in out.stdout
 
 
 def test_rules_unit_tests_pass():
