@@ -87,13 +87,16 @@ class RevisionCounts:
             [a + b for a, b in zip(self.itl, other.itl, strict=True)],
         )
 
+    def copy(self) -> RevisionCounts:
+        return RevisionCounts(self.requests, self.errors, list(self.ttft), list(self.itl))
+
     def since(self, earlier: RevisionCounts | None) -> RevisionCounts:
         """What was counted after `earlier`; everything when a counter went backwards (a
         router restarted and counts from zero again)."""
         if earlier is None or self.requests < earlier.requests or self.errors < earlier.errors \
                 or any(a < b for a, b in zip(self.ttft + self.itl, earlier.ttft + earlier.itl,
                                             strict=True)):  # fmt: skip
-            return RevisionCounts(self.requests, self.errors, list(self.ttft), list(self.itl))
+            return self.copy()
         return RevisionCounts(
             self.requests - earlier.requests, self.errors - earlier.errors,
             [a - b for a, b in zip(self.ttft, earlier.ttft, strict=True)],
@@ -135,5 +138,5 @@ def combine(many: list[dict[str, RevisionCounts]]) -> dict[str, RevisionCounts]:
     out: dict[str, RevisionCounts] = {}
     for one in many:
         for revision, counts in one.items():
-            out[revision] = out[revision] + counts if revision in out else counts.since(None)
+            out[revision] = out[revision] + counts if revision in out else counts.copy()
     return out

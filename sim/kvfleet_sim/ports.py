@@ -283,7 +283,7 @@ class SimRouter:
         (the report's; the loop sees only `view()`'s, as a live router answers them)."""
         out = dict(self.forgotten)
         for rev, c in self.meter.counts.items():
-            mine = RevisionCounts.from_dict(c.to_dict())
+            mine = c.copy()  # the plain counts, without the meter's sums
             out[rev] = out[rev] + mine if rev in out else mine
         return out
 

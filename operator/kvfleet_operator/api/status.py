@@ -294,19 +294,24 @@ def _rollout_status(item: dict[str, Any]) -> RolloutStatus:
         step_started_at=_str(item.get("stepStartedAt")),
         message=_str(item.get("message")),
     )
-    last = item.get("lastAnalysis")
-    if isinstance(last, dict):
-        out.last_analysis = Analysis(
-            time=_str(last.get("time")), passed=last.get("passed") is True,
-            message=_str(last.get("message")),
-            canary_requests=_int(last.get("canaryRequests")),
-            stable_requests=_int(last.get("stableRequests")),
-            checks=[MetricCheck(_str(c.get("name")), _num(c.get("canary")),
-                                _num(c.get("stable")), _num(c.get("limit")) or 0.0,
-                                c.get("passed") is True)
-                    for c in last.get("checks") or [] if isinstance(c, dict)],
-        )
+    out.last_analysis = parse_analysis(item.get("lastAnalysis"))
     return out
+
+
+def parse_analysis(last: Any) -> Analysis | None:
+    """Read back `status.rollout.lastAnalysis` (as `to_dict` wrote it); None if absent."""
+    if not isinstance(last, dict) or not last:
+        return None
+    return Analysis(
+        time=_str(last.get("time")), passed=last.get("passed") is True,
+        message=_str(last.get("message")),
+        canary_requests=_int(last.get("canaryRequests")),
+        stable_requests=_int(last.get("stableRequests")),
+        checks=[MetricCheck(_str(c.get("name")), _num(c.get("canary")),
+                            _num(c.get("stable")), _num(c.get("limit")) or 0.0,
+                            c.get("passed") is True)
+                for c in last.get("checks") or [] if isinstance(c, dict)],
+    )
 
 
 def _num(value: Any) -> float | None:

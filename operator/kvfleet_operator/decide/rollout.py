@@ -25,7 +25,7 @@ from kvfleet_operator.api.status import (
     MetricCheck,
     RolloutPhase,
     RolloutStatus,
-    parse_status,
+    parse_analysis,
     rfc3339,
 )
 from kvfleet_operator.api.validation import to_dict, validate
@@ -245,7 +245,7 @@ def step_rollout(
         status = RolloutStatus(strategy=strategy, phase=RolloutPhase.ROLLED_BACK,
                                stable_revision=state.stable, canary_revision="",
                                message=f"revision {target} was rolled back: {state.failure}",
-                               last_analysis=_analysis(state.last_analysis))
+                               last_analysis=parse_analysis(state.last_analysis))
         return finish(_only(state.stable, desired), None, status)
 
     if state.canary != target:  # a new rollout (or a newer revision replaces the canary)
@@ -273,7 +273,7 @@ def step_rollout(
     status = RolloutStatus(strategy=strategy, phase=RolloutPhase.PROGRESSING,
                            stable_revision=state.stable, canary_revision=target,
                            step=state.step + 1, num_steps=len(steps) + 1,
-                           last_analysis=_analysis(state.last_analysis))
+                           last_analysis=parse_analysis(state.last_analysis))
     paused = spec.rollout.paused
     if state.step_started is None or (state.was_paused and not paused):
         mine = presence.get(target, {})
@@ -342,7 +342,7 @@ def _final(state: RolloutState, target: str, spec: PoolSpec,
         _become_stable(state, target, spec)
         status = RolloutStatus(strategy=strategy, stable_revision=target, weight=100,
                                message=f"revision {target} promoted",
-                               last_analysis=_analysis(last))
+                               last_analysis=parse_analysis(last))
         state.last_analysis = last
         return finish({target: dict(desired)}, None, status)
     old = state.stable
@@ -354,7 +354,7 @@ def _final(state: RolloutState, target: str, spec: PoolSpec,
                            stable_revision=old, canary_revision=target,
                            step=_final_step(spec) + 1, num_steps=_final_step(spec) + 1,
                            weight=weight, message="scaling the new revision to the pool's size",
-                           last_analysis=_analysis(state.last_analysis))
+                           last_analysis=parse_analysis(state.last_analysis))
     return finish(split, {old: 100 - weight, target: weight}, status)
 
 
@@ -370,7 +370,7 @@ def _blue_green(spec: PoolSpec, state: RolloutState,
     split = {old: dict(desired), target: dict(desired)}
     status = RolloutStatus(strategy="blueGreen", phase=RolloutPhase.PROGRESSING,
                            stable_revision=old, canary_revision=target, step=state.step + 1,
-                           num_steps=3, last_analysis=_analysis(state.last_analysis))
+                           num_steps=3, last_analysis=parse_analysis(state.last_analysis))
     paused = spec.rollout.paused
     if state.step == 0:
         mine = presence.get(target, {})
@@ -504,13 +504,6 @@ def _rolling_split(presence: dict[str, dict[str, Presence]], target: str,
             split.setdefault(rev, {})[role] = min(num, keep)
             keep -= min(num, keep)
     return split
-
-
-def _analysis(data: dict[str, Any] | None) -> Analysis | None:
-    if not data:
-        return None
-    status = parse_status({"rollout": {"lastAnalysis": data}})
-    return status.rollout.last_analysis if status.rollout else None
 
 
 def rfc3339_at(wall: datetime, now: float, then: float | None) -> str:
