@@ -86,6 +86,16 @@ flow_control:                    # tenants, bands, fair shares (flow/; router/RE
   max_tracked_tenants: 10000     # tenants whose served tokens are kept (least served forgotten)
   forward_priority: true         # the band as the body's `priority` (not to vLLM unless
   forward_priority_to_vllm: false  # it runs --scheduling-policy priority)
+exchange:                        # share state among the pool's router replicas (exchange.py)
+  enabled: false                 # the operator turns it on for routing.replicas > 1
+  peers: []                      # static peers http://host:port (yourself is skipped by id)
+  peers_dns: ""                  # "host:port": every address of host is a peer (headless Service)
+  refresh_s: 5.0                 # re-resolve peers_dns this often
+  interval_s: 0.1                # push what was recorded since the last push this often
+  max_batch_blocks: 65536        # recorded blocks per push (older ones dropped, counted)
+  stale_after_s: 2.0             # a peer's in-flight counts count this long after its push
+  timeout_s: 0.5                 # one push or snapshot pull
+  warm: true                     # on start, copy the index and sessions from a peer
 ```
 
 The document is validated by pydantic: each field declares its type, default and range once
@@ -558,6 +568,34 @@ class LimitsConfig:
                                         le=100_000)
 
 
+PeerUrl = Annotated[str, Strict(), Field(pattern=r"^https?://[^/\s]+$", max_length=256)]
+
+
+@config_type
+class ExchangeConfig:
+    """State shared among a pool's router replicas (exchange.py): the approximate index's
+    recorded prefixes, in-flight counts per endpoint and session placements, pushed to every
+    peer each `interval_s`, so that replicas behind one Service route as one router would.
+    Eventually consistent: a push that fails is dropped, never retried, and nothing waits
+    for a peer (under a partition each side routes on what it has)."""
+
+    enabled: Bool = False
+    peers: list[PeerUrl] = Field(default_factory=list, max_length=256)  # http://host:port
+    # "host:port": each address `host` resolves to is a peer (a headless Service's pods)
+    peers_dns: Annotated[str, Strict(), Field(pattern=r"^$|^[A-Za-z0-9.\-]+:[0-9]{1,5}$",
+                                              max_length=256)] = ""
+    refresh_s: Float = Field(default=5.0, ge=0.1, le=HOUR_S)
+    interval_s: Float = Field(default=0.1, ge=0.01, le=60)
+    max_batch_blocks: Int = Field(default=65536, ge=1, le=10_000_000)
+    stale_after_s: Float = Field(default=2.0, ge=0.05, le=HOUR_S)
+    timeout_s: Float = Field(default=0.5, ge=0.01, le=60)
+    warm: Bool = True
+
+    @model_validator(mode="after")
+    def _stale_over_interval(self) -> ExchangeConfig:
+        return _at_least(self, "stale_after_s", "interval_s")
+
+
 RevisionName = Annotated[str, Strict(), Field(pattern=REVISION_PATTERN)]
 
 
@@ -629,6 +667,7 @@ class RouterConfig:
     kv_sharing: KVSharingConfig = Field(default_factory=KVSharingConfig)
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     flow_control: FlowControlConfig = Field(default_factory=FlowControlConfig)
+    exchange: ExchangeConfig = Field(default_factory=ExchangeConfig)
     revisions: RevisionsConfig | None = None  # None: no split (every endpoint as ever)
     schema: Annotated[Str, OneOf((SCHEMA,))] = SCHEMA
 

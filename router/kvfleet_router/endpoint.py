@@ -44,7 +44,8 @@ class EndpointState:
     prefix_mode: str = "approximate"
     engine: str = "unknown"  # builtin | vllm | unknown: only builtin ones take peer hints
     revision: str = ""  # the engine revision it runs (revisions.py); "" none
-    num_in_flight: int = 0
+    num_in_flight: int = 0  # this router process's own requests there
+    peer_in_flight: float = 0.0  # the pool's other router replicas' (exchange.py), fresh ones
     is_probe_healthy: bool = True  # last active /health probe
     is_removed: bool = False  # dropped from config; kept until its in-flight requests end
     signals: Signals = field(default_factory=Signals)
@@ -92,9 +93,15 @@ class EndpointState:
         self.revision = cfg.revision
 
     @property
+    def in_flight_total(self) -> float:
+        """In flight from every router replica of the pool: this one's exact count plus what
+        the others last reported (exchange.py; 0 without an exchange)."""
+        return self.num_in_flight + self.peer_in_flight
+
+    @property
     def load(self) -> float:
         """in-flight / capacity, the load used by the imbalance metric."""
-        return self.num_in_flight / self.capacity
+        return self.in_flight_total / self.capacity
 
     def apply_scrape(self, signals: Signals) -> None:
         """Take a new /metrics scrape; its freshness is judged later against `now`."""
@@ -102,7 +109,8 @@ class EndpointState:
         if signals.peer is not None:
             self.peer_measure.observe(signals.peer)
         # The engine's load beyond our own in-flight requests: other routers' share.
-        self.foreign_load = max(0.0, signals.num_running + signals.num_waiting - self.num_in_flight)
+        self.foreign_load = max(0.0, signals.num_running + signals.num_waiting
+                                - self.in_flight_total)
 
     def queue_depth(self) -> float:
         """Requests ahead of a new one: the router's own (exact, live) in-flight count plus
@@ -111,8 +119,8 @@ class EndpointState:
         Taking the engine's whole count instead would keep a backend that has already
         drained looking busy until the next poll, herding work elsewhere and back."""
         if self.is_signals_fresh:
-            return self.num_in_flight + self.foreign_load
-        return float(self.num_in_flight)
+            return self.in_flight_total + self.foreign_load
+        return self.in_flight_total
 
     def kv_usage(self) -> float | None:
         """KV occupancy 0-1, or None when unknown (never scraped or stale)."""

@@ -26,7 +26,7 @@ from kvfleet_router.endpoint import EndpointState
 
 def is_saturated(e: EndpointState, cfg: SaturationConfig, outranked: int = 0) -> bool:
     """`outranked`: seats on `e` held at a worse standing than the request's."""
-    if e.num_in_flight - outranked >= e.capacity:
+    if e.in_flight_total - outranked >= e.capacity:
         return True
     if not e.is_signals_fresh:
         return e.signals.scraped_at > 0  # stale: saturated; never scraped: the cap alone

@@ -64,7 +64,7 @@ def model(cfg: RouterConfig) -> Filter:
 
 
 def is_saturated(e: EndpointState, max_waiting: int, max_kv_usage: float) -> bool:
-    if e.num_in_flight >= e.capacity:
+    if e.in_flight_total >= e.capacity:
         return True
     if not e.is_signals_fresh:
         return False  # unknown is not proof of saturation; the in-flight cap still holds
@@ -76,9 +76,9 @@ def is_saturated(e: EndpointState, max_waiting: int, max_kv_usage: float) -> boo
 def _is_full_outranking(e: EndpointState, outranked: int, max_waiting: int,
                         max_kv_usage: float) -> bool:
     if not outranked:
-        return e.num_in_flight >= e.capacity or (
+        return e.in_flight_total >= e.capacity or (
             e.is_signals_fresh and is_saturated(e, max_waiting, max_kv_usage))
-    return e.num_in_flight - outranked >= e.capacity
+    return e.in_flight_total - outranked >= e.capacity
 
 
 def saturation(cfg: RouterConfig) -> Filter:
@@ -89,7 +89,7 @@ def saturation(cfg: RouterConfig) -> Filter:
         if outranked:
             return [e for e in eps if not _is_full_outranking(e, outranked.get(e.name, 0),
                                                               max_waiting, max_kv)]
-        return [e for e in eps if not (e.num_in_flight >= e.capacity or (
+        return [e for e in eps if not (e.in_flight_total >= e.capacity or (
             e.is_signals_fresh and is_saturated(e, max_waiting, max_kv)))]  # fmt: skip
 
     return keep

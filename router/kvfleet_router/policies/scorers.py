@@ -72,8 +72,8 @@ def lower_is_better(values: Sequence[float]) -> list[float]:
 
 def queue(cfg: RouterConfig) -> Scorer:
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
-        return [max(0.0, 1.0 - (e.num_in_flight + e.foreign_load if e.is_signals_fresh
-                                else e.num_in_flight) / e.capacity) for e in eps]  # fmt: skip
+        return [max(0.0, 1.0 - (e.in_flight_total + e.foreign_load if e.is_signals_fresh
+                                else e.in_flight_total) / e.capacity) for e in eps]  # fmt: skip
 
     return score
 
@@ -106,11 +106,11 @@ def _rendezvous(key: str, name: str) -> int:
 
 def session_choice(eps: list[EndpointState], key: str, load_factor: float) -> int:
     """Index of the endpoint a session sticks to, under the bounded-load cap."""
-    total = sum(e.num_in_flight for e in eps)
+    total = sum(e.in_flight_total for e in eps)
     cap = math.ceil(load_factor * (total + 1) / len(eps))
     order = sorted(range(len(eps)), key=lambda i: _rendezvous(key, eps[i].name), reverse=True)
     for i in order:
-        if eps[i].num_in_flight + 1 <= cap:
+        if eps[i].in_flight_total + 1 <= cap:
             return i
     return order[0]
 
