@@ -51,8 +51,12 @@ from kvfleet_router.wait_queue import WaitQueue
 
 class RouterApp:
     def __init__(self, cfg: RouterConfig, admin_token: str | None = None,
-                 epp: EppOptions | None = None, api_keys: ApiKeys | None = None) -> None:
+                 epp: EppOptions | None = None, api_keys: ApiKeys | None = None,
+                 exchange_siblings: list[str] | None = None) -> None:
+        """`exchange_siblings`: the private URLs of this pod's other workers (workers.py),
+        peers of the state exchange whatever the config says."""
         core = self.core = RouterCore(cfg)
+        self.exchange_siblings = list(exchange_siblings or [])
         queue = self.queue = WaitQueue(cfg.queue.max_size, cfg.flow_control)
         metrics = self.metrics = RouterMetrics(lambda: core, lambda: len(queue),
                                                band_lengths=queue.band_lengths,
