@@ -13,6 +13,8 @@ Each piece gets only what it uses:
 - ConfigStore (core): versioned, atomic config swaps; listeners follow each swap.
 - QuotaGate (config getter, API keys): tenant by API key (401), per-tenant quotas (429),
   x-ratelimit-* headers on every answer of a limited tenant (on_response_prepare).
+- Exchange (core, token, sibling workers, the split): state shared with the pool's other
+  router replicas and workers (exchange.py), its two /admin/exchange routes and a task.
 - AdminAPI (store, token), OpenAIFront and StatusFront (front.py): the HTTP handlers.
 Background tasks probe /health, scrape /metrics and (for precise endpoints) follow
 /v1/kv_events, all over the forwarder's session.
@@ -37,6 +39,7 @@ from kvfleet_router.config_store import ConfigStore
 from kvfleet_router.dispatch import Dispatcher
 from kvfleet_router.epp.options import EppOptions
 from kvfleet_router.errors import json_errors
+from kvfleet_router.exchange import Exchange, ExchangeCollector
 from kvfleet_router.feedback import HealthFeedback
 from kvfleet_router.front import OpenAIFront, StatusFront
 from kvfleet_router.kv_events import KVEventFollowers
@@ -70,6 +73,8 @@ class RouterApp:
         self.epp_server: Any = None  # an epp.server.EppServer once started
         self.epp_port = 0
         disaggregator = Disaggregator(core, dispatcher, forwarder, feedback, metrics)
+        self.exchange = Exchange(core, admin_token, self.exchange_siblings, dispatcher.split)
+        metrics.registry.register(ExchangeCollector(self.exchange))
         self.store = ConfigStore(core)
         self.store.on_apply(lambda c: forwarder.set_timeouts(c.timeouts))
         self.store.on_apply(self._resize_queue)
@@ -103,6 +108,7 @@ class RouterApp:
                 session, eps, lambda: cfg().signals.poll_interval_s,
                 lambda: cfg().signals.stale_after_s)),
         ]
+        self._tasks.append(asyncio.create_task(self.exchange.run()))
         self._followers = KVEventFollowers(session, self.core.precise)
         self._followers.sync(eps())
         self.store.on_apply(self._sync_followers)
@@ -146,6 +152,7 @@ class RouterApp:
         webapp.router.add_get("/health", self.status.health)
         webapp.router.add_get("/metrics", self.status.metrics_text)
         self.admin.add_routes(webapp)
+        self.exchange.add_routes(webapp)
         webapp.on_response_prepare.append(self.gate.on_prepare)  # x-ratelimit-* headers
         webapp.on_startup.append(self._startup)
         webapp.on_cleanup.append(self._cleanup)

@@ -128,6 +128,11 @@ class ChainIndex:
     def endpoints(self) -> list[str]:
         return list(self._lru)
 
+    def blocks_newest_first(self, endpoint: str) -> list[int]:
+        """An endpoint's blocks, most recently used first: `record(endpoint, this)` in
+        another index rebuilds the same LRU order (exchange.py's snapshot)."""
+        return list(reversed(self._lru.get(endpoint, ())))
+
     def _drop_owner(self, h: int, endpoint: str) -> None:
         owners = self._owners.get(h)
         if owners is None or endpoint not in owners:

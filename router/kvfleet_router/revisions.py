@@ -28,6 +28,7 @@ the EPP front fill them, GET /admin/config answers them under `revisions`, and
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
@@ -52,6 +53,8 @@ class RevisionSplit:
         # registry swaps its list on every config, never mutates it)
         self._pools: dict[str, list[list[EndpointState]]] = {}
         self._pools_of: list[EndpointState] | None = None
+        # told of each new session placement (exchange.py shares them with peers)
+        self.on_assign: Callable[[str, str], None] | None = None
 
     def configure(self, cfg: RevisionsConfig | None) -> None:
         weights = dict(cfg.weights) if cfg is not None else {}
@@ -86,11 +89,23 @@ class RevisionSplit:
                 best = r
         current[best] -= self._total
         if session_key is not None:
-            sessions[session_key] = best
-            sessions.move_to_end(session_key)
-            if len(sessions) > self.max_sessions:
-                sessions.popitem(last=False)
+            self._place(session_key, best)
+            if self.on_assign is not None:
+                self.on_assign(session_key, best)
         return best
+
+    def _place(self, session_key: str, revision: str) -> None:
+        sessions = self.sessions
+        sessions[session_key] = revision
+        sessions.move_to_end(session_key)
+        if len(sessions) > self.max_sessions:
+            sessions.popitem(last=False)
+
+    def adopt(self, session_key: str, revision: str) -> None:
+        """A placement another router replica made (exchange.py): taken unless this one
+        placed the session itself, so a session keeps one revision pool-wide."""
+        if session_key not in self.sessions and revision in self.weights:
+            self._place(session_key, revision)
 
     def pools(self, endpoints: list[EndpointState],
               revision: str | None) -> list[list[EndpointState]]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import random
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,8 @@ class RouterCore:
         self.approx = ApproxPrefixIndex(cfg.prefix.block_bytes, cfg.prefix.max_blocks_per_endpoint)
         self.num_prompt_blocks = 0  # for the estimated prefix hit ratio
         self.num_matched_blocks = 0.0
+        # told of every chain recorded on a decision (exchange.py shares them with peers)
+        self.recorder: Callable[[str, list[int]], None] | None = None
         self.apply(cfg)
 
     def apply(self, cfg: RouterConfig) -> list[EndpointState]:
@@ -230,6 +233,8 @@ class RouterCore:
         if e is None:
             return
         self.approx.record(e.name, routed.hashes)
+        if self.recorder is not None:
+            self.recorder(e.name, routed.hashes)
         self.num_prompt_blocks += len(routed.hashes)
         self.num_matched_blocks += routed.matched_fraction * len(routed.hashes)
 
