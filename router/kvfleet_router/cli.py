@@ -13,6 +13,11 @@ The admin token comes from --admin-token-file, else from $KVFLEET_ADMIN_TOKEN; w
 either, /admin answers 401 to everyone. `--api-keys-file F` maps client API keys to tenants
 (api_keys.py): completions then need `Authorization: Bearer <key>`.
 A bad config or flag is one line and exit code 2.
+
+`--workers N` (1..64, default 1) runs N router processes on the one port (SO_REUSEPORT,
+Linux), under this process as their supervisor (workers.py); they share routing state
+over their private loopback ports (exchange.py). `--worker-index`, `--exchange-listen` and
+`--exchange-siblings` are what the supervisor gives each worker, not for people.
 """
 
 from __future__ import annotations
@@ -22,10 +27,18 @@ import asyncio
 import logging
 import os
 import sys
+from collections.abc import Callable
 
 from kvfleet_router.api_keys import ApiKeys
 from kvfleet_router.config import ConfigError, RouterConfig, load_file
 from kvfleet_router.epp.options import EppOptions
+from kvfleet_router.exchange_seed import ensure_hash_seed
+from kvfleet_router.workers import (
+    MAX_WORKERS,
+    parse_listen,
+    parse_siblings,
+    reuse_port_problem,
+)
 
 TOKEN_ENV = "KVFLEET_ADMIN_TOKEN"
 
@@ -49,6 +62,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "Authorization: Bearer <key>, else 401")
     p.add_argument("--log-level", default="warning",
                    choices=["debug", "info", "warning", "error"])
+    p.add_argument("--workers", type=int, default=1,
+                   help=f"router processes sharing --port (SO_REUSEPORT, Linux; 1..{MAX_WORKERS}, "
+                   "default 1): one per core the pod is given")
+    w = p.add_argument_group("set by --workers for each worker (internal)")
+    w.add_argument("--worker-index", type=int, help="this worker's index: bind --port with "
+                   "SO_REUSEPORT beside its siblings; the supervisor says where it listens")
+    w.add_argument("--exchange-listen", metavar="HOST:PORT",
+                   help="also serve on this private address (siblings reach it there)")
+    w.add_argument("--exchange-siblings", metavar="URL,...", default="",
+                   help="the other workers' private base URLs (always exchange peers)")
     g = p.add_argument_group("endpoint picker (GIE ext_proc front)")
     g.add_argument("--epp-port", type=int, help="serve ext_proc gRPC on this port")
     g.add_argument("--epp-host", help="address for --epp-port (default: --host)")
@@ -116,6 +139,24 @@ def new_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
+def worker_flags(args: argparse.Namespace) -> tuple[tuple[str, int] | None, list[str]]:
+    """Check --workers and the flags it gives each worker: (private address, siblings)."""
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise ConfigError(f"--workers {args.workers}: must be 1..{MAX_WORKERS}")
+    if args.workers > 1 or args.worker_index is not None:
+        problem = reuse_port_problem()
+        if problem:
+            raise ConfigError(problem)
+        if args.epp_port is not None:  # gRPC's server does not share its port
+            raise ConfigError("--epp-port runs in one process: use --workers 1")
+    try:
+        private = parse_listen(args.exchange_listen) if args.exchange_listen else None
+        siblings = parse_siblings(args.exchange_siblings)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return private, siblings
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
@@ -125,27 +166,28 @@ def main(argv: list[str]) -> int:
         token = read_token(args.admin_token_file)
         epp = epp_options(args)
         keys = ApiKeys(args.api_keys_file) if args.api_keys_file else None
+        private, siblings = worker_flags(args)
     except ConfigError as exc:
         print(f"kvfleet router: {exc}", file=sys.stderr)
         return 2
     if not 0 < args.port < 65536:
         print(f"kvfleet router: --port {args.port} is out of range", file=sys.stderr)
         return 2
-    if token is None:
+    # before any socket or worker: the workers inherit the pool's hash seed
+    ensure_hash_seed(token)
+    is_worker = args.worker_index is not None
+    if token is None and not is_worker:
         logging.getLogger("kvfleet_router").warning(
-            "no admin token configured: /admin answers 401")
-    from kvfleet_router.app import RouterApp
-    from kvfleet_router.http_protocol import serve
+            "no admin token configured: /admin answers 401%s",
+            "; the workers cannot share state" if args.workers > 1 else "")
 
-    raise_fd_limit()
-    loop = new_loop()
-    asyncio.set_event_loop(loop)
     def say_listening() -> None:
         admin = "admin API behind a bearer token" if token else "admin API disabled (no token)"
         if keys is not None:
             admin += f"; {len(keys)} client API key(s)"
+        workers = f"{args.workers} workers, " if args.workers > 1 else ""
         print(f"kvfleet router listening on http://{args.host}:{args.port} "
-              f"(policy {cfg.policy.name}, {len(cfg.endpoints)} endpoint(s), "
+              f"({workers}policy {cfg.policy.name}, {len(cfg.endpoints)} endpoint(s), "
               f"config version {cfg.version}; {admin})", flush=True)
         if epp is not None:
             tls = "plaintext" if epp.is_insecure else \
@@ -153,12 +195,38 @@ def main(argv: list[str]) -> int:
             print(f"kvfleet endpoint picker (ext_proc) on {epp.host}:{epp.port} ({tls}, "
                   f"{epp.num_fallbacks} fallback(s))", flush=True)
 
+    if args.workers > 1:
+        return run_supervisor(args, say_listening)
+    from kvfleet_router.app import RouterApp
+    from kvfleet_router.http_protocol import serve
+    from kvfleet_router.workers import worker_app
+
+    raise_fd_limit()
+    loop = new_loop()
+    asyncio.set_event_loop(loop)
+    app = RouterApp(cfg, token, epp, keys, exchange_siblings=siblings)
+    webapp = worker_app(app, token, siblings) if is_worker else app.build()
     try:
-        loop.run_until_complete(serve(RouterApp(cfg, token, epp, keys).build(), args.host,
-                                      args.port, say_listening))
+        # a worker is quiet: its supervisor says where the pod listens
+        loop.run_until_complete(serve(webapp, args.host, args.port,
+                                      (lambda: None) if is_worker else say_listening,
+                                      reuse_port=is_worker, private=private))
     except OSError as exc:
-        why = f"cannot listen on {args.host}:{args.port}: {exc.strerror}" if exc.strerror \
-            else str(exc)
-        print(f"kvfleet router: {why}", file=sys.stderr)
+        print(f"kvfleet router: {cannot_listen(args.host, args.port, exc)}", file=sys.stderr)
         return 1
     return 0
+
+
+def cannot_listen(host: str, port: int, exc: OSError) -> str:
+    return f"cannot listen on {host}:{port}: {exc.strerror}" if exc.strerror else str(exc)
+
+
+def run_supervisor(args: argparse.Namespace, say_listening: Callable[[], None]) -> int:
+    from kvfleet_router.workers import check_public_bind, supervise
+
+    try:
+        check_public_bind(args.host, args.port)
+    except OSError as exc:
+        print(f"kvfleet router: {cannot_listen(args.host, args.port, exc)}", file=sys.stderr)
+        return 1
+    return supervise(sys.orig_argv[1:], args.workers, say_listening)

@@ -44,16 +44,24 @@ class _Server(web_server.Server):
 
 
 async def serve(webapp: web.Application, host: str, port: int,
-                on_listening: Callable[[], None] = lambda: None) -> None:
+                on_listening: Callable[[], None] = lambda: None, *,
+                reuse_port: bool = False,
+                private: tuple[str, int] | None = None) -> None:
     """Listen until SIGINT/SIGTERM, then shut down (in-flight requests get 30 s).
-    `on_listening` runs once the socket accepts connections."""
+    `on_listening` runs once the sockets accept connections. `reuse_port`: share host:port
+    with the pod's other workers (SO_REUSEPORT: the kernel spreads new connections over
+    them; workers.py). `private`: a second address serving the same app (a worker's
+    loopback port, where its siblings reach it), opened after the public one."""
     runner = web.AppRunner(webapp, access_log=None, shutdown_timeout=30)
     await runner.setup()
     assert runner.server is not None
     runner.server.__class__ = _Server  # the same server; its connections speak _Protocol
     try:
         # bursts of thousands of clients connect at once
-        await web.TCPSite(runner, host, port, backlog=4096).start()
+        await web.TCPSite(runner, host, port, backlog=4096,
+                          reuse_port=reuse_port or None).start()
+        if private is not None:
+            await web.TCPSite(runner, private[0], private[1], backlog=4096).start()
         on_listening()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
