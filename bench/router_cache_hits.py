@@ -13,7 +13,25 @@ Reported per target:
 - load imbalance (max - min) / mean in-flight, at instants and over windows;
 - latency p50/p99 and errors.
 
-    .venv/bin/python bench/router_cache_hits.py            # full run, ~15 min
+Router replicas (issue 29): `kvfleet-replicas3:cache-aware` is three kvfleet routers of one
+pool (one admin token, `exchange: {enabled: true, peers: [the three]}`) behind Envoy as an
+L4 balancer (TCP proxy, round-robin over new connections; kvfleet_bench/balancer.py), and
+the client opens a new connection per request, as clients behind a Service do;
+`kvfleet-replicas3-noexchange:cache-aware` is the same with the exchange off. Their hit
+fraction is also reported as a ratio to the single router's (kvfleet:cache-aware) in the
+same repetition (the bar: >= 0.97x in every repetition). Which replica served each request
+comes from Envoy's access log (the client's port joins it), not from the router.
+
+Restart-warm (`--restart-replica`): during each replay of a replica target, replica 0 is
+stopped (SIGTERM, as a rollout stops a pod) at --restart-at of the replay, started again
+after --restart-down-s with the same token and config (it warms from a peer,
+`exchange.warm`), and its hit fraction is compared with the other two replicas' in
+--restart-window-s windows from the first request it serves again (the bar: from 10 s
+after that, >= 0.97x the others'). The no-exchange target is the cold-restart control.
+
+    .venv/bin/python bench/router_cache_hits.py            # full run (replicas included), ~25 min
+    .venv/bin/python bench/router_cache_hits.py --restart-replica \
+        --out bench/results/router_cache_hits_restart.json # restart-warm, ~8 min
     .venv/bin/python bench/router_cache_hits.py --quick    # seconds; the smoke test uses it
 """
 
@@ -50,10 +68,19 @@ DEFAULT_TARGETS = [
     "kvfleet:round-robin",
     "sglang:cache_aware",
     "vllm:cache_aware",
+    "kvfleet-replicas3:cache-aware",
+    "kvfleet-replicas3-noexchange:cache-aware",
 ]
+RESTART_TARGETS = ["kvfleet-replicas3:cache-aware", "kvfleet-replicas3-noexchange:cache-aware"]
+SINGLE = "kvfleet:cache-aware"
+REPLICAS_RATIO_BAR = 0.97
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--targets", default=",".join(DEFAULT_TARGETS))
+    p.add_argument("--targets", default=None,
+                   help=f"default: {','.join(DEFAULT_TARGETS)}; with --restart-replica: "
+                        f"{','.join(RESTART_TARGETS)}")
     add_scenario_args(p, "repetitions; medians are reported")
     p.add_argument("--size-kvfleet-prefix", action="store_true",
                    help="size kvfleet's prefix index to the backends' caches (default: every "
@@ -61,9 +88,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default=str(RESULTS_DIR / "router_cache_hits.json"))
     p.add_argument("--no-plot", action="store_true")
     p.add_argument("--quick", action="store_true", help="a few seconds per target")
+    g = p.add_argument_group("restart-warm (replica targets only)")
+    g.add_argument("--restart-replica", action="store_true",
+                   help="stop and restart replica 0 during each replica target's replay")
+    g.add_argument("--restart-at", type=float, default=0.25,
+                   help="when to stop it, as a fraction of the replay's duration")
+    g.add_argument("--restart-down-s", type=float, default=1.0,
+                   help="real seconds between the stop and the new start")
+    g.add_argument("--restart-window-s", type=float, default=2.0,
+                   help="real seconds per window of the comparison")
     args = p.parse_args(argv)
+    if args.targets is None:
+        args.targets = ",".join(RESTART_TARGETS if args.restart_replica else DEFAULT_TARGETS)
     if args.quick:
         quick_scenario(args)
+        if args.restart_replica:
+            # long enough for a stop, a start and a few windows after it
+            args.num_requests, args.speedup, args.restart_window_s = 1500, 60.0, 1.0
     args.target_list = [t for t in args.targets.split(",") if t]
     if "direct" in [t.split(":")[0] for t in args.target_list]:
         p.error("direct has no routing policy; pick router targets")
@@ -72,6 +113,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if min(args.num_requests, args.num_backends, args.block_chars, args.cache_blocks,
            args.reps) < 1:
         p.error("counts must be positive")
+    if not 0 < args.restart_at < 1 or args.restart_down_s < 0 or args.restart_window_s <= 0:
+        p.error("--restart-at is in (0, 1), --restart-down-s >= 0, --restart-window-s > 0")
+    if args.restart_replica and not any(t.startswith("kvfleet-replicas")
+                                        for t in args.target_list):
+        p.error("--restart-replica needs a kvfleet-replicas3 target")
     for target in args.target_list:
         try:
             routers.parse_target(target)
@@ -84,13 +130,19 @@ def compare(results: dict[str, dict]) -> dict[str, Any]:
     """kvfleet's cache-aware policy against each peer's cache-aware policy, per repetition
     (both measured in the same repetition) and as ranges, so a gap smaller than the spread
     is shown as such."""
-    ours = results.get("kvfleet:cache-aware")
+    ours = results.get(SINGLE)
     peers = {t: r for t, r in results.items()
              if t.split(":")[0] in ("sglang", "vllm") and "cache" in t}
+    replicas = replicas_vs_single(results)
     if not ours or not peers:
-        return {"compared": False,
-                "why": "needs kvfleet:cache-aware and a peer's cache_aware policy"}
+        out_: dict[str, Any] = {"compared": False,
+                                "why": "needs kvfleet:cache-aware and a peer's cache_aware policy"}
+        if replicas:
+            out_["replicas_vs_single"] = replicas
+        return out_
     out: dict[str, Any] = {"compared": True}
+    if replicas:
+        out["replicas_vs_single"] = replicas
     for t, theirs in peers.items():
         diffs = [a["hit_fraction"] - b["hit_fraction"]
                  for a, b in zip(ours["reps"], theirs["reps"], strict=True)]
@@ -108,6 +160,23 @@ def compare(results: dict[str, dict]) -> dict[str, Any]:
                                      "peer": theirs["imbalance"]["window_max"]},
             "window_max_imbalance_diff_per_rep": imb,
         }
+    return out
+
+
+def replicas_vs_single(results: dict[str, dict]) -> dict[str, Any]:
+    """Each replica target's hit fraction over the single router's, per repetition (the two
+    ran in the same repetition), against the bar of 0.97x in every repetition."""
+    single = results.get(SINGLE)
+    out: dict[str, Any] = {}
+    if not single:
+        return out
+    for t, r in results.items():
+        if not t.startswith("kvfleet-replicas"):
+            continue
+        ratios = [a["hit_fraction"] / b["hit_fraction"] if b["hit_fraction"] else float("nan")
+                  for a, b in zip(r["reps"], single["reps"], strict=True)]
+        out[t] = {"ratio_per_rep": ratios, "bar": REPLICAS_RATIO_BAR,
+                  "is_at_bar_every_rep": all(x >= REPLICAS_RATIO_BAR for x in ratios)}
     return out
 
 
@@ -136,6 +205,17 @@ def plot(results: dict[str, dict], reference: float, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def restart_line(rs: dict[str, Any]) -> str:
+    if not rs.get("served"):
+        return "restart: the restarted replica served nothing afterwards"
+    a, b = rs["after_10s"], rs["first_10s"]
+    return (f"restart: down {rs['down_s']:.1f} s; restarted vs others hit fraction, first 10 s "
+            f"{b['restarted']['hit_fraction']:.3f} vs {b['others']['hit_fraction']:.3f}, "
+            f"after 10 s {a['restarted']['hit_fraction']:.3f} vs "
+            f"{a['others']['hit_fraction']:.3f} (x{a['ratio']:.3f}); windows " + " ".join(
+                f"{w['ratio']:.2f}" for w in rs["windows"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,6 +247,13 @@ def main(argv: list[str] | None = None) -> int:
                           f"{imb['window_max']:.2f} mean {imb['window_mean']:.2f} "
                           f"p50 {r['latency_p50_ms']:.0f} ms errors {r['num_errors']}",
                           flush=True)
+                    if "per_replica" in r:
+                        print("    per replica: " + ", ".join(
+                            f"r{i} {x['num_requests']} req hit {x['hit_fraction']:.3f}"
+                            for i, x in r["per_replica"].items())
+                            + f"; unattributed {r['num_unattributed']}", flush=True)
+                    if "restart" in r:
+                        print("    " + restart_line(r["restart"]), flush=True)
         finally:
             procs.stop(backends)
     results = {t: summarise_reps(rows) for t, rows in per_rep.items() if rows}
@@ -187,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
             "prefill_ms_per_block": args.prefill_ms_per_block,
             "ms_per_output_token": args.ms_per_output_token,
             "router_options": router_options(args),
+            "connections": args.connections,
+            "restart": ({"at": args.restart_at, "down_s": args.restart_down_s,
+                         "window_s": args.restart_window_s} if args.restart_replica else None),
             "git": git_state(),
             "skipped": skipped,
         },

@@ -4,7 +4,13 @@ one router in front of them at a time, a Mooncake slice replayed open-loop throu
 
 `args` is the benchmark's argparse namespace: num_backends, cache_blocks, block_chars,
 prefill_ms_per_block, ms_per_output_token (real time, divided by speedup), speedup,
-max_output_tokens, window_s, size_kvfleet_prefix, no_pin, client_cpu and router_cpu_pin.
+max_output_tokens, window_s, size_kvfleet_prefix, no_pin, client_cpu and router_cpu_pin;
+connections (auto/reuse/new) and, for the restart measurement, restart_replica, restart_at,
+restart_down_s and restart_window_s.
+
+Targets behind a balancer (several router replicas, kvfleet_bench.replicas) are attributed
+request by request: with one request per connection, Envoy's access log names the replica
+each client port was proxied to (kvfleet_bench.balancer.attribute).
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import statistics
 import sys
@@ -49,6 +56,17 @@ def add_scenario_args(p: argparse.ArgumentParser, reps_help: str) -> None:
     p.add_argument("--router-cpu", default="0")
     p.add_argument("--client-cpu", default="1")
     p.add_argument("--no-pin", action="store_true")
+    p.add_argument("--connections", choices=("auto", "reuse", "new"), default="auto",
+                   help="new: a new TCP connection per request; auto (default): new for "
+                        "targets behind the L4 balancer (router replicas), reuse otherwise")
+
+
+def is_new_connection(target: str, args: argparse.Namespace) -> bool:
+    """Clients behind an L4 balancer open connections as real ones do (one per request),
+    else round-robin over connections would pin each keep-alive connection to a replica."""
+    if args.connections == "auto":
+        return routers.parse_target(target)[0].startswith("kvfleet-replicas")
+    return args.connections == "new"
 
 
 def pin_client(args: argparse.Namespace) -> None:
@@ -122,9 +140,11 @@ def start_backends(args: argparse.Namespace, workdir: Path):
 
 
 async def replay(
-    url: str, requests: list[trace_mooncake.TraceRequest], args: argparse.Namespace
+    url: str, requests: list[trace_mooncake.TraceRequest], args: argparse.Namespace,
+    is_new_connection: bool = False, side: Any = None,
 ) -> list[dict[str, Any]]:
-    """Send each request at its (compressed) arrival time; collect where it went."""
+    """Send each request at its (compressed) arrival time; collect where it went. `side`,
+    a coroutine function, runs alongside (the restart measurement's kill and start)."""
     out: list[dict[str, Any]] = [{} for _ in requests]
 
     async def one(i: int, req: trace_mooncake.TraceRequest, session: aiohttp.ClientSession):
@@ -133,9 +153,11 @@ async def replay(
             "prompt": trace_mooncake.prompt_text(req.hash_ids, args.block_chars),
             "max_tokens": max(1, min(req.output_length, args.max_output_tokens)),
         }).encode()
-        result = await loadgen.send(session, url, body, is_stream=False, keep_body=True)
+        result = await loadgen.send(session, url, body, is_stream=False, keep_body=True,
+                                    is_port_kept=is_new_connection)
         row: dict[str, Any] = {"is_ok": result.is_ok, "latency_s": result.latency_s,
-                               "error": result.error}
+                               "error": result.error, "local_port": result.local_port,
+                               "start_wall_s": result.start_wall_s}
         if result.is_ok:
             try:
                 parsed = json.loads(result.body)
@@ -148,7 +170,8 @@ async def replay(
 
     t0 = time.perf_counter()
     tasks = []
-    async with loadgen.new_session(timeout_s=120.0) as session:
+    side_task = asyncio.create_task(side()) if side is not None else None
+    async with loadgen.new_session(120.0, is_new_connection) as session:
         for i, req in enumerate(requests):
             delay = t0 + req.arrival_s - time.perf_counter()
             if delay > 0:
@@ -156,6 +179,8 @@ async def replay(
             tasks.append(asyncio.create_task(one(i, req, session)))
         await asyncio.gather(*tasks)
         await loadgen.settle_drains()
+    if side_task is not None:
+        await side_task
     return out
 
 
@@ -175,11 +200,26 @@ def run_target(target, requests, args, backend_urls, workdir) -> dict[str, Any]:
         procs.http_post_json(f"{url}/bench/reset", {})
     router = routers.launch(target, backend_urls, workdir, args.router_cpu_pin,
                             router_options(args))
+    rs = router.replica_set
+    restart: dict[str, float] = {}
+    side = None
+    if rs is not None and getattr(args, "restart_replica", False):
+        at_s = args.restart_at * (requests[-1].arrival_s if requests else 0.0)
+
+        async def side() -> None:
+            await asyncio.sleep(at_s)
+            restart["stop_wall_s"] = time.time()
+            restart["ready_wall_s"] = await asyncio.to_thread(rs.restart, 0,
+                                                              args.restart_down_s)
+    is_new = is_new_connection(target, args)
     try:
         t_start = time.time()
-        rows = asyncio.run(replay(router.urls[0] + "/v1/completions", requests, args))
+        rows = asyncio.run(replay(router.urls[0] + "/v1/completions", requests, args, is_new,
+                                  side))
         t_end = time.time()
-        peak_rss_mb = procs.rss_bytes(router.pid) / 2**20 if router.pid else 0.0
+        peak_rss_mb = sum(procs.rss_bytes(pid) for pid in router.router_pids) / 2**20
+        if rs is not None:
+            attribute_rows(rows, rs)
     finally:
         router.stop()
     stats = [json.loads(procs.http_get(f"{u}/bench/stats?timeline=1", 10)) for u in backend_urls]
@@ -208,6 +248,94 @@ def run_target(target, requests, args, backend_urls, workdir) -> dict[str, Any]:
         "latency_p99_ms": percentile(latencies, 99) * 1000,
         "router_peak_rss_mb": peak_rss_mb,
         "wall_s": t_end - t_start,
+        "is_new_connection_per_request": is_new,
+        **(replica_stats(requests, rows, restart, args) if rs is not None else {}),
+    }
+
+
+def attribute_rows(rows: list[dict[str, Any]], rs: Any) -> None:
+    """row["replica"]: the index of the replica Envoy proxied the request's connection to
+    (-1 where the access log has no line for it)."""
+    time.sleep(0.5)  # Envoy flushes its access log every 200 ms
+    from kvfleet_bench import balancer
+
+    log = balancer.read_access_log(rs.balancer.access_log)
+    index = rs.replica_of()
+    keys = [(r.get("start_wall_s", 0.0), r.get("local_port", 0)) for r in rows]
+    for row, upstream in zip(rows, balancer.attribute(keys, log), strict=True):
+        row["replica"] = index.get(upstream, -1)
+
+
+def _hits(pairs: list[tuple[Any, dict[str, Any]]]) -> dict[str, float]:
+    """Hit fraction (from the responses' cached_tokens) of answered requests."""
+    ok = [(req, r) for req, r in pairs if r["is_ok"]]
+    blocks = sum(len(req.hash_ids) for req, _ in ok)
+    hits = sum(r["num_hit_blocks"] for _, r in ok)
+    return {"num_requests": len(pairs), "num_errors": len(pairs) - len(ok),
+            "num_prompt_blocks": blocks,
+            "hit_fraction": hits / blocks if blocks else math.nan}
+
+
+def replica_stats(requests, rows, restart: dict[str, float], args) -> dict[str, Any]:
+    """Requests and hit fraction per replica; with a restart, the restarted replica (0)
+    against the others in windows of `restart_window_s` from when it first served again."""
+    pairs = list(zip(requests, rows, strict=True))
+    replicas = sorted({r.get("replica", -1) for r in rows})
+    out: dict[str, Any] = {
+        "num_unattributed": sum(1 for r in rows if r.get("replica", -1) < 0),
+        "per_replica": {str(i): _hits([(q, r) for q, r in pairs if r.get("replica") == i])
+                        for i in replicas if i >= 0},
+    }
+    if restart:
+        out["restart"] = restart_windows(pairs, restart, args.restart_window_s)
+    return out
+
+
+WARM_RATIO = 0.97  # "at the others' hit fraction": within 3 %, the replicas' bar too
+WARM_WITHIN_S = 10.0
+
+
+def restart_windows(pairs, restart: dict[str, float], window_s: float) -> dict[str, Any]:
+    """The restarted replica's hit fraction vs the others', window by window from its first
+    request served after the restart, and over [10 s, end) (the acceptance: from 10 s after
+    it serves, at least 0.97x the others')."""
+    after = [(q, r) for q, r in pairs if r.get("start_wall_s", 0.0) >= restart["ready_wall_s"]]
+    mine = [(q, r) for q, r in after if r.get("replica") == 0]
+    if not mine:
+        return {**restart, "served": False}
+    t_serve = min(r["start_wall_s"] for _, r in mine)
+    end = max(r["start_wall_s"] for _, r in after)
+
+    def split(lo: float, hi: float) -> dict[str, Any]:
+        inside = [(q, r) for q, r in after if lo <= r["start_wall_s"] - t_serve < hi]
+        return {"restarted": _hits([(q, r) for q, r in inside if r.get("replica") == 0]),
+                "others": _hits([(q, r) for q, r in inside if r.get("replica", -1) > 0])}
+
+    def ratio(cell: dict[str, Any]) -> float:
+        a, b = cell["restarted"]["hit_fraction"], cell["others"]["hit_fraction"]
+        return a / b if b and not math.isnan(a) and not math.isnan(b) else math.nan
+
+    windows = []
+    t = 0.0
+    while t <= end - t_serve:
+        cell = split(t, t + window_s)
+        windows.append({"start_s": t, **cell, "ratio": ratio(cell)})
+        t += window_s
+    later = split(WARM_WITHIN_S, math.inf)
+    first = split(0.0, WARM_WITHIN_S)
+    later_ratio = ratio(later)
+    return {
+        **restart,
+        "served": True,
+        "down_s": restart["ready_wall_s"] - restart["stop_wall_s"],
+        "serving_after_ready_s": t_serve - restart["ready_wall_s"],
+        "observed_s": end - t_serve,
+        "window_s": window_s,
+        "windows": windows,
+        "first_10s": {**first, "ratio": ratio(first)},
+        "after_10s": {**later, "ratio": later_ratio},
+        "is_warm_within_10s": bool(later_ratio >= WARM_RATIO)
+        if not math.isnan(later_ratio) else None,
     }
 
 

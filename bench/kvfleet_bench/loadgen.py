@@ -8,6 +8,10 @@ Two shapes of load:
 
 A streamed response counts as good only if it has status 200 and ends with `data: [DONE]`.
 
+Connections are kept alive and reused by default; `new_session(..., is_new_connection=True)`
+opens a new connection for every request instead, as clients spread by an L4 balancer
+(a Kubernetes Service) do when each of them sends few requests.
+
     python -m kvfleet_bench.loadgen --url http://127.0.0.1:8000 --concurrency 64 --duration 5
 """
 
@@ -46,6 +50,8 @@ class RequestResult:
     ttft_s: float
     error: str = ""
     body: bytes = b""  # the whole body when asked to keep it
+    local_port: int = 0  # the client side's TCP port, when asked (joins a balancer's log)
+    start_wall_s: float = 0.0  # time.time() at the start, with local_port
 
 
 @dataclass(slots=True)
@@ -83,17 +89,28 @@ class _QuickAckHandler(ResponseHandler):
     the openai SDK does not suffer it, so neither should the load generator.
     """
 
+    local_port = 0  # the connection's client-side port (joins a balancer's access log)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        sockname = transport.get_extra_info("sockname")
+        if sockname:
+            self.local_port = int(sockname[1])
+        super().connection_made(transport)
+
     def data_received(self, data: bytes) -> None:
         sock = self.transport.get_extra_info("socket") if self.transport else None
-        if sock is not None:
+        if sock is not None and TCP_QUICKACK:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, TCP_QUICKACK, 1)
         super().data_received(data)
 
 
-def new_session(timeout_s: float) -> aiohttp.ClientSession:
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, force_close=False)
-    if TCP_QUICKACK:
+def new_session(timeout_s: float, is_new_connection: bool = False) -> aiohttp.ClientSession:
+    """A client session; with `is_new_connection`, one TCP connection per request (closed
+    after the response) instead of keep-alive reuse."""
+    connector = (aiohttp.TCPConnector(limit=0, force_close=True) if is_new_connection
+                 else aiohttp.TCPConnector(limit=0, keepalive_timeout=60, force_close=False))
+    if TCP_QUICKACK or is_new_connection:
         # aiohttp builds each connection's protocol from this factory
         connector._factory = functools.partial(  # type: ignore[assignment]
             _QuickAckHandler, loop=asyncio.get_running_loop()
@@ -123,18 +140,34 @@ async def settle_drains() -> None:
         await asyncio.gather(*list(_DRAINS))
 
 
+def _local_port(resp: aiohttp.ClientResponse) -> int:
+    # the protocol outlives the connection's release (a small body is read at once)
+    return int(getattr(getattr(resp, "_protocol", None), "local_port", 0))
+
+
 async def send(
-    session: aiohttp.ClientSession, url: str, body: bytes, is_stream: bool, keep_body: bool = False
+    session: aiohttp.ClientSession, url: str, body: bytes, is_stream: bool, keep_body: bool = False,
+    is_port_kept: bool = False,
 ) -> RequestResult:
     """One request. A stream is complete, and timed, at its `data: [DONE]` event, as an SSE
     client acts on it; the bytes after it (the chunked terminator, which some servers hold
-    back behind Nagle's algorithm) are read in the background so the connection is reused."""
+    back behind Nagle's algorithm) are read in the background so the connection is reused.
+    With `is_port_kept`, the result carries the connection's local port and wall start."""
     start = time.perf_counter()
+    start_wall = time.time() if is_port_kept else 0.0
     ttft = math.nan
     try:
         resp = await session.post(url, data=body)
     except (TimeoutError, aiohttp.ClientError, OSError) as exc:
         return RequestResult(False, start, time.perf_counter() - start, ttft, type(exc).__name__)
+    port = _local_port(resp) if is_port_kept else 0
+    result = await _read(resp, start, ttft, is_stream, keep_body)
+    result.local_port, result.start_wall_s = port, start_wall
+    return result
+
+
+async def _read(resp: aiohttp.ClientResponse, start: float, ttft: float, is_stream: bool,
+                keep_body: bool) -> RequestResult:
     is_handed_off = False
     try:
         parts: list[bytes] = []
