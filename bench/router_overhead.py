@@ -14,9 +14,22 @@ Phase 1 (levels "connections:think_ms"): each connection sends one stream after 
 waiting a random think time (uniform in [0, 2 x think_ms]) before each; think 0 is a plain
 closed loop. Added latency = the target's percentile minus direct access's in the same
 repetition; quote it only at the paced (unsaturated) levels.
+Phase 1b (streamed level, issue 29): answers of --answer-tokens (129, the median output of
+the Azure conversation trace) with tokens --answer-token-delay-ms (10) apart from the fake
+backends, a closed loop of --streamed-level connections (64:0, ~50 streams/s, no router
+saturated); router CPU per stream (and per token) and added stream latency, every target
+each repetition, kvfleet's ratio to each peer's same policy per repetition.
+Phase 1c (workers): `kvfleet router --workers 2` (target kvfleet-w2:cache-aware) against
+one worker (kvfleet:cache-aware) at the saturating closed loop, req/s and router CPU, both
+routers allowed the same 2 cores (--router-cpu and --client-cpu): on this 2-core machine
+the load side and the backends then share those cores with the router, so the row shows
+what a second worker buys under that contention, not a clean 2-core ceiling. The targets
+alternate their order by repetition. Skipped (with the reason) where the router has no
+--workers.
 Phase 2 (capacity): N long streams open at once; errors and the router's peak RSS.
 
-    .venv/bin/python bench/router_overhead.py            # full run, ~10 min
+    bash bench/setup_peers.sh                            # once: sglang-router, vllm-router
+    .venv/bin/python bench/router_overhead.py            # full run, ~15 min
     .venv/bin/python bench/router_overhead.py --quick    # seconds; the smoke test uses it
 """
 
@@ -48,8 +61,12 @@ DEFAULT_TARGETS = [
     "sglang:cache_aware",
     "vllm:round_robin",
     "vllm:cache_aware",
+    "kvfleet-w2:cache-aware",
 ]
 PEERS = ("sglang", "vllm")
+# targets measured only in the workers phase, against this one-worker target
+WORKER_TARGETS = ("kvfleet-w2",)
+ONE_WORKER = "kvfleet:cache-aware"
 # The peers run without admission limits (see routers.py); kvfleet's endpoints get a
 # capacity no run here reaches, so all three proxy every request instead of queueing it.
 ROUTER_OPTIONS = {"kvfleet": {"endpoint": {"capacity": 100_000}}}
@@ -90,6 +107,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--streams", type=int, default=2000)
     p.add_argument("--stream-tokens", type=int, default=20)
     p.add_argument("--stream-token-delay-ms", type=float, default=250.0)
+    p.add_argument("--streamed-level", default="64:0",
+                   help="connections:think_ms of the streamed level ('' to skip it)")
+    p.add_argument("--answer-tokens", type=int, default=129,
+                   help="tokens per answer at the streamed level")
+    p.add_argument("--answer-token-delay-ms", type=float, default=10.0)
     p.add_argument("--router-cpu", default="0")
     p.add_argument("--client-cpu", default="1")
     p.add_argument("--no-pin", action="store_true")
@@ -103,12 +125,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.levels, args.headline_level = "1:0,8:8,8:0", "8:8"
         args.duration, args.warmup, args.reps = 1.0, 0.0, 1
         args.streams, args.stream_tokens, args.stream_token_delay_ms = 50, 5, 20.0
+        if args.streamed_level:
+            args.streamed_level, args.answer_tokens = "8:0", 20
     args.target_list = [t for t in args.targets.split(",") if t]
     try:
         args.level_list = [level_key(*parse_level(x)) for x in args.levels.split(",") if x]
         args.headline_level = level_key(*parse_level(args.headline_level))
+        if args.streamed_level:
+            args.streamed_level = level_key(*parse_level(args.streamed_level))
     except ValueError:
         p.error("levels look like 64:16 (connections:think_ms)")
+    if args.answer_tokens < 1 or args.answer_token_delay_ms < 0:
+        p.error("--answer-tokens must be >= 1 and --answer-token-delay-ms >= 0")
     if "direct" not in args.target_list:
         args.target_list.insert(0, "direct")  # the baseline for added latency
     if any(parse_level(k)[0] < 1 or parse_level(k)[1] < 0 for k in args.level_list):
@@ -139,15 +167,17 @@ def start_backends(args: argparse.Namespace, workdir: Path, token_delay_ms: floa
     return proc, urls
 
 
-def load_once(args, urls: list[str], key: str, duration_s: float, workdir: Path) -> dict:
+def load_once(args, urls: list[str], key: str, duration_s: float, workdir: Path,
+              max_tokens: int | None = None) -> dict:
     """One run of the load side at a level; latency in ms, rate in req/s."""
     conns, think_ms = parse_level(key)
+    tokens = args.max_tokens if max_tokens is None else max_tokens
     if args.load_kind == "wrk":
-        return asdict(wrkload.run(urls, conns, think_ms, duration_s, args.max_tokens, workdir,
+        return asdict(wrkload.run(urls, conns, think_ms, duration_s, tokens, workdir,
                                   None if args.no_pin else args.client_cpu))
     stats = asyncio.run(loadgen.closed_loop(
         [u + "/v1/completions" for u in urls],
-        lambda n: loadgen.completion_body("fake-model", args.max_tokens, True, f"hello {n}"),
+        lambda n: loadgen.completion_body("fake-model", tokens, True, f"hello {n}"),
         True, conns, duration_s, 0.0, think_s=think_ms / 1000))
     row = asdict(stats)
     row["p90_ms"] = float("nan")  # loadgen reports p50 and p99 only
@@ -167,30 +197,136 @@ def phase_latency(args, targets, backend_urls, workdir) -> dict[str, Any]:
         for rep in range(args.reps):
             for key in args.level_list:
                 for target in targets:
-                    router = launched[target]
-                    if args.warmup > 0:
-                        load_once(args, router.urls, key, args.warmup, workdir)
-                    cpu0 = procs.cpu_seconds(router.pid) if router.pid else 0.0
-                    drops0 = procs.listen_drops()
-                    row = load_once(args, router.urls, key, args.duration, workdir)
-                    # SYNs dropped by a full listen backlog come back only after a 1 s retry
-                    row["listen_drops"] = procs.listen_drops() - drops0
-                    if router.pid:
-                        cpu = procs.cpu_seconds(router.pid) - cpu0
-                        row["router_cpu_s"] = cpu
-                        row["router_util"] = cpu / row["duration_s"]
-                        if row["num_ok"]:
-                            row["router_cpu_us_per_req"] = cpu / row["num_ok"] * 1e6
+                    row = measure(args, launched[target], key, workdir)
                     runs[target][key].append(row)
-                    print(f"rep {rep} {key:<8} {target:<22} p50 {row['p50_ms']:7.2f} ms "
-                          f"p99 {row['p99_ms']:7.2f} ms {row['rps']:7.0f} req/s "
-                          f"cpu {row.get('router_cpu_us_per_req', 0):5.0f} us/req "
-                          f"util {row.get('router_util', 0):4.2f} errors {row['num_errors']} "
-                          f"listen drops {row['listen_drops']}", flush=True)
+                    print_row(f"rep {rep} {key:<8} {target:<22}", row)
     finally:
         for router in launched.values():
             router.stop()
     return runs
+
+
+def measure(args, router: routers.RouterProcess, key: str, workdir: Path,
+            max_tokens: int | None = None) -> dict:
+    """One measured load run against a router (after the warm-up), with the CPU time its
+    process tree spent meanwhile."""
+    if args.warmup > 0:
+        load_once(args, router.urls, key, args.warmup, workdir, max_tokens)
+    cpu0 = procs.cpu_seconds(router.pid) if router.pid else 0.0
+    drops0 = procs.listen_drops()
+    row = load_once(args, router.urls, key, args.duration, workdir, max_tokens)
+    # SYNs dropped by a full listen backlog come back only after a 1 s retry
+    row["listen_drops"] = procs.listen_drops() - drops0
+    if router.pid:
+        cpu = procs.cpu_seconds(router.pid) - cpu0
+        row["router_cpu_s"] = cpu
+        row["router_util"] = cpu / row["duration_s"]
+        if row["num_ok"]:
+            row["router_cpu_us_per_req"] = cpu / row["num_ok"] * 1e6
+    return row
+
+
+def print_row(label: str, row: dict) -> None:
+    print(f"{label} p50 {row['p50_ms']:7.2f} ms "
+          f"p99 {row['p99_ms']:7.2f} ms {row['rps']:7.0f} req/s "
+          f"cpu {row.get('router_cpu_us_per_req', 0):5.0f} us/req "
+          f"util {row.get('router_util', 0):4.2f} errors {row['num_errors']} "
+          f"listen drops {row['listen_drops']}", flush=True)
+
+
+def phase_streamed(args, targets, backend_urls, workdir) -> dict[str, list[dict]]:
+    """Every target at the streamed level (answers of --answer-tokens, tokens spaced by the
+    backends), `reps` times, interleaved; the order alternates by repetition."""
+    runs: dict[str, list[dict]] = {t: [] for t in targets}
+    launched = {}
+    try:
+        for target in targets:
+            launched[target] = routers.launch(target, backend_urls, workdir, args.router_cpu_pin,
+                                              ROUTER_OPTIONS)
+        for rep in range(args.reps):
+            for target in targets if rep % 2 == 0 else targets[::-1]:
+                row = measure(args, launched[target], args.streamed_level, workdir,
+                              args.answer_tokens)
+                runs[target].append(row)
+                print_row(f"rep {rep} streamed {args.streamed_level:<8} {target:<22}", row)
+    finally:
+        for router in launched.values():
+            router.stop()
+    return runs
+
+
+def phase_workers(args, targets, backend_urls, workdir) -> dict[str, list[dict]]:
+    """N workers against one at the saturating level, both allowed the same cores
+    (args.workers_cpus); one router process tree at a time, the order alternating."""
+    runs: dict[str, list[dict]] = {t: [] for t in targets}
+    for rep in range(args.reps):
+        for target in targets if rep % 2 == 0 else targets[::-1]:
+            router = routers.launch(target, backend_urls, workdir, args.workers_cpus,
+                                    ROUTER_OPTIONS)
+            try:
+                row = measure(args, router, args.workers_level, workdir)
+            finally:
+                router.stop()
+            runs[target].append(row)
+            print_row(f"rep {rep} workers {args.workers_level:<8} {target:<22}", row)
+    return runs
+
+
+def summarise_streamed(runs: dict[str, list[dict]], answer_tokens: int) -> dict[str, Any]:
+    """CPU per stream (and per token) per target, added stream latency against direct, and
+    kvfleet's CPU ratio to each peer with the same policy, per repetition."""
+    base = runs.get("direct", [])
+    out: dict[str, Any] = {"per_target": {}, "cpu_ratio_same_policy": {}}
+    for t, reps in runs.items():
+        row: dict[str, Any] = {
+            "num_errors": sum(r["num_errors"] for r in reps),
+            "streams_per_s": stat([r["rps"] for r in reps]),
+            "p50_ms": stat([r["p50_ms"] for r in reps]),
+            "p99_ms": stat([r["p99_ms"] for r in reps]),
+        }
+        if t != "direct":
+            row["router_cpu_us_per_stream"] = stat(
+                [r.get("router_cpu_us_per_req", float("nan")) for r in reps])
+            row["router_cpu_us_per_token"] = stat(
+                [r.get("router_cpu_us_per_req", float("nan")) / answer_tokens for r in reps])
+            row["router_util"] = stat([r.get("router_util", float("nan")) for r in reps])
+            if base:
+                row["added_p50_ms"] = stat([r["p50_ms"] - d["p50_ms"]
+                                            for r, d in zip(reps, base, strict=True)])
+        out["per_target"][t] = row
+    for t, reps in runs.items():
+        if not t.startswith("kvfleet"):
+            continue
+        policy = t.split(":", 1)[1].replace("-", "_")
+        for pt, preps in runs.items():
+            if pt.split(":")[0] in PEERS and pt.split(":", 1)[1] == policy:
+                out["cpu_ratio_same_policy"][f"{t} / {pt}"] = stat(
+                    [a.get("router_cpu_us_per_req", float("nan"))
+                     / b.get("router_cpu_us_per_req", float("nan"))
+                     for a, b in zip(reps, preps, strict=True)])
+    return out
+
+
+def summarise_workers(runs: dict[str, list[dict]]) -> dict[str, Any]:
+    """req/s and router CPU per target, and each N-worker target's req/s over one worker's
+    in the same repetition."""
+    out: dict[str, Any] = {"per_target": {}, "rps_ratio_to_one_worker": {}}
+    for t, reps in runs.items():
+        out["per_target"][t] = {
+            "num_errors": sum(r["num_errors"] for r in reps),
+            "rps": stat([r["rps"] for r in reps]),
+            "p50_ms": stat([r["p50_ms"] for r in reps]),
+            "router_util": stat([r.get("router_util", float("nan")) for r in reps]),
+            "router_cpu_us_per_req": stat([r.get("router_cpu_us_per_req", float("nan"))
+                                           for r in reps]),
+        }
+    one = runs.get(ONE_WORKER)
+    for t, reps in runs.items():
+        if one and t != ONE_WORKER:
+            out["rps_ratio_to_one_worker"][t] = stat(
+                [a["rps"] / b["rps"] if b["rps"] else float("nan")
+                 for a, b in zip(reps, one, strict=True)])
+    return out
 
 
 def phase_streams(args, targets, backend_urls, workdir) -> dict[str, Any]:
@@ -333,6 +469,11 @@ def render(path: Path) -> int:
     meta = result["meta"]
     head_level = result.get("headline", {}).get("level", HEADLINE_LEVEL)
     result.update(summarise(result["runs"], result["streams"], meta["levels"], head_level))
+    if result.get("runs_streamed"):
+        result["streamed"] = {**result["streamed"], **summarise_streamed(
+            result["runs_streamed"], meta["answer_tokens"])}
+    if result.get("runs_workers"):
+        result["workers"] = {**result["workers"], **summarise_workers(result["runs_workers"])}
     path.write_text(json.dumps(result, indent=1))
     text = results_markdown(result)
     path.with_suffix(".md").write_text(text + "\n")
@@ -361,17 +502,39 @@ def main(argv: list[str] | None = None) -> int:
     load_desc = (f"{wrk_note} with TCP_QUICKACK shim" if args.load_kind == "wrk"
                  else "loadgen.py (Python, aiohttp + uvloop)")
     print(f"load side: {load_desc}", flush=True)
-    targets, skipped = routers.available_targets(args.target_list)
+    available, skipped = routers.available_targets(args.target_list)
     for target, why in skipped.items():
         print(f"skip {target}: {why}", flush=True)
+    targets = [t for t in available if routers.parse_target(t)[0] not in WORKER_TARGETS]
+    worker_targets = [t for t in available if t not in targets]
+    saturating = [k for k in args.level_list if not is_paced(k)]
+    args.workers_level = saturating[-1] if saturating else ""
+    if worker_targets and not args.workers_level:
+        print("skip the workers phase: no saturating level (connections:0) in --levels",
+              flush=True)
+        worker_targets = []
+    if worker_targets and ONE_WORKER not in worker_targets:
+        worker_targets.insert(0, ONE_WORKER)  # the baseline of the req/s ratio
+    args.workers_cpus = None if args.no_pin else f"{args.router_cpu},{args.client_cpu}"
     started = time.time()
+    runs_streamed: dict[str, list[dict]] = {}
+    runs_workers: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="kvfleet-bench-") as tmp:
         workdir = Path(tmp)
         backends, urls = start_backends(args, workdir, 0.0, "fast")
         try:
             runs = phase_latency(args, targets, urls, workdir)
+            if worker_targets:
+                runs_workers = phase_workers(args, worker_targets, urls, workdir)
         finally:
             procs.stop(backends)
+        if args.streamed_level:
+            backends, urls = start_backends(args, workdir, args.answer_token_delay_ms,
+                                            "streamed")
+            try:
+                runs_streamed = phase_streamed(args, targets, urls, workdir)
+            finally:
+                procs.stop(backends)
         backends, urls = start_backends(args, workdir, args.stream_token_delay_ms, "slow")
         try:
             streams = phase_streams(args, targets, urls, workdir)
@@ -395,10 +558,26 @@ def main(argv: list[str] | None = None) -> int:
             "stream_tokens": args.stream_tokens,
             "stream_token_delay_ms": args.stream_token_delay_ms,
             "skipped": skipped,
+            "streamed_level": args.streamed_level,
+            "answer_tokens": args.answer_tokens,
+            "answer_token_delay_ms": args.answer_token_delay_ms,
         },
         **summary,
         "runs": runs,
     }
+    if runs_streamed:
+        result["streamed"] = {"level": args.streamed_level, "answer_tokens": args.answer_tokens,
+                              "token_delay_ms": args.answer_token_delay_ms,
+                              **summarise_streamed(runs_streamed, args.answer_tokens)}
+        result["runs_streamed"] = runs_streamed
+    if runs_workers:
+        result["workers"] = {
+            "level": args.workers_level, "router_cpus": args.workers_cpus,
+            "note": ("every router in this phase is allowed the same cores "
+                     f"({args.workers_cpus or 'all, unpinned'}); the load side and the "
+                     "backends share them, so the rows include that contention"),
+            **summarise_workers(runs_workers)}
+        result["runs_workers"] = runs_workers
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

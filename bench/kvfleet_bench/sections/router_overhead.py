@@ -77,6 +77,10 @@ def results_markdown(result: dict) -> str:
                 cell += f", {row['num_errors']} errors"
             cells.append(cell)
         lines.append(f"| {t} | " + " | ".join(cells) + " |")
+    if result.get("streamed"):
+        lines += ["", streamed_markdown(result)]
+    if result.get("workers"):
+        lines += ["", workers_markdown(result)]
     streams = result["streams"]
     if streams:
         lines += ["", f"{meta['streams']} concurrent streams ({meta['stream_tokens']} tokens, "
@@ -90,6 +94,51 @@ def results_markdown(result: dict) -> str:
                          f"{rss} | {st['latency_p50_ms'] / 1000:.1f} / "
                          f"{st['latency_p99_ms'] / 1000:.1f} | {st['router_cpu_s']:.1f} | "
                          f"{st['listen_drops']} |")
+    return "\n".join(lines)
+
+
+def streamed_markdown(result: dict) -> str:
+    """The streamed level: router CPU per streamed answer against the peers'."""
+    st = result["streamed"]
+    lines = [f"Streamed level {st['level']} (connections:think ms): answers of "
+             f"{st['answer_tokens']} tokens, {st['token_delay_ms']:g} ms apart from the "
+             "backends; router CPU per stream (and per token) and added stream latency (p50, "
+             "target minus direct, same repetition):", "",
+             "| target | CPU µs/stream | CPU µs/token | streams/s | stream p50 (ms) | "
+             "added p50 (ms) | router core use | errors |",
+             "|---|---|---|---|---|---|---|---|"]
+    for t, row in st["per_target"].items():
+        if t == "direct":
+            lines.append(f"| {t} | — | — | {fmt(row['streams_per_s'], 0)} | "
+                         f"{fmt(row['p50_ms'], 1)} | — | — | {row['num_errors']} |")
+            continue
+        added = fmt(row["added_p50_ms"], 2) if "added_p50_ms" in row else "—"
+        lines.append(f"| {t} | {fmt(row['router_cpu_us_per_stream'], 0)} | "
+                     f"{fmt(row['router_cpu_us_per_token'], 1)} | "
+                     f"{fmt(row['streams_per_s'], 0)} | {fmt(row['p50_ms'], 1)} | {added} | "
+                     f"{fmt(row['router_util'], 2)} | {row['num_errors']} |")
+    same = st.get("cpu_ratio_same_policy", {})
+    if same:
+        lines += ["", "Same policy, CPU per stream ratio (per repetition, median (min–max)): "
+                  + "; ".join(f"{k} {v['median']:.2f}x ({v['min']:.2f}–{v['max']:.2f})"
+                              for k, v in same.items()) + "."]
+    return "\n".join(lines)
+
+
+def workers_markdown(result: dict) -> str:
+    """`--workers N` against one worker at the saturating closed loop, same cores."""
+    w = result["workers"]
+    lines = [f"Workers, closed loop {w['level']}: {w['note']}.", "",
+             "| target | req/s | req/s vs one worker (per-rep ratio) | p50 (ms) | "
+             "router CPU µs/req | router core use | errors |",
+             "|---|---|---|---|---|---|---|"]
+    ratios = w.get("rps_ratio_to_one_worker", {})
+    for t, row in w["per_target"].items():
+        r = ratios.get(t)
+        ratio = f"{r['median']:.2f}x ({r['min']:.2f}–{r['max']:.2f})" if r else "—"
+        lines.append(f"| {t} | {fmt(row['rps'], 0)} | {ratio} | {fmt(row['p50_ms'], 2)} | "
+                     f"{fmt(row['router_cpu_us_per_req'], 0)} | {fmt(row['router_util'], 2)} | "
+                     f"{row['num_errors']} |")
     return "\n".join(lines)
 
 
