@@ -68,5 +68,10 @@ async def serve(webapp: web.Application, host: str, port: int,
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
+        # a second signal (Ctrl-C reaches the workers and their supervisor forwards it too)
+        # must not kill the drain, nor the exit after it, once the loop's handlers are gone
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, signal.SIG_IGN)
     finally:
         await runner.cleanup()

@@ -42,6 +42,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -60,6 +61,7 @@ if TYPE_CHECKING:  # the supervisor never imports aiohttp
 
 log = logging.getLogger(__name__)
 
+GROUP_ENV = "KVFLEET_ROUTER_GROUP"  # exchange.py reads it (the same name)
 MAX_WORKERS = 64
 PRIVATE_HOST = "127.0.0.1"
 RELAY_HEADER = "X-Kvfleet-Relayed"  # a config push one worker passes to its siblings
@@ -142,9 +144,10 @@ class _Worker:
     started_at: float = 0.0
     quick_deaths: int = 0  # consecutive deaths soon after a start: the backoff exponent
     restart_at: float | None = None  # when a dead worker is started again
+    stopped_pid: int = 0  # the process this worker's stop signal went to
 
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL)
+    def start(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=env)
         self.started_at = time.monotonic()
         self.restart_at = None
 
@@ -165,14 +168,18 @@ class Supervisor:
         self.ports = free_private_ports(n)
         self.workers = [_Worker(i, child_argv(base_argv, i, self.ports)) for i in range(n)]
         self.stop_signal: int | None = None
+        # one group per pod: the exchange relays another pod's batch to its siblings only
+        self.env = {**os.environ, GROUP_ENV: secrets.token_hex(8)}
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.stop_signal = signum
         self._forward(signum)
 
     def _forward(self, signum: int) -> None:
+        """Once per worker process: a stop is a stop (its drain ignores repeats)."""
         for w in self.workers:
-            if w.proc is not None and w.proc.poll() is None:
+            if w.proc is not None and w.proc.poll() is None and w.stopped_pid != w.proc.pid:
+                w.stopped_pid = w.proc.pid
                 with contextlib.suppress(ProcessLookupError):
                     w.proc.send_signal(signum)
 
@@ -180,7 +187,7 @@ class Supervisor:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
         for w in self.workers:
-            w.start()
+            w.start(self.env)
             log.info("worker %d: pid %d, private %s", w.index, w.proc.pid,  # type: ignore[union-attr]
                      private_url(self.ports[w.index]))
         rc = self._wait_started()
@@ -230,11 +237,11 @@ class Supervisor:
                             "%.1f s", w.index, w.proc.pid, _describe(rc), lived,  # type: ignore[union-attr]
                             delay)
             elif rc is not None and w.restart_at is not None and now >= w.restart_at:
-                w.start()
+                w.start(self.env)
                 log.warning("worker %d restarted: pid %d", w.index, w.proc.pid)  # type: ignore[union-attr]
 
     def _stop(self, signum: int | None = None) -> int:
-        """Forward the stop (again: a worker started since the signal missed it), wait for
+        """Forward the stop (to a worker started since the signal too), wait for
         every worker's drain, SIGKILL what outlives STOP_GRACE_S. 0 when all exited 0."""
         self._forward(signum or self.stop_signal or signal.SIGTERM)
         deadline = time.monotonic() + STOP_GRACE_S
@@ -249,6 +256,7 @@ class Supervisor:
                             w.proc.pid, STOP_GRACE_S)
                 w.proc.kill()
                 code = w.proc.wait()
+            log.info("worker %d (pid %d) stopped: %s", w.index, w.proc.pid, _describe(code))
             if code != 0 and w.restart_at is None:
                 rc = 1
         return rc
