@@ -30,6 +30,7 @@ from router_fixtures import (
     sse_post,
     sse_text,
     start_fake,
+    start_router,
     write_config,
 )
 
@@ -49,13 +50,15 @@ def start_workers(procs: ProcessGroup, tmp_path: Path, cfg: dict[str, Any],
 
 def workers_of(router: ServerProcess, n: int = 2) -> list[tuple[int, str]]:
     """(pid, private URL) of each worker, by index, as the supervisor logged them at start;
-    waits until every one answers on its private port."""
+    waits for the pod's listening line (the supervisor saw every worker up: a worker that
+    dies before that fails the pod's start, not restarted)."""
     found: dict[int, tuple[int, str]] = {}
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        found = {int(m[1]): (int(m[2]), m[3]) for m in WORKER_LINE.finditer(router.log_text())}
-        if len(found) == n and all(http_status(url + "/health") == 200
-                                   for _, url in found.values()):
+        log = router.log_text()
+        found = {int(m[1]): (int(m[2]), m[3]) for m in WORKER_LINE.finditer(log)}
+        if len(found) == n and "kvfleet router listening on" in log:
+            assert all(http_status(url + "/health") == 200 for _, url in found.values())
             return [found[i] for i in range(n)]
         time.sleep(0.1)
     raise AssertionError(f"workers not up: {found}\n{router.log_text()}")
@@ -159,6 +162,17 @@ def test_sigterm_drains_every_worker_then_exits_zero(procs, tmp_path):
     assert sse_text(events, is_chat=False).count("slow:") == 15 and events[-1] == "[DONE]"
     assert router.wait(40) == 0
     assert all(is_gone(pid) for pid in pids)
+
+
+def test_a_repeated_stop_signal_does_not_kill_the_exit(procs, tmp_path):
+    """Ctrl-C reaches the workers and their supervisor, which forwards it: a worker gets
+    two. The second, arriving while it shuts down, must not turn exit 0 into death by
+    signal (it did, in the last milliseconds, once the loop's handlers were gone)."""
+    router = start_router(procs, tmp_path, {})
+    router.signal(signal.SIGINT)
+    time.sleep(0.01)
+    router.signal(signal.SIGINT)
+    assert router.wait(30) == 0
 
 
 def test_a_dead_worker_is_restarted_and_catches_up(procs, tmp_path):
