@@ -30,8 +30,9 @@ after --restart-down-s with the same token and config (it warms from a peer,
 after that, >= 0.97x the others'). The no-exchange target is the cold-restart control.
 
     .venv/bin/python bench/router_cache_hits.py            # full run (replicas included), ~25 min
-    .venv/bin/python bench/router_cache_hits.py --restart-replica \
-        --out bench/results/router_cache_hits_restart.json # restart-warm, ~8 min
+    # restart-warm, ~15 min (writes bench/results/router_cache_hits_restart.json):
+    .venv/bin/python bench/router_cache_hits.py --restart-replica --num-requests 3000 \\
+        --out bench/results/router_cache_hits_restart.json
     .venv/bin/python bench/router_cache_hits.py --quick    # seconds; the smoke test uses it
 """
 

@@ -324,6 +324,10 @@ def restart_windows(pairs, restart: dict[str, float], window_s: float) -> dict[s
     later = split(WARM_WITHIN_S, math.inf)
     first = split(0.0, WARM_WITHIN_S)
     later_ratio = ratio(later)
+    # the noise floor of such a ratio: two replicas that were never restarted, same interval
+    late = [(q, r) for q, r in after if r["start_wall_s"] - t_serve >= WARM_WITHIN_S]
+    r1 = _hits([(q, r) for q, r in late if r.get("replica") == 1])["hit_fraction"]
+    r2 = _hits([(q, r) for q, r in late if r.get("replica") == 2])["hit_fraction"]
     return {
         **restart,
         "served": True,
@@ -334,6 +338,7 @@ def restart_windows(pairs, restart: dict[str, float], window_s: float) -> dict[s
         "windows": windows,
         "first_10s": {**first, "ratio": ratio(first)},
         "after_10s": {**later, "ratio": later_ratio},
+        "control_ratio_after_10s": r1 / r2 if r2 and not math.isnan(r1) else math.nan,
         "is_warm_within_10s": bool(later_ratio >= WARM_RATIO)
         if not math.isnan(later_ratio) else None,
     }

@@ -134,6 +134,7 @@ def test_restart_windows_compare_the_restarted_replica_with_the_others_over_time
     assert out["first_10s"]["restarted"]["hit_fraction"] == pytest.approx(0.3)
     assert out["after_10s"]["ratio"] == pytest.approx(1.0)
     assert out["is_warm_within_10s"] is True
+    assert out["control_ratio_after_10s"] == pytest.approx(1.0)
     # still cold after 10 s of serving: not warm
     late = [(q, {**r, "num_hit_blocks": 1 if r["replica"] == 0 else r["num_hit_blocks"]})
             for q, r in pairs]
@@ -247,7 +248,7 @@ def test_sections_render_the_new_tables():
     text = rch_section.restart_markdown({"restart": {"at": 0.25, "down_s": 1.0, "window_s": 2.0}},
                                         {"kvfleet-replicas3:cache-aware": [restart]})
     assert "| kvfleet-replicas3:cache-aware | 0 | 1.2 | 0.200 / 0.300 |" in text
-    assert "(0.833x) | 30 | no | — 0.50 |" in text
+    assert "(0.833x) | — | 30 | no | — 0.50 |" in text
 
 
 # --- end to end, quick ---

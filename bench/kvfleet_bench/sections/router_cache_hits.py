@@ -96,6 +96,10 @@ def _hf(cell: dict[str, Any]) -> str:
     return "—" if x != x else f"{x:.3f}"
 
 
+def _x(ratio: float) -> str:
+    return "—" if ratio != ratio else f"{ratio:.3f}x"
+
+
 def restart_markdown(meta: dict[str, Any], restarts: dict[str, list[dict]]) -> str:
     """The restart-warm table: replica 0 stopped and started again mid-replay; its hit
     fraction against the other two replicas', before and after 10 s of serving."""
@@ -112,16 +116,18 @@ def restart_markdown(meta: dict[str, Any], restarts: dict[str, list[dict]]) -> s
     for t, reps in restarts.items():
         for i, x in enumerate(reps):
             if not x.get("served"):
-                lines.append(f"| {t} | {i} | — | served nothing after the restart | | | no | |")
+                lines.append(f"| {t} | {i} | — | served nothing after the restart | | | | no "
+                             "| |")
                 continue
             a, b = x["after_10s"], x["first_10s"]
             ratio = a["ratio"]
+            control = x.get("control_ratio_after_10s", float("nan"))
             verdict = {True: "yes", False: "no", None: "—"}[x["is_warm_within_10s"]]
             windows = " ".join("—" if w["ratio"] != w["ratio"] else f"{w['ratio']:.2f}"
                                for w in x["windows"])
             lines.append(f"| {t} | {i} | {x['down_s']:.1f} | {_hf(b['restarted'])} / "
                          f"{_hf(b['others'])} | {_hf(a['restarted'])} / {_hf(a['others'])} "
-                         f"({'—' if ratio != ratio else f'{ratio:.3f}x'}) | "
+                         f"({'—' if ratio != ratio else f'{ratio:.3f}x'}) | {_x(control)} | "
                          f"{x['observed_s']:.0f} | {verdict} | {windows} |")
     return "\n".join(lines)
 
@@ -135,6 +141,7 @@ def render_router_cache_hits(results: dict[str, Any]) -> str:
         out[0] = code(".venv/bin/python bench/router_cache_hits.py          # writes "
                       "bench/results/router_cache_hits.{json,md,png}",
                       ".venv/bin/python bench/router_cache_hits.py --restart-replica "
+                      "--num-requests 3000 "
                       "--out bench/results/router_cache_hits_restart.json",
                       ".venv/bin/python bench/router_cache_hits.py --quick --no-pin   "
                       "# seconds; what tests/bench runs")
