@@ -304,6 +304,10 @@ class RoutingSpec:
     imbalance: ImbalanceSpec = Field(default_factory=ImbalanceSpec)
     session_header: Str = Field(default="x-session-id", pattern=HEADER_PATTERN, max_length=128)
     replicas: Int = Field(default=1, ge=1, le=32)
+    # `kvfleet router --workers N` per router pod; unset: one per whole core of the router's
+    # CPU request, 1..8 (decide/router_process.py).
+    workers: Int | None = Field(default=None, ge=1, le=64)
+    resources: ResourcesSpec | None = None  # the router container's; unset: 500m, 512Mi
     pd_threshold_tokens: Int = Field(default=128, ge=0, le=1048576)
     placement: Annotated[Str, OneOf(ROUTER_PLACEMENTS)] = "deployment"
     prefix_mode: Annotated[Str, OneOf(PREFIX_MODES)] = "approximate"

@@ -303,12 +303,15 @@ def reconcile(
     decisions: dict[str, ScaleDecision] | None = None,
     previous_router_config: dict[str, Any] | None = None,
     rollout: RolloutDecision | None = None,
+    router_peers_dns: str = "",
 ) -> Desired:
     """The desired state. `now` is the runtime's monotonic clock (drains); `wall` is for
     condition times. `desired_replicas` comes from the autoscaler; missing roles start at
     `initial_replicas`. Counts are clamped to each role's min/max. With a `rollout` whose
     split names revisions, each (role, revision) gets its own plan and count, from that
-    revision's spec; replicas of a revision the split does not name are drained away."""
+    revision's spec; replicas of a revision the split does not name are drained away.
+    `router_peers_dns`: where the runtime's router pods find each other (the router
+    config's `exchange`, `router_config.router_exchange`); "" for none."""
     spec = pool.spec
     roles = spec.topology.roles()
     split = rollout.split if rollout is not None else None
@@ -341,7 +344,8 @@ def reconcile(
 
     endpoints = _router_endpoints(observed.replicas, plans)
     weights = rollout.weights if rollout is not None else None
-    candidate = build_router_config(spec, endpoints, version=0, weights=weights)
+    candidate = build_router_config(spec, endpoints, version=0, weights=weights,
+                                    peers_dns=router_peers_dns)
     version = next_version(previous_router_config, candidate)
     candidate["version"] = version
 

@@ -14,6 +14,15 @@ Public API:
   (the TTL, which wins over the cold-start hold, and the total bound) come from the pool;
   vLLM endpoints are marked `engine: vllm` so the router forwards a band as `priority`
   only to engines started with `--scheduling-policy priority`.
+- `router_exchange(spec, peers_dns) -> dict | None` (in `build_router_config` as its
+  `peers_dns` keyword): the router replicas' state exchange. On with `peers_dns` (the
+  runtime's name of every router pod: the Kubernetes headless Service `<pool>-router-peers`)
+  when the pool runs more than one router process (`router_process.router_processes`:
+  replicas x workers, plus the gateway's pickers), so they route as one router would. Off
+  without `peers_dns` (a local fleet runs one router; its workers exchange among themselves
+  whatever the config says) and with `placement: sidecar` (a router in every engine pod:
+  all-to-all pushes would grow with the square of the fleet; a sidecar's own workers still
+  share).
 - `next_version(previous, candidate) -> int`: the version only moves when the content
   (everything but `version`) changes, so a steady pool never re-pushes.
 """
@@ -25,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvfleet_operator.api.spec import PoolSpec
+from kvfleet_operator.decide.router_process import router_processes
 
 # The router learns prefix locality by hashing prompt text; precise KV-event indexing is
 # opt-in per endpoint and needs kvfleet engines, so the default stays approximate.
@@ -53,7 +63,7 @@ def capacity(spec: PoolSpec) -> int:
 
 def build_router_config(
     spec: PoolSpec, endpoints: Sequence[RouterEndpoint], version: int,
-    weights: dict[str, int] | None = None,
+    weights: dict[str, int] | None = None, *, peers_dns: str = "",
 ) -> dict[str, Any]:
     r = spec.routing
     policy: dict[str, Any] = {
@@ -119,7 +129,18 @@ def build_router_config(
             queue["max_size"] = fc.max_queued
     if queue:
         config["queue"] = queue
+    if (exchange := router_exchange(spec, peers_dns)) is not None:
+        config["exchange"] = exchange
     return config
+
+
+def router_exchange(spec: PoolSpec, peers_dns: str) -> dict[str, Any] | None:
+    """The router config's `exchange` section, or None (the router's default: off)."""
+    if not peers_dns or spec.routing.placement == "sidecar" or router_processes(spec) < 2:
+        return None
+    # The router's other exchange settings (interval, staleness, warm start) keep their
+    # defaults: they are the router's to tune, not the pool's.
+    return {"enabled": True, "peers_dns": peers_dns}
 
 
 def is_vllm_priority(spec: PoolSpec) -> bool:

@@ -124,8 +124,10 @@ class ControlLoop:
         clock: Clock = time.time,
         timing: LoopTiming | None = None,
         scaler: Scaler | None = None,
+        router_peers_dns: str = "",  # the runtime's name for every router pod (exchange)
     ) -> None:
         self.pool = pool
+        self.router_peers_dns = router_peers_dns
         self.runtime = runtime
         self.router = router
         self.metrics = metrics
@@ -320,6 +322,7 @@ class ControlLoop:
             decisions=decisions,
             previous_router_config=previous,
             rollout=rollout,
+            router_peers_dns=self.router_peers_dns,
         )
         self.pool.status = desired.status
         in_flight = {r.name: r.num_in_flight for r in observed.replicas}

@@ -33,6 +33,7 @@ from kvfleet_operator.loop.ports import MetricsSource
 from kvfleet_operator.runtimes.kubernetes.build import meta
 from kvfleet_operator.runtimes.kubernetes.build.children import build_children
 from kvfleet_operator.runtimes.kubernetes.build.options import Tokens
+from kvfleet_operator.runtimes.kubernetes.build.service import router_peers_dns
 from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
 from kvfleet_operator.runtimes.kubernetes.operator_metrics import OperatorMetrics
 from kvfleet_operator.runtimes.kubernetes.ports.event_sink import KubeEventSink
@@ -172,6 +173,7 @@ async def run_pool(
                 metrics=metrics_source(session, pool, config), store=store,
                 events=events if series is None else Fanout(events, series),
                 timing=LoopTiming(tick_s=tick_s),
+                router_peers_dns=router_peers_dns(pool),
             )  # fmt: skip
 
             def observed(loop: ControlLoop = loop, series: Any = series) -> None:

@@ -31,6 +31,7 @@ from kvfleet_operator.runtimes.kubernetes.build.secret import (
 )
 from kvfleet_operator.runtimes.kubernetes.build.service import (
     build_engine_service,
+    build_router_peers_service,
     build_router_service,
 )
 
@@ -63,8 +64,8 @@ def build_children(
     for role in roles:
         children += [build_engine_service(pool, role), build_engine_pdb(pool, role)]
     children.append(build_router_service(pool))
-    if not is_sidecar(pool):
-        children.append(build_router_pdb(pool))
+    if not is_sidecar(pool):  # the routers' PDB, and their peers' DNS name (the exchange)
+        children += [build_router_pdb(pool), build_router_peers_service(pool)]
     children += lmcache_children(pool)  # routing.kvSharing on vLLM: the LMCache server
     # canary / blueGreen: what the pool would run from scratch, one Deployment per role at
     # the spec's revision (the control loop, not the reconcile handler, applies these).

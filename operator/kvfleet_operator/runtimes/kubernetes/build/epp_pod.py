@@ -38,7 +38,7 @@ def epp_selector(pool: InferencePool) -> dict[str, str]:
 
 
 def epp_container(pool: InferencePool, image: str) -> dict[str, Any]:
-    container = router_container(pool, image)
+    container = router_container(pool, image, workers=False)  # gRPC serves from one process
     container["name"] = EPP
     container["args"] = [*container["args"], "--epp-port", str(EPP_PORT)]
     container["ports"] = [*container["ports"], {"name": EPP_PORT_NAME,

@@ -50,6 +50,11 @@ def router_name(pool: InferencePool) -> str:
     return f"{pool.name}-router"
 
 
+def router_peers_name(pool: InferencePool) -> str:
+    """The routers' headless Service: how router replicas find each other (the exchange)."""
+    return f"{pool.name}-router-peers"  # <= 40 + 13 characters: a DNS label
+
+
 def router_config_name(pool: InferencePool) -> str:
     return f"{pool.name}-router-config"
 

@@ -2,7 +2,11 @@
 ConfigMap, the admin token from a Secret file, the engine token in env (for engines' KV
 events), and the client API keys (`routing.flowControl.apiKeysSecretRef`) from the pool's
 own Secret, mounted read-only as the router's `--api-keys-file` (a mounted Secret changes
-in place, and the router re-reads the file when it does). `router_pod_template` is the
+in place, and the router re-reads the file when it does). Its resources are
+`routing.resources` over kvfleet's defaults, and it runs `--workers N` router processes
+(`routing.workers`, else one per whole core of its CPU request, up to 8:
+`decide.router_process`); the flag is left out at 1, and the endpoint picker runs one
+(its gRPC port takes no second process). `router_pod_template` is the
 router Deployment's pod (spread over nodes where it can be); `router_container` and
 `router_volumes` are also the sidecar of `placement: sidecar` engine pods and the GIE
 endpoint picker's."""
@@ -15,6 +19,7 @@ from kvfleet_engine.contract import ENGINE_TOKEN_ENV
 
 from kvfleet_operator.api.flow_control import SecretKeyRef
 from kvfleet_operator.api.pool import InferencePool
+from kvfleet_operator.decide.router_process import router_resources, router_workers
 from kvfleet_operator.runtimes.kubernetes.build import meta
 from kvfleet_operator.runtimes.kubernetes.build.configmap import ROUTER_CONFIG_KEY
 from kvfleet_operator.runtimes.kubernetes.build.placement import ROUTER_PORT
@@ -33,8 +38,6 @@ API_KEYS_FILE = "keys.yaml"  # the Secret's key, mounted under this name
 ROUTER_SHUTDOWN_S = 30  # the router's own graceful shutdown (kvfleet_router.cli)
 PRESTOP_SLEEP_S = 5  # the Service drops the pod from its endpoints before SIGTERM
 ROUTER_GRACE_S = PRESTOP_SLEEP_S + ROUTER_SHUTDOWN_S + 10
-ROUTER_RESOURCES = {"requests": {"cpu": "500m", "memory": "512Mi"},
-                    "limits": {"memory": "2Gi"}}
 
 
 def api_keys_ref(pool: InferencePool) -> SecretKeyRef | None:
@@ -42,13 +45,15 @@ def api_keys_ref(pool: InferencePool) -> SecretKeyRef | None:
     return fc.api_keys_secret_ref if fc is not None else None
 
 
-def router_args(pool: InferencePool | None = None) -> list[str]:
+def router_args(pool: InferencePool | None = None, *, workers: bool = True) -> list[str]:
+    """`workers=False`: one process whatever the pool says (the endpoint picker)."""
     keys = ["--api-keys-file", f"{API_KEYS_DIR}/{API_KEYS_FILE}"] \
         if pool is not None and api_keys_ref(pool) is not None else []  # fmt: skip
+    n = router_workers(pool.spec) if pool is not None and workers else 1
     return ["--host", "0.0.0.0", "--port", str(ROUTER_PORT),
             "--config", f"{CONFIG_DIR}/{ROUTER_CONFIG_KEY}",
             "--admin-token-file", f"{ADMIN_TOKEN_DIR}/{TOKEN_KEY}",
-            *keys, "--log-level", "info"]
+            *keys, *(["--workers", str(n)] if n > 1 else []), "--log-level", "info"]
 
 
 def router_volumes(pool: InferencePool) -> list[dict[str, Any]]:
@@ -66,7 +71,7 @@ def router_volumes(pool: InferencePool) -> list[dict[str, Any]]:
     return volumes
 
 
-def router_container(pool: InferencePool, image: str) -> dict[str, Any]:
+def router_container(pool: InferencePool, image: str, *, workers: bool = True) -> dict[str, Any]:
     _, scratch = scratch_volumes()
     mounts = scratch + [
         {"name": "router-config", "mountPath": CONFIG_DIR, "readOnly": True},
@@ -79,11 +84,11 @@ def router_container(pool: InferencePool, image: str) -> dict[str, Any]:
         "name": "router",
         "image": image,
         "command": ["kvfleet", "router"],
-        "args": router_args(pool),
+        "args": router_args(pool, workers=workers),
         "ports": [{"name": "http", "containerPort": ROUTER_PORT, "protocol": "TCP"}],
         "env": cache_env() + [{"name": ENGINE_TOKEN_ENV, "valueFrom": {"secretKeyRef": {
             "name": meta.engine_secret_name(pool), "key": TOKEN_KEY}}}],
-        "resources": ROUTER_RESOURCES,
+        "resources": router_resources(pool.spec),
         "volumeMounts": mounts,
         "securityContext": container_security_context(),
         "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 2},

@@ -1,5 +1,15 @@
 """Services: a headless one per engine role (stable per-pod DNS; the router is programmed
-with pod IPs by the operator, not through it) and the router's, the pool's endpoint."""
+with pod IPs by the operator, not through it), the router's, the pool's endpoint, and the
+routers' headless `<pool>-router-peers`, through which router replicas find each other.
+
+`<pool>-router-peers` selects every router pod of the pool (the router Deployment's and,
+with `routing.gateway`, the endpoint pickers': both route the same engines) and publishes
+them before they are ready, so a starting router warms from the others and is found by
+them at once. The router config names it in `exchange.peers_dns`
+(`decide.router_config.router_exchange`) when the pool runs more than one router process.
+It exists with the router Deployment whatever the count: it costs no cluster IP, a change
+of `routing.replicas` then only changes the config, and the operator deletes no child it
+stops wanting (a Service made only for replicas > 1 would outlive a scale back to 1)."""
 
 from __future__ import annotations
 
@@ -50,4 +60,21 @@ def build_router_service(pool: InferencePool) -> dict[str, Any]:
                                      meta.ROUTER, meta.ROUTER),
         "spec": {"type": "ClusterIP", "selector": selector,
                  "ports": [_port("http", ROUTER_PORT)]},
+    }
+
+
+def router_peers_dns(pool: InferencePool) -> str:
+    """`exchange.peers_dns`: every router pod's address, by the headless Service's name (the
+    pod's resolver search path completes `<svc>.<ns>.svc` in any cluster domain)."""
+    return f"{meta.router_peers_name(pool)}.{pool.namespace}.svc:{ROUTER_PORT}"
+
+
+def build_router_peers_service(pool: InferencePool) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta.object_meta(pool, meta.router_peers_name(pool), meta.ROUTER_APP,
+                                     meta.ROUTER, meta.ROUTER),
+        "spec": {"clusterIP": "None", "selector": meta.selector(pool, meta.ROUTER),
+                 "ports": [_port("http", ROUTER_PORT)], "publishNotReadyAddresses": True},
     }
