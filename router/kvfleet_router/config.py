@@ -44,7 +44,9 @@ policy:
   #                                              # round-robin | slo-tiered
   #            guard: true}                      # policy.imbalance: queue only while it trips
 session: {header: x-session-id, use_user_field: true, load_factor: 1.25}
-prefix: {block_bytes: 64, max_blocks_per_endpoint: 65536, chars_per_token: 4.0}
+prefix: {block_bytes: 64, max_blocks_per_endpoint: 65536, chars_per_token: 4.0,
+         tokenizer: {path: "", chat: true, offload_chars: 4096}}  # text -> token ids for
+                                 # precise endpoints; path: folder of tokenizer.json ("" = off)
 saturation: {max_waiting: 0, max_kv_usage: 0.98}    # 0 disables max_waiting
 queue: {max_size: 256, timeout_s: 5.0, retry_after_s: 1}
 health: {probe_interval_s: 2.0, probe_timeout_s: 1.0, eject_after_errors: 3,
@@ -368,6 +370,19 @@ class SessionConfig:
 
 
 @config_type
+class TokenizerConfig:
+    # A folder with the pool model's tokenizer.json (and tokenizer_config.json: chat
+    # template, BOS): text prompts are then tokenized as the engine will, so they can use
+    # the precise index of `prefix_mode: precise` endpoints (text_tokens.py). "" = off.
+    path: Str = ""
+    # Chat requests too (the model's chat template); false: only completions prompts.
+    chat: Bool = True
+    # Prompts of more characters are tokenized on a thread, off the event loop (about
+    # 0.3 us per character; router README, "Text prompts on the precise index").
+    offload_chars: Int = Field(default=4096, ge=0, le=1 << 30)
+
+
+@config_type
 class PrefixConfig:
     block_bytes: Int = Field(default=64, ge=1, le=1 << 20)
     # The approximate index must remember at least what an engine's KV cache holds: a
@@ -377,6 +392,7 @@ class PrefixConfig:
     max_blocks_per_endpoint: Int = Field(default=65536, ge=1, le=10_000_000)
     # prompt tokens from text, no tokenizer
     chars_per_token: Float = Field(default=4.0, ge=0.1, le=64)
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
 
 
 @config_type

@@ -103,7 +103,12 @@ class OpenAIFront:
 
     async def _route(self, request: web.Request, raw: bytes, info: RequestInfo,
                      policy: str | None) -> web.StreamResponse:
-        role = entry_role(self.core)
+        core = self.core  # a large text prompt is tokenized on a thread (text_tokens.py)
+        tokenizing = core.text_tokens.offload(info, core.registry.endpoints,
+                                              core.precise.block_sizes)
+        if tokenizing is not None:
+            await asyncio.wrap_future(tokenizing)
+        role = entry_role(core)
         if role == "decode":
             return await self.disaggregator.serve(request, raw, info, policy)
         return await self.dispatcher.serve(request, raw, info, role, policy)

@@ -30,6 +30,11 @@ class RequestInfo:
     model: str | None = None
     prompt_text: str = ""  # prompt, or chat messages rendered "role: content\n"
     prompt_token_ids: list[int] | None = None  # only when the client sent token ids
+    is_chat: bool = False  # /chat/completions: `body["messages"]`, else `body["prompt"]`
+    # The text prompt's token ids, when the router tokenized it for the precise index
+    # (text_tokens.py; is_text_tokenized: tried once, whatever came of it)
+    text_token_ids: list[int] | None = None
+    is_text_tokenized: bool = False
     session_key: str | None = None
     priority: int = 0  # lower runs first, as in vLLM
     is_stream: bool = False
@@ -45,9 +50,16 @@ class RequestInfo:
     kv_revision: str | None = None
     body: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def token_ids(self) -> list[int] | None:
+        """The client's token ids, else the router's tokenization of the text, else None."""
+        ids = self.prompt_token_ids
+        return ids if ids is not None else self.text_token_ids
+
     def estimated_prompt_tokens(self, chars_per_token: float) -> int:
-        if self.prompt_token_ids is not None:
-            return len(self.prompt_token_ids)
+        ids = self.token_ids
+        if ids is not None:
+            return len(ids)
         return int(len(self.prompt_text) / chars_per_token)
 
 
@@ -107,7 +119,8 @@ def parse_request(raw: bytes, path: str, headers: Any, session_header: str,
     if model is not None and not isinstance(model, str):
         raise RequestError("'model' must be a string", param="model")
     info.model = model
-    if path.endswith("/chat/completions"):
+    info.is_chat = path.endswith("/chat/completions")
+    if info.is_chat:
         info.prompt_text = _render_messages(body.get("messages"))
     else:
         if "prompt" not in body:

@@ -52,6 +52,7 @@ from kvfleet_router.policies.policy import Decision, Policy, build_policies
 from kvfleet_router.prefix_index import ApproxPrefixIndex, PreciseKVIndex, hash_tokens
 from kvfleet_router.registry import Registry
 from kvfleet_router.request_info import RequestInfo
+from kvfleet_router.text_tokens import TextTokens
 
 
 @dataclass(slots=True)
@@ -87,6 +88,7 @@ class RouterCore:
         self.num_matched_blocks = 0.0
         # told of every chain recorded on a decision (exchange.py shares them with peers)
         self.recorder: Callable[[str, list[int]], None] | None = None
+        self.text_tokens = TextTokens()  # text prompts -> token ids (prefix.tokenizer)
         self.apply(cfg)
 
     def apply(self, cfg: RouterConfig) -> list[EndpointState]:
@@ -97,6 +99,7 @@ class RouterCore:
         self.approx.max_blocks_per_endpoint = cfg.prefix.max_blocks_per_endpoint
         policies: dict[str, Policy] = build_policies(cfg)
         gone = self.registry.apply(cfg)
+        self.text_tokens.configure(cfg.prefix.tokenizer)
         for e in gone:
             self.approx.forget_endpoint(e.name)
             self.precise.reset(e.name)
@@ -116,7 +119,9 @@ class RouterCore:
         if hashes:
             for name, n in self.approx.match(hashes).items():
                 out[name] = n / len(hashes)
-        if info.prompt_token_ids is None:
+        # the client's ids, or the text's when a tokenizer is configured (text_tokens.py)
+        tokens = self.text_tokens.ids(info, endpoints, self.precise.block_sizes)
+        if tokens is None:
             return out
         if by_size is None:
             by_size = {}
@@ -125,7 +130,7 @@ class RouterCore:
             if e.prefix_mode != "precise" or not size:
                 continue
             if size not in by_size:
-                th = hash_tokens(info.prompt_token_ids, size)
+                th = hash_tokens(tokens, size)
                 by_size[size] = (th, self.precise.match(th) if th else {})
             th, matched = by_size[size]
             if th:
@@ -146,6 +151,7 @@ class RouterCore:
             endpoints = [e for e in endpoints if e.name not in exclude and
                          (allowed is None or e.name in allowed)]
         hashes = self.approx.hash_bytes(prompt_bytes(info))
+        self.text_tokens.ids(info, endpoints, self.precise.block_sizes)  # exact prompt size
         ctx = RouteContext(request=info, role=role, now=now, rng=self.rng,
                            num_prompt_tokens=info.estimated_prompt_tokens(
                                self.cfg.prefix.chars_per_token),
@@ -179,7 +185,7 @@ class RouterCore:
                      ctx: RouteContext) -> dict[str, float]:
         """endpoint -> the prompt's fraction a fetch from the best peer is worth there
         (`peer_hint.fetch_credit`, the rule `peer_hint` applies after the choice)."""
-        tokens = ctx.request.prompt_token_ids
+        tokens = ctx.request.token_ids
         out: dict[str, float] = {}
         if tokens is None:
             return out
@@ -204,7 +210,7 @@ class RouterCore:
         """Whether the chosen endpoint should take the prompt's prefix from a peer, and the
         `kv_transfer_params` value naming it (None unless the decision is `attached`)."""
         e = routed.decision.endpoint
-        tokens = routed.ctx.request.prompt_token_ids
+        tokens = routed.ctx.request.token_ids
         size = self.block_size(e) if e is not None else 0
         if e is None or tokens is None or not size or not can_take_hint(e):
             return HintDecision(NOT_ELIGIBLE), None

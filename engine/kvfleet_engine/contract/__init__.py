@@ -3,7 +3,8 @@
 - `wire`: metric names (vLLM v1, legacy names mapped), the KV-event shape, P/D field names;
 - `metrics_text`: the one `/metrics` reader (its docstring states the parsing rules);
 - `peer_prefix`: the peer-prefix hint in `kv_transfer_params` and its metric names;
-- `kv_fetch_decision`: the pure fetch-vs-recompute estimate.
+- `kv_fetch_decision`: the pure fetch-vs-recompute estimate;
+- `chat_template`: chat messages rendered with the model's template (imported as a module).
 
 Both are re-exported here, so readers write `from kvfleet_engine import contract` and
 `contract.read_gauges(text)`. Neither imports torch, aiohttp or the rest of the engine.
