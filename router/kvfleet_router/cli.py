@@ -196,7 +196,7 @@ def main(argv: list[str]) -> int:
                   f"{epp.num_fallbacks} fallback(s))", flush=True)
 
     if args.workers > 1:
-        return run_supervisor(args, say_listening)
+        return run_supervisor(args, argv, say_listening)
     from kvfleet_router.app import RouterApp
     from kvfleet_router.http_protocol import serve
     from kvfleet_router.workers import worker_app
@@ -221,7 +221,8 @@ def cannot_listen(host: str, port: int, exc: OSError) -> str:
     return f"cannot listen on {host}:{port}: {exc.strerror}" if exc.strerror else str(exc)
 
 
-def run_supervisor(args: argparse.Namespace, say_listening: Callable[[], None]) -> int:
+def run_supervisor(args: argparse.Namespace, argv: list[str],
+                   say_listening: Callable[[], None]) -> int:
     from kvfleet_router.workers import check_public_bind, supervise
 
     try:
@@ -229,4 +230,4 @@ def run_supervisor(args: argparse.Namespace, say_listening: Callable[[], None]) 
     except OSError as exc:
         print(f"kvfleet router: {cannot_listen(args.host, args.port, exc)}", file=sys.stderr)
         return 1
-    return supervise(sys.orig_argv[1:], args.workers, say_listening)
+    return supervise(argv, args.workers, say_listening)

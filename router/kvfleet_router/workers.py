@@ -4,11 +4,12 @@ One Python process routes on one core (the GIL), so a pod given N cores runs N r
 processes on its one public port. The parent (`supervise`) is a supervisor only: it serves
 nothing and imports no aiohttp. It
 
-- picks N free private ports on 127.0.0.1 and starts N children, each the same command
-  line plus `--workers 1 --worker-index i --exchange-listen 127.0.0.1:P_i
+- picks N free private ports on 127.0.0.1 and starts N children, each `kvfleet router`
+  with the same arguments plus `--workers 1 --worker-index i --exchange-listen 127.0.0.1:P_i
   --exchange-siblings <the other workers' URLs>` (argparse keeps the last `--workers`,
   so the parent's stays on the line unedited; the children inherit PYTHONHASHSEED, which
-  `exchange_seed.ensure_hash_seed` set before they were started);
+  `exchange_seed.ensure_hash_seed` set before they were started, and share one
+  KVFLEET_ROUTER_GROUP, the pod's exchange group);
 - prints one listening line once every child answers /health on its private port;
 - forwards SIGTERM/SIGINT to the children and waits for their drain (30 s each, theirs;
   `STOP_GRACE_S` here before SIGKILL), then exits 0 when they all exited 0;
@@ -27,8 +28,8 @@ connection landed on).
 A worker's share of the pod (`worker_app`):
 - a config the operator pushes (PUT/POST /admin/config, on the public port) lands on one
   worker; that worker relays it to its siblings before answering, so the pod answers 200
-  when every worker has it (a sibling that cannot be reached is logged and catches up
-  below);
+  when every worker has it (a sibling that cannot be reached is logged: it gets the
+  operator's next push, or catches up when it restarts);
 - a (re)started worker pulls the newest config its siblings hold before it counts as up
   (the --config file can be older than the operator's last push);
 - a worker whose parent is gone (SIGKILLed supervisor) drains and exits instead of
@@ -269,10 +270,15 @@ def _describe(rc: int) -> str:
     return f"code {rc}"
 
 
-def supervise(base_argv: list[str], n: int, on_listening: Callable[[], None]) -> int:
-    """Run N workers of `base_argv` (the command without the interpreter) until a stop
-    signal; the exit code for the pod."""
-    return Supervisor([sys.executable, *base_argv], n).run(on_listening)
+# `kvfleet router ARGS` in a fresh interpreter, however this one was started (the console
+# script, `python -m`, or a caller of cli.main in-process: sys.orig_argv would be its own)
+_RUN_ROUTER = "import sys; from kvfleet_router.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def supervise(argv: list[str], n: int, on_listening: Callable[[], None]) -> int:
+    """Run N workers of `kvfleet router <argv>` until a stop signal; the exit code for the
+    pod."""
+    return Supervisor([sys.executable, "-c", _RUN_ROUTER, *argv], n).run(on_listening)
 
 
 # --- a worker's share (child) ---
