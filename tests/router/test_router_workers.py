@@ -104,6 +104,13 @@ def config_version(url: str) -> int:
     return int(body["version"])
 
 
+def index_of(url: str) -> dict[str, set[int]]:
+    """A worker's approximate prefix index: block hashes per endpoint (its snapshot)."""
+    status, snap = http_json(url + "/admin/exchange/snapshot", headers=admin_headers())
+    assert status == 200, snap
+    return {name: set(decode_chain(text)) for name, text in snap["index"].items()}
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(kvfleet_argv("router", *args), capture_output=True, text=True,
                           timeout=60)
@@ -175,7 +182,7 @@ def test_a_repeated_stop_signal_does_not_kill_the_exit(procs, tmp_path):
     assert router.wait(30) == 0
 
 
-def test_a_dead_worker_is_restarted_and_catches_up(procs, tmp_path):
+def test_a_dead_worker_is_restarted_and_catches_up_on_config_and_prefixes(procs, tmp_path):
     backend = start_fake(procs, "b0")
     router = start_workers(procs, tmp_path, {"version": 1, "endpoints": endpoints_cfg([backend])})
     (pid0, url0), (_, url1) = workers_of(router)
@@ -185,12 +192,17 @@ def test_a_dead_worker_is_restarted_and_catches_up(procs, tmp_path):
                              {"version": 5, "endpoints": endpoints_cfg([backend])},
                              method="PUT", headers={**admin_headers(), "X-Kvfleet-Relayed": "1"})
     assert status == 200 and config_version(url0) == 1, body
+    assert served_by(url1, "a conversation " * 20) == "b0"
+    recorded = index_of(url1)["b0"]
     os.kill(pid0, signal.SIGKILL)
     new = wait_for("the restart", lambda: RESTART_LINE.search(router.log_text()))
     assert new[1] == "0" and int(new[2]) != pid0
     assert f"worker 0 (pid {pid0}) exited with signal SIGKILL" in router.log_text()
     wait_for("worker 0 back", lambda: http_status(url0 + "/health") == 200)
     assert config_version(url0) == 5  # took its sibling's newer config before serving
+    # and warmed its prefix index from its sibling's snapshot (exchange.warm)
+    wait_for("worker 0 to warm", lambda: recorded <= index_of(url0).get("b0", set()),
+             timeout_s=10)
     assert served_by(router.url, "still serving") == "b0"
     assert router.is_running()
 
@@ -213,11 +225,6 @@ def test_a_prompt_placed_by_one_worker_is_placed_alike_by_the_other(procs, tmp_p
     prompts = [f"conversation {i:03d}: " + f"turn text {i} " * 40 for i in range(8)]
     placed = [served_by(url_a, p) for p in prompts]
     assert set(placed) == {"b0", "b1"}  # ties are broken at random: both got some
-
-    def index_of(url: str) -> dict[str, set[int]]:
-        status, snap = http_json(url + "/admin/exchange/snapshot", headers=admin_headers())
-        assert status == 200, snap
-        return {name: set(decode_chain(text)) for name, text in snap["index"].items()}
 
     recorded = index_of(url_a)
     assert set(recorded) == {"b0", "b1"}
