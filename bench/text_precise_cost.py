@@ -124,7 +124,6 @@ def offload_cost(folder: Path, sizes: list[int], n: int) -> list[dict[str, Any]]
     rows = []
 
     async def measure(texts: list[str]) -> tuple[float, float, float]:
-        loop = asyncio.get_running_loop()
         t0, c0 = time.perf_counter(), time.process_time()
         for s in texts:
             tok.encode(s)
