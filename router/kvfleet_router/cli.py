@@ -62,12 +62,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    "Authorization: Bearer <key>, else 401")
     p.add_argument("--log-level", default="warning",
                    choices=["debug", "info", "warning", "error"])
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--workers", type=int, default=1, metavar="N",
                    help=f"router processes sharing --port (SO_REUSEPORT, Linux; 1..{MAX_WORKERS}, "
                    "default 1): one per core the pod is given")
     w = p.add_argument_group("set by --workers for each worker (internal)")
-    w.add_argument("--worker-index", type=int, help="this worker's index: bind --port with "
-                   "SO_REUSEPORT beside its siblings; the supervisor says where it listens")
+    w.add_argument("--worker-index", type=int, metavar="I",
+                   help="this worker's index: bind --port with SO_REUSEPORT beside its "
+                   "siblings; the supervisor says where it listens")
     w.add_argument("--exchange-listen", metavar="HOST:PORT",
                    help="also serve on this private address (siblings reach it there)")
     w.add_argument("--exchange-siblings", metavar="URL,...", default="",
@@ -143,6 +144,8 @@ def worker_flags(args: argparse.Namespace) -> tuple[tuple[str, int] | None, list
     """Check --workers and the flags it gives each worker: (private address, siblings)."""
     if not 1 <= args.workers <= MAX_WORKERS:
         raise ConfigError(f"--workers {args.workers}: must be 1..{MAX_WORKERS}")
+    if args.worker_index is not None and not 0 <= args.worker_index < MAX_WORKERS:
+        raise ConfigError(f"--worker-index {args.worker_index}: must be 0..{MAX_WORKERS - 1}")
     if args.workers > 1 or args.worker_index is not None:
         problem = reuse_port_problem()
         if problem:

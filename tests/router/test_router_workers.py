@@ -246,6 +246,7 @@ def test_a_prompt_placed_by_one_worker_is_placed_alike_by_the_other(procs, tmp_p
     (("--workers", "two"), "invalid int value"),
     (("--workers", "2", "--epp-port", "9002", "--epp-insecure"), "--workers 1"),
     (("--exchange-listen", "nowhere"), "expected host:port"),
+    (("--worker-index", "-1"), "--worker-index -1: must be 0..63"),
 ])
 def test_bad_worker_flags_are_one_line_and_exit_2(args, needle):
     proc = run_cli(*args)
