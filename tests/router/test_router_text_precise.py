@@ -317,3 +317,34 @@ def test_text_requests_through_the_router_follow_the_engines_kv_events(procs, tm
             assert status == 200
     logs = [http_json(b.url + "/_fake/log")[1]["log"] for b in backends]
     assert [len(log) for log in logs] == [0, 9, 0]
+
+
+def test_special_tokens_follow_the_engine_kind(tmp_path):
+    """kvfleet's engine adds BOS only when tokenizer_config says `add_bos_token` (and never
+    runs the post-processor); vLLM encodes a completions prompt with the tokenizer's own
+    post-processor; a chat prompt is the template's text encoded the same way, without the
+    post-processor."""
+    from tokenizers import processors
+
+    folder = tiny_folder(tmp_path / "tok")
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.post_processor = processors.TemplateProcessing(single="<|im_start|> $A",
+                                                       special_tokens=[("<|im_start|>", 1)])
+    tok.save(str(folder / "tokenizer.json"))
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    for engine, add_bos, want in [("builtin", False, [3]), ("builtin", True, [2, 3]),
+                                  ("vllm", False, [1, 3])]:
+        (folder / "tokenizer_config.json").write_text(json.dumps(
+            {**cfg, "bos_token": "<|im_end|>", "add_bos_token": add_bos}))
+        core = RouterCore(RouterConfig.from_dict({
+            "endpoints": [{"name": "e0", "url": "http://127.0.0.1:1", "prefix_mode": "precise",
+                           "engine": engine}],
+            "prefix": {"tokenizer": {"path": str(folder)}}}))
+        ids = core.text_tokens.ids(info_of({"prompt": "user"}), core.registry.endpoints,
+                                   {"e0": BLOCK})
+        assert ids == want, engine
+        chat = core.text_tokens.ids(info_of({"messages": [{"role": "user", "content": "hello"}]},
+                                            chat=True), core.registry.endpoints, {"e0": BLOCK})
+        # <|im_start|>user hello<|im_end|><|im_start|>assistant, after the BOS kvfleet's
+        # engine adds to every prompt it encodes when `add_bos_token`
+        assert chat == [2] * (engine == "builtin" and add_bos) + [1, 3, 6, 2, 1, 4]
