@@ -147,9 +147,9 @@ class _Worker:
     restart_at: float | None = None  # when a dead worker is started again
     stopped_pid: int = 0  # the process this worker's stop signal went to
 
-    def start(self, env: dict[str, str]) -> None:
+    def start(self, env: dict[str, str], now: float) -> None:
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, env=env)
-        self.started_at = time.monotonic()
+        self.started_at = now
         self.restart_at = None
 
     def exit_code(self) -> int | None:
@@ -165,7 +165,9 @@ def _answers_health(url: str) -> bool:
 
 
 class Supervisor:
-    def __init__(self, base_argv: list[str], n: int) -> None:
+    def __init__(self, base_argv: list[str], n: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.ports = free_private_ports(n)
         self.workers = [_Worker(i, child_argv(base_argv, i, self.ports)) for i in range(n)]
         self.stop_signal: int | None = None
@@ -188,7 +190,7 @@ class Supervisor:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self._on_signal)
         for w in self.workers:
-            w.start(self.env)
+            w.start(self.env, self.clock())
             log.info("worker %d: pid %d, private %s", w.index, w.proc.pid,  # type: ignore[union-attr]
                      private_url(self.ports[w.index]))
         rc = self._wait_started()
@@ -225,7 +227,7 @@ class Supervisor:
 
     def _tend(self) -> None:
         """Schedule the restart of a worker that died, and start those that are due."""
-        now = time.monotonic()
+        now = self.clock()
         for w in self.workers:
             rc = w.exit_code()
             if rc is not None and w.restart_at is None:
@@ -238,7 +240,13 @@ class Supervisor:
                             "%.1f s", w.index, w.proc.pid, _describe(rc), lived,  # type: ignore[union-attr]
                             delay)
             elif rc is not None and w.restart_at is not None and now >= w.restart_at:
-                w.start(self.env)
+                try:
+                    w.start(self.env, now)
+                except OSError as exc:  # no process to be had (EAGAIN, ENOMEM): later
+                    w.restart_at = now + RESTART_BACKOFF_MAX_S
+                    log.error("worker %d cannot be started: %s; trying again in %.0f s",
+                              w.index, exc, RESTART_BACKOFF_MAX_S)
+                    continue
                 log.warning("worker %d restarted: pid %d", w.index, w.proc.pid)  # type: ignore[union-attr]
 
     def _stop(self, signum: int | None = None) -> int:

@@ -275,3 +275,47 @@ def test_the_group_variable_is_the_one_the_exchange_reads():
     from kvfleet_router import exchange, workers
 
     assert workers.GROUP_ENV == exchange.GROUP_ENV
+
+
+# --- the supervisor's restart schedule, without processes ---
+
+class _DeadOnCue:
+    """A stand-in for a worker's Popen: running until the test says it exited."""
+    pids = iter(range(10_000, 20_000))
+
+    def __init__(self, argv: list[str], **_: Any) -> None:
+        self.pid = next(self.pids)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+def test_restarts_back_off_on_quick_deaths_and_reset_after_a_long_life(monkeypatch):
+    from kvfleet_router import workers
+
+    monkeypatch.setattr(workers.subprocess, "Popen", _DeadOnCue)
+    now = [1000.0]
+    sup = workers.Supervisor(["router"], 1, clock=lambda: now[0])
+    w = sup.workers[0]
+    w.start(sup.env, now[0])
+
+    def die_after(lived_s: float) -> float:
+        """Let the worker live `lived_s`, die; the delay before the supervisor restarts it."""
+        now[0] += lived_s
+        first = w.proc
+        first.returncode = 1  # type: ignore[union-attr]
+        sup._tend()
+        delay = w.restart_at - now[0]  # type: ignore[operator]
+        now[0] += delay - 0.01
+        sup._tend()
+        assert w.proc is first  # not yet
+        now[0] += 0.01
+        sup._tend()
+        assert w.proc is not first and w.proc.poll() is None  # type: ignore[union-attr]
+        return round(delay, 3)
+
+    assert [die_after(1.0) for _ in range(8)] == [0.5, 1, 2, 4, 8, 16, 30, 30]
+    # a long life forgives: that death and the next quick one count as firsts again
+    assert [die_after(workers.RESTART_RESET_AFTER_S), die_after(1.0), die_after(1.0)] == \
+        [0.5, 0.5, 1]
