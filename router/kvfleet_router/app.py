@@ -142,6 +142,7 @@ class RouterApp:
         if self.epp_server is not None:
             await self.epp_server.stop()
         await self.forwarder.close()
+        self.core.text_tokens.close()  # its tokenizer thread pool (text_tokens.py)
 
     def build(self) -> web.Application:
         webapp = web.Application(middlewares=[json_errors, self.admin.auth],
