@@ -207,6 +207,8 @@ def main(argv: list[str]) -> int:
     raise_fd_limit()
     loop = new_loop()
     asyncio.set_event_loop(loop)
+    if token is None:
+        siblings = []  # the exchange and the config relay need the token: route alone
     app = RouterApp(cfg, token, epp, keys, exchange_siblings=siblings)
     webapp = worker_app(app, token, siblings) if is_worker else app.build()
     try:

@@ -238,6 +238,21 @@ def test_a_prompt_placed_by_one_worker_is_placed_alike_by_the_other(procs, tmp_p
     assert [served_by(url_b, p) for p in prompts] == placed
 
 
+def test_without_a_token_workers_route_alone_and_say_so(procs):
+    router = procs.start(kvfleet_argv("router", "--port", "{port}", "--workers", "2",
+                                      "--log-level", "info"),
+                         env={"KVFLEET_ADMIN_TOKEN": ""}, timeout_s=60)
+    workers = workers_of(router)
+    assert "no admin token configured: /admin answers 401; the workers cannot share state" \
+        in router.log_text()
+    time.sleep(0.5)  # five push intervals: pushes without the token would all be refused
+    for _, url in workers:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        assert 'kvfleet_router_exchange_pushes_total{outcome="error"} 0.0' in text
+        assert 'kvfleet_router_exchange_pushes_total{outcome="refused"} 0.0' in text
+
+
 # --- flags ---
 
 @pytest.mark.parametrize(("args", "needle"), [
