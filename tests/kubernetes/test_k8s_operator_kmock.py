@@ -24,7 +24,7 @@ NAME = "llama3-8b"
 POOL_PATH = f"/apis/kvfleet.io/v1alpha1/namespaces/{NS}/inferencepools"
 KINDS = {
     "v1/secrets": 2, "v1/configmaps": 1, "networking.k8s.io/v1/networkpolicies": 1,
-    "v1/services": 2, "policy/v1/poddisruptionbudgets": 2, "apps/v1/deployments": 2,
+    "v1/services": 3, "policy/v1/poddisruptionbudgets": 2, "apps/v1/deployments": 2,
 }
 DEPLOYMENTS = "apps/v1/deployments"
 
@@ -222,7 +222,7 @@ async def test_a_restart_mid_reconcile_makes_no_duplicates_and_keeps_the_history
     cluster.fail("POST", r"/deployments$", 500, times=10_000)  # stuck half-way
     first = await Operator(str(cluster.url)).start()
     await api(cluster, "POST", POOL_PATH, manifest)
-    await eventually(lambda: len(cluster.objs("v1/services", NS)) == 2, what="half the children")
+    await eventually(lambda: len(cluster.objs("v1/services", NS)) == 3, what="half the children")
     tokens = tokens_in(cluster)
     await first.kill()
     cluster._faults.clear()

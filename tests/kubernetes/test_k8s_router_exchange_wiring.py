@@ -29,6 +29,7 @@ from kvfleet_operator.runtimes.kubernetes import build_children
 from kvfleet_operator.runtimes.kubernetes.build.configmap import ROUTER_CONFIG_KEY
 from kvfleet_operator.runtimes.kubernetes.build.epp_pod import build_epp_deployment
 from kvfleet_operator.runtimes.kubernetes.build.service import router_peers_dns
+from kvfleet_operator.runtimes.local.spec_support import unhonoured_fields
 from kvfleet_router.config import RouterConfig
 
 WALL = datetime(2026, 1, 1, tzinfo=UTC)
@@ -295,3 +296,13 @@ def test_cpu_quantities_are_exact(text, cores):
 def test_a_bad_quantity_is_an_error():
     with pytest.raises(ValueError, match="quantity"):
         cpu_cores("two")
+
+
+def test_a_local_fleet_names_the_router_settings_it_ignores():
+    # `kvfleet up` runs one router process with no resources: it says so, once per field.
+    lines = unhonoured_fields(pool_with({"workers": 4, "resources": {
+        "requests": {"cpu": "4"}}}).spec)  # fmt: skip
+    named = " ".join(lines)
+    assert "routing.workers (4)" in named and "routing.resources" in named, lines
+    assert not [ln for ln in unhonoured_fields(pool_with({"workers": 1}).spec)
+                if "routing." in ln]  # fmt: skip
