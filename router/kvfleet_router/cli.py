@@ -177,7 +177,7 @@ def main(argv: list[str]) -> int:
         print(f"kvfleet router: --port {args.port} is out of range", file=sys.stderr)
         return 2
     # before any socket or worker: the workers inherit the pool's hash seed
-    ensure_hash_seed(token)
+    ensure_hash_seed(token, argv)
     is_worker = args.worker_index is not None
     if token is None and not is_worker:
         logging.getLogger("kvfleet_router").warning(

@@ -59,11 +59,10 @@ from prometheus_client.registry import Collector
 
 from kvfleet_router.config import ExchangeConfig, RouterConfig
 from kvfleet_router.errors import error_response
-from kvfleet_router.exchange_seed import fingerprint
+from kvfleet_router.exchange_seed import GROUP_ENV, fingerprint
 
 log = logging.getLogger(__name__)
 
-GROUP_ENV = "KVFLEET_ROUTER_GROUP"  # set by the workers' parent: one value per pod
 PUSH_PATH = "/admin/exchange"
 SNAPSHOT_PATH = "/admin/exchange/snapshot"
 MAX_SESSIONS_PER_PUSH = 10_000

@@ -6,8 +6,9 @@ block hash and could not share what they recorded (exchange.py). Processes that 
 admin token (a pool's router replicas and a pod's workers) derive one seed from it: a secret
 seed, so clients still cannot craft colliding prompts, yet the same in every replica.
 
-`ensure_hash_seed(token)` re-executes the current command once with that seed in the
-environment when it differs; the command line and everything else stay as they were.
+`ensure_hash_seed(token, argv)` re-executes `kvfleet router <argv>` once with that seed in
+the environment when it differs (a fresh interpreter running `kvfleet_router.cli.main`, so
+it is right however `main` was reached); everything else stays as it was.
 `fingerprint()` is a value of this process's hash of bytes that peers compare before
 trusting each other's block hashes.
 """
@@ -19,6 +20,7 @@ import os
 import sys
 
 SEED_ENV = "PYTHONHASHSEED"
+GROUP_ENV = "KVFLEET_ROUTER_GROUP"  # one value per pod, set by the workers' supervisor
 _PROBE = b"kvfleet exchange fingerprint"
 
 
@@ -35,7 +37,10 @@ def fingerprint() -> int:
     return hash(_PROBE)
 
 
-def ensure_hash_seed(token: str | None) -> None:
+RUN_ROUTER = "import sys; from kvfleet_router.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def ensure_hash_seed(token: str | None, argv: list[str]) -> None:
     """Re-execute this process with the pool's seed unless it already runs with it. Without a
     token there is no exchange (it is authenticated), so nothing to agree on."""
     if not token:
@@ -46,4 +51,4 @@ def ensure_hash_seed(token: str | None) -> None:
     env = dict(os.environ, **{SEED_ENV: seed})
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    os.execve(sys.executable, [sys.executable, "-c", RUN_ROUTER, *argv], env)

@@ -55,6 +55,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kvfleet_router.exchange_seed import GROUP_ENV, RUN_ROUTER
+
 if TYPE_CHECKING:  # the supervisor never imports aiohttp
     from aiohttp import web
 
@@ -62,7 +64,6 @@ if TYPE_CHECKING:  # the supervisor never imports aiohttp
 
 log = logging.getLogger(__name__)
 
-GROUP_ENV = "KVFLEET_ROUTER_GROUP"  # exchange.py reads it (the same name)
 MAX_WORKERS = 64
 PRIVATE_HOST = "127.0.0.1"
 RELAY_HEADER = "X-Kvfleet-Relayed"  # a config push one worker passes to its siblings
@@ -280,13 +281,12 @@ def _describe(rc: int) -> str:
 
 # `kvfleet router ARGS` in a fresh interpreter, however this one was started (the console
 # script, `python -m`, or a caller of cli.main in-process: sys.orig_argv would be its own)
-_RUN_ROUTER = "import sys; from kvfleet_router.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def supervise(argv: list[str], n: int, on_listening: Callable[[], None]) -> int:
     """Run N workers of `kvfleet router <argv>` until a stop signal; the exit code for the
     pod."""
-    return Supervisor([sys.executable, "-c", _RUN_ROUTER, *argv], n).run(on_listening)
+    return Supervisor([sys.executable, "-c", RUN_ROUTER, *argv], n).run(on_listening)
 
 
 # --- a worker's share (child) ---

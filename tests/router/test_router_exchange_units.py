@@ -191,9 +191,10 @@ def test_the_hash_seed_follows_the_token_and_reexecs_into_it(tmp_path):
     assert hash_seed_for("a") == hash_seed_for("a") != hash_seed_for("b")
     assert 1 <= int(hash_seed_for("a")) <= 4294967295
     script = tmp_path / "probe.py"
-    script.write_text("import sys\nfrom kvfleet_router.exchange_seed import ensure_hash_seed, "
-                      "fingerprint\nensure_hash_seed(sys.argv[1])\nprint(fingerprint())\n")
+    script.write_text("import sys\nfrom kvfleet_router import exchange_seed as s\n"
+                      "s.RUN_ROUTER = 'from kvfleet_router.exchange_seed import fingerprint; "
+                      "print(fingerprint())'\ns.ensure_hash_seed(sys.argv[1], [])\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     runs = [subprocess.run([sys.executable, str(script), tok], env=env, capture_output=True,
                            text=True, check=True).stdout for tok in ("t1", "t1", "t2")]
-    assert runs[0] == runs[1] != runs[2]
+    assert runs[0] == runs[1] != runs[2] and runs[0].strip()
