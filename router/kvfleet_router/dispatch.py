@@ -19,6 +19,7 @@ import functools
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
@@ -81,6 +82,9 @@ class Dispatcher:
         self.forwarder = forwarder
         self.feedback = feedback
         self._request_counters: dict[tuple[str, str], object] = {}
+        # (family, band, tenant label) -> the flow series' child: labels() costs a lock
+        # and label checks on each call; bounded by the tenant labels (flow/tenants.py)
+        self._flow_children: dict[tuple[int, str, str], Any] = {}
         self._labels = TenantLabels(core.cfg.flow_control.max_tenant_labels)
         self.gate = FlowGate(queue.service)  # seats, standings and what tenants were served
         self.split = RevisionSplit()  # the rollout's traffic split (revisions.py)
@@ -197,9 +201,17 @@ class Dispatcher:
         return info.estimated_prompt_tokens(self.core.cfg.prefix.chars_per_token) \
             + info.max_tokens
 
+    def _flow_child(self, family: Any, flow: Flow) -> Any:
+        """`family.labels(band, tenant)`, looked up once per flow."""
+        key = (id(family), flow.band_label, flow.label)
+        child = self._flow_children.get(key)
+        if child is None:
+            child = self._flow_children[key] = family.labels(flow.band_label, flow.label)
+        return child
+
     def _dispatched(self, info: RequestInfo, flow: Flow, routed: Routed) -> Routed:
         self.gate.charge(info.tenant, self._dispatch_charge(info), time.monotonic())
-        self.metrics.flow_dispatched.labels(flow.band_label, flow.label).inc()
+        self._flow_child(self.metrics.flow_dispatched, flow).inc()
         return routed
 
     async def acquire(self, info: RequestInfo, role: str, policy: str | None,
@@ -314,7 +326,7 @@ class Dispatcher:
             else info.max_tokens
         if output < info.max_tokens:
             self.gate.charge(info.tenant, output - info.max_tokens, time.monotonic())
-        self.metrics.flow_tokens.labels(flow.band_label, flow.label).inc(
+        self._flow_child(self.metrics.flow_tokens, flow).inc(
             info.estimated_prompt_tokens(self.core.cfg.prefix.chars_per_token) + output)
 
     async def serve(self, request: web.Request, raw: bytes, info: RequestInfo, role: str,

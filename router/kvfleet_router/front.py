@@ -56,28 +56,36 @@ async def read_body(request: web.Request, limits: LimitsConfig, uploads: UploadS
     """The raw body, within limits: at most `max_uploads_per_client` unfinished per client
     address (429 at once, body unread), `max_body_bytes` (413), `body_read_timeout_s` for
     all of it (408). A client gone mid-body or a malformed chunked body is a 400 that
-    closes the connection, logged as one DEBUG line."""
-    addr = request.remote or ""
-    uploads.max_per_client = limits.max_uploads_per_client  # follows config reloads
-    if not uploads.acquire(addr):
-        raise RequestError(f"more than {limits.max_uploads_per_client} unfinished uploads from "
-                           "this address", status=429, code="too_many_uploads",
-                           headers={"Retry-After": "1"}, is_closing=True)
+    closes the connection, logged as one DEBUG line. A body already received whole (a
+    small request's usual case) is no unfinished upload and has nothing left to wait
+    for: it is read without a slot or a timer."""
+    is_whole = request.content.is_eof()
+    addr = ""
+    if not is_whole:
+        addr = request.remote or ""
+        uploads.max_per_client = limits.max_uploads_per_client  # follows config reloads
+        if not uploads.acquire(addr):
+            raise RequestError(f"more than {limits.max_uploads_per_client} unfinished uploads "
+                               "from this address", status=429, code="too_many_uploads",
+                               headers={"Retry-After": "1"}, is_closing=True)
     try:
+        if is_whole:
+            return await _read(request, limits.max_body_bytes)
         async with asyncio.timeout(limits.body_read_timeout_s):
             return await _read(request, limits.max_body_bytes)
     except TimeoutError:
         raise RequestError(f"request body not received within {limits.body_read_timeout_s}s",
                            status=408, code="body_timeout", is_closing=True) from None
     except ConnectionResetError:
-        log.debug("client %s went away mid-body", addr)
+        log.debug("client %s went away mid-body", addr or request.remote)
         raise RequestError("client closed the connection mid-body", code="client_gone",
                            is_closing=True) from None
     except (web.RequestPayloadError, HttpProcessingError) as exc:
         raise RequestError(f"malformed request body: {exc}", code="bad_body",
                            is_closing=True) from None
     finally:
-        uploads.release(addr)
+        if not is_whole:
+            uploads.release(addr)
 
 
 class OpenAIFront:

@@ -165,18 +165,40 @@ class WholeEvents:
 class StreamLedger:
     """The client's side of one stream: whole events in, what was sent kept."""
 
+    __slots__ = ("_partial", "_held", "_held_bytes", "_state")
+
     def __init__(self) -> None:
-        self._events = WholeEvents()
+        self._partial = b""  # the start of an event the next chunk ends (WholeEvents')
         self._held: list[bytes] = []
         self._held_bytes = 0
         self._state = StreamState()
 
     def feed(self, chunk: bytes) -> bytes:
-        """The whole events `chunk` completes, to forward now; a partial one waits."""
-        whole = self._events.feed(chunk)
-        if whole:
-            self.record(whole)
+        """The whole events `chunk` completes, to forward now; a partial one waits.
+        (`WholeEvents.feed` and `record` spelled out: this runs for every chunk.)"""
+        data = self._partial + chunk if self._partial else chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._partial = data
+            return b""
+        end += 2
+        if end == len(data):  # the common case: the chunk ends on an event boundary
+            self._partial = b""
+            whole = data
+        else:
+            self._partial = data[end:]
+            whole = data[:end]
+        self._held.append(whole)
+        self._held_bytes += len(whole)
+        if self._held_bytes > _FOLD_BYTES:
+            self._fold()
         return whole
+
+    def feed_stripped(self, chunk: bytes) -> bytes:
+        """`feed`, with the token ids the client did not ask for taken out of what it is
+        sent (after recording: a continuation still uses them)."""
+        whole = self.feed(chunk)
+        return strip_token_ids(whole) if b"token_ids" in whole else whole
 
     def record(self, events: bytes) -> None:
         """Whole events the client is sent (a continuation's, after `Splice`)."""

@@ -62,25 +62,33 @@ def tpot_features(num_in_flight: float, kv_usage: float) -> tuple[float, ...]:
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """Gaussian elimination with partial pivoting on a small dense system."""
+    """Gaussian elimination with partial pivoting on a small dense system. It runs twice
+    per finished stream (the MAPE's prediction after each new sample), so the pivot search
+    is a plain loop, not max() with a key function per element."""
     n = len(b)
     m = [row[:] + [b[i]] for i, row in enumerate(a)]
     for col in range(n):
-        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[piv][col]) < 1e-18:
-            return None
-        m[col], m[piv] = m[piv], m[col]
-        p = m[col][col]
+        piv, best = col, abs(m[col][col])
         for r in range(col + 1, n):
-            f = m[r][col] / p
+            v = abs(m[r][col])
+            if v > best:  # the first of equal maxima, as max() would pick
+                piv, best = r, v
+        if best < 1e-18:
+            return None
+        top = m[piv]
+        m[col], m[piv] = top, m[col]
+        p = top[col]
+        for r in range(col + 1, n):
+            row = m[r]
+            f = row[col] / p
             if f:
-                row, top = m[r], m[col]
                 for c in range(col, n + 1):
                     row[c] -= f * top[c]
     x = [0.0] * n
     for r in range(n - 1, -1, -1):
-        s = m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))
-        x[r] = s / m[r][r]
+        row = m[r]
+        s = row[n] - sum(row[c] * x[c] for c in range(r + 1, n))
+        x[r] = s / row[r]
     return x
 
 
@@ -116,8 +124,9 @@ class LinearStats:
         if self.num_samples == 0:
             return None
         if self._weights is None:
-            a = [[v + (self.ridge if i == j else 0.0) for j, v in enumerate(row)]
-                 for i, row in enumerate(self.xtx)]
+            a = [row[:] for row in self.xtx]
+            for i in range(self.dim):
+                a[i][i] += self.ridge
             self._weights = _solve(a, self.xty)
         return self._weights
 

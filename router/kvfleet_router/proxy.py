@@ -17,10 +17,9 @@ Timeouts: connect_s for the TCP connect; idle_s for every gap between backend by
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -31,7 +30,7 @@ from kvfleet_router.config import TimeoutsConfig
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.errors import sse_error_event
 from kvfleet_router.fault import BUSY, CLIENT, classify
-from kvfleet_router.migration import StreamLedger, strip_token_ids
+from kvfleet_router.migration import StreamLedger
 from kvfleet_router.revisions import MeteredCounts, RevisionMeter
 
 log = logging.getLogger(__name__)
@@ -186,7 +185,7 @@ class Forwarder:
             e, request.path, raw, headers if headers is not None else
             forward_headers(request.headers), counts)
         ttft = time.perf_counter() - start
-        kept = {k: resp.headers[k] for k in _KEEP_RESPONSE_HEADERS if k in resp.headers}
+        kept = _kept_headers(resp.headers)
         if not is_sse:
             resp.release()
             if counts is not None:
@@ -200,9 +199,12 @@ class Forwarder:
             raise BackendFailure("protocol", f"{e.name} closed the stream before any data")
         if counts is not None:
             counts.observe_ttft(ttft)
-        out = web.StreamResponse(status=resp.status, headers=kept)
+        out = _SSEResponse(status=resp.status, headers=kept)
         try:
             await out.prepare(request)
+            transport = request.transport  # the headers wait for the first bytes (below)
+            if transport is None or transport.is_closing():
+                raise ConnectionResetError("the client went away")
         except (ConnectionError, RuntimeError):
             resp.close()
             if counts is not None:
@@ -232,30 +234,49 @@ class Forwarder:
         did not finish (so the engine frees the request). With a recording `feed`, an end
         without `[DONE]` is a break: a proxy or engine cut the stream short. `counts`:
         the gaps between chunks go to its ITL, and the attempt to its outcomes (a break
-        is an error)."""
+        is an error). When the backend's body has ended with a chunk (its terminating
+        chunk came in the same read), the client's body ends with it too: one write
+        for the last bytes and the end (`out` is then ended here; `end` does nothing)."""
+        # The per-chunk loop of every stream: a plain readany() loop (no async generators
+        # in between), the feed called only when it records, the ITL clock read only when
+        # a revision is metered.
         num_events = 0
         ending, reason = DONE, ""
-        tail = b""
+        is_recording = feed is not _passthrough
+        is_done = False  # the last bytes sent ended with [DONE] (a recording feed's check)
         itl = counts.observe_itl if counts is not None else None
         last = 0.0  # when the previous chunk arrived (0: this is the first)
+        content = resp.content
+        read = content.readany
+        write = out.write
+        data = first
+        is_first = True
         try:
-            async with contextlib.aclosing(_chunks(first, resp)) as chunks:
-                async for data in chunks:
+            while True:
+                if data:
                     if itl is not None:
                         now = time.perf_counter()
                         if last:
                             itl(now - last)
                         last = now
                     num_events += data.count(b"data:")
-                    sent = feed(data)
+                    sent = feed(data) if is_recording else data
                     if sent:
-                        tail = sent[-len(_SSE_DONE):]
-                        try:
-                            await out.write(sent)
-                        except (ConnectionError, RuntimeError):
-                            ending = CLIENT_GONE
+                        is_done = sent.endswith(_SSE_DONE)
+                    try:
+                        if content.at_eof() and (is_done or not is_recording):
+                            await out.write_eof(sent)  # the last bytes and the end, one write
                             return ending, num_events, reason
-            if feed is not _passthrough and tail != _SSE_DONE:
+                        if sent or is_first:  # (b"" sends the headers that wait for bytes)
+                            await write(sent)
+                    except (ConnectionError, RuntimeError):
+                        ending = CLIENT_GONE
+                        return ending, num_events, reason
+                    is_first = False
+                data = await read()
+                if not data:  # b"": the backend's body ended
+                    break
+            if is_recording and not is_done:
                 ending, reason = BROKEN, "the stream ended without [DONE]"
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             ending, reason = BROKEN, str(exc) or type(exc).__name__
@@ -326,6 +347,24 @@ def _counted(counts: MeteredCounts, status: int, ttft: float) -> None:
         counts.observe_ttft(ttft)
 
 
+class _SSEResponse(web.StreamResponse):
+    """A relayed stream's response: its headers go out with its first bytes, in one write
+    (aiohttp's buffered headers, as web.Response has them), not in a write of their own;
+    `forward` prepares it only once the backend's first bytes are here."""
+
+    _send_headers_immediately = False
+
+
+def _kept_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The backend's response headers the client gets (one lookup each)."""
+    kept = {}
+    for name in _KEEP_RESPONSE_HEADERS:
+        value = headers.get(name)
+        if value is not None:
+            kept[name] = value
+    return kept
+
+
 def _passthrough(data: bytes) -> bytes:
     return data
 
@@ -333,12 +372,4 @@ def _passthrough(data: bytes) -> bytes:
 def _recording(ledger: StreamLedger, strip_ids: bool) -> Callable[[bytes], bytes]:
     """Whole events only, recorded in the ledger (and the ids the client did not ask for
     taken out after recording, so a continuation can still use them)."""
-    if strip_ids:
-        return lambda data: strip_token_ids(ledger.feed(data))
-    return ledger.feed
-
-
-async def _chunks(first: bytes, resp: aiohttp.ClientResponse) -> AsyncGenerator[bytes]:
-    yield first
-    async for chunk in resp.content.iter_any():
-        yield chunk
+    return ledger.feed_stripped if strip_ids else ledger.feed

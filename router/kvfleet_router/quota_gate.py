@@ -241,3 +241,11 @@ class QuotaGate:
                 await write(data)
 
             response.write = metered  # type: ignore[method-assign]
+            write_eof = response.write_eof
+
+            async def metered_eof(data: bytes = b"") -> None:  # a relay's last bytes and end
+                if data:
+                    meter.feed(bytes(data))
+                await write_eof(data)
+
+            response.write_eof = metered_eof  # type: ignore[method-assign]
