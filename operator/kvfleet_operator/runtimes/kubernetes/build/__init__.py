@@ -8,7 +8,7 @@ the operator owns for a pool, in apply order; each kind has its own module:
 | `secret.py` | the router admin token and the engine token Secrets |
 | `configmap.py` | the router's bootstrap config (`decide.router_config.build_router_config`) |
 | `network_policy.py` | the engines' ingress policy (router, operator, pool peers) |
-| `service.py` | a headless Service per engine role, the router's Service |
+| `service.py` | a headless Service per engine role, the router's, the routers' peers' |
 | `pdb.py` | a PodDisruptionBudget per engine role and for the router |
 | `deployment.py` | an engine Deployment per role, the router Deployment |
 
