@@ -87,8 +87,10 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
     x = [0.0] * n
     for r in range(n - 1, -1, -1):
         row = m[r]
-        s = row[n] - sum(row[c] * x[c] for c in range(r + 1, n))
-        x[r] = s / row[r]
+        acc = 0.0
+        for c in range(r + 1, n):
+            acc += row[c] * x[c]
+        x[r] = (row[n] - acc) / row[r]
     return x
 
 
