@@ -266,6 +266,10 @@ async def run_fleet(
     async with LocalRuntime(state_dir, backoff=backoff, events=events,
                             engine_env=engine_token) as runtime:  # fmt: skip
         keys = ["--api-keys-file", str(api_keys_file.resolve())] if api_keys_file else []
+        # routing.workers as given (no CPU request to derive it from locally); the workers
+        # share what they learn among themselves (exchange.py), whatever the config says
+        if (workers := pool.spec.routing.workers or 1) > 1:
+            keys += ["--workers", str(workers)]
 
         def router_argv(p: int) -> list[str]:
             return kvfleet_argv("router", "--host", HOST, "--port", str(p),

@@ -26,9 +26,6 @@ def unhonoured_fields(spec: PoolSpec) -> list[str]:
     if spec.routing.replicas > 1:
         out.append(f"routing.replicas ({spec.routing.replicas}) is ignored: a local fleet "
                    "runs one router")
-    if spec.routing.workers is not None and spec.routing.workers > 1:
-        out.append(f"routing.workers ({spec.routing.workers}) is ignored: a local fleet runs "
-                   "one router process")
     if (router := spec.routing.resources) is not None and (router.requests or router.limits):
         out.append("routing.resources is ignored: local processes have no resource requests "
                    "or limits")
