@@ -311,11 +311,22 @@ class RoutingSpec:
     pd_threshold_tokens: Int = Field(default=128, ge=0, le=1048576)
     placement: Annotated[Str, OneOf(ROUTER_PLACEMENTS)] = "deployment"
     prefix_mode: Annotated[Str, OneOf(PREFIX_MODES)] = "approximate"
+    # the model's tokenizer folder as the router sees it: text prompts on the precise index
+    # too (router prefix.tokenizer; off by default, bench/text_precise_cost.py)
+    text_tokenizer_path: Str = Field(default="", max_length=1024, pattern=r"^$|^/")
     gateway: GatewaySpec | None = None
     kv_sharing: KVSharingSpec = Field(default_factory=KVSharingSpec)
     migration: MigrationSpec = Field(default_factory=MigrationSpec)
     pipeline: PipelineSpec | None = None
     flow_control: FlowControlSpec | None = None  # unset: the router's defaults (flow_control.py)
+
+    @model_validator(mode="after")
+    def _tokenizer_with_precise(self) -> RoutingSpec:
+        # The CRD's CEL rule on the spec says the same.
+        if self.text_tokenizer_path and self.prefix_mode != "precise":
+            raise SpecError("textTokenizerPath", "needs routing.prefixMode: precise (only the "
+                                                 "precise index uses token ids)")
+        return self
 
     @model_validator(mode="after")
     def _pipeline_with_its_policy(self) -> RoutingSpec:

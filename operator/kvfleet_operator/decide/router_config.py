@@ -129,6 +129,8 @@ def build_router_config(
             queue["max_size"] = fc.max_queued
     if queue:
         config["queue"] = queue
+    if r.text_tokenizer_path and r.prefix_mode == "precise":  # only precise endpoints use it
+        config["prefix"] = {"tokenizer": {"path": r.text_tokenizer_path}}
     if (exchange := router_exchange(spec, peers_dns)) is not None:
         config["exchange"] = exchange
     return config
