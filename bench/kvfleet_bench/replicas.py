@@ -6,6 +6,11 @@ the exchange on, `exchange: {enabled: true, peers: [every replica's URL]}` (a re
 itself by id). That is what the operator pushes to a pool's router Deployment, with the
 Kubernetes Service replaced by Envoy in TCP mode.
 
+Each replica runs with `--stop-delay-s 1`: on SIGTERM its /health turns 503 and it serves on
+for a second, so Envoy's health check (every 0.25 s) takes it out before its port closes, as
+a pod's preStop sleep does behind a Service (without it, a connection Envoy had just opened
+to the stopping replica was reset: one client error per restart).
+
 `restart(i)` stops replica i (SIGTERM, the way a rollout or eviction stops a pod) and
 starts it again on the same port with the same command, so it warms from a peer
 (`exchange.warm`, on by default) and Envoy's health check puts it back in the rotation.
@@ -21,6 +26,8 @@ from functools import partial
 from pathlib import Path
 
 from kvfleet_bench import balancer, procs, routers
+
+STOP_DELAY_S = "1"  # > Envoy's health-check interval (balancer.py), as a preStop sleep
 
 
 @dataclass(slots=True)
@@ -74,7 +81,8 @@ class ReplicaSet:
         config_path.write_text(json.dumps(
             replica_config(backends, policy, urls, is_exchange, endpoint, sections)))
         token = routers.admin_token_file(workdir)
-        replicas = [Replica(i, url, routers.kvfleet_command(config_path, port, token),
+        replicas = [Replica(i, url, routers.kvfleet_command(config_path, port, token,
+                                                            ["--stop-delay-s", STOP_DELAY_S]),
                             workdir / f"{name}-{policy}-r{i}.log", cpus)
                     for i, (port, url) in enumerate(zip(ports, urls, strict=True))]
         started: list[Replica] = []

@@ -60,6 +60,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--api-keys-file", help="YAML mapping of client API key to tenant "
                    "(api_keys.py; a mounted Secret on Kubernetes): clients must then send "
                    "Authorization: Bearer <key>, else 401")
+    p.add_argument("--stop-delay-s", type=float, default=0.0,
+                   help="after SIGTERM, keep serving this long (0..300 s) with /health at 503 "
+                   "before closing the port, so a balancer's health check takes the router "
+                   "out first (default 0: on Kubernetes the pod's preStop sleep does this)")
     p.add_argument("--log-level", default="warning",
                    choices=["debug", "info", "warning", "error"])
     p.add_argument("--workers", type=int, default=1, metavar="N",
@@ -176,6 +180,10 @@ def main(argv: list[str]) -> int:
     if not 0 < args.port < 65536:
         print(f"kvfleet router: --port {args.port} is out of range", file=sys.stderr)
         return 2
+    if not 0 <= args.stop_delay_s <= 300:  # also refuses nan
+        print(f"kvfleet router: --stop-delay-s {args.stop_delay_s} is not in 0..300",
+              file=sys.stderr)
+        return 2
     # before any socket or worker: the workers inherit the pool's hash seed
     ensure_hash_seed(token, argv)
     is_worker = args.worker_index is not None
@@ -207,15 +215,19 @@ def main(argv: list[str]) -> int:
     raise_fd_limit()
     loop = new_loop()
     asyncio.set_event_loop(loop)
+    pod = siblings  # /metrics answers for the whole pod, token or not (worker_views.py)
     if token is None:
         siblings = []  # the exchange and the config relay need the token: route alone
     app = RouterApp(cfg, token, epp, keys, exchange_siblings=siblings)
-    webapp = worker_app(app, token, siblings) if is_worker else app.build()
+    webapp = worker_app(app, token, pod, private=private, index=args.worker_index or 0) \
+        if is_worker else app.build()
     try:
         # a worker is quiet: its supervisor says where the pod listens
         loop.run_until_complete(serve(webapp, args.host, args.port,
                                       (lambda: None) if is_worker else say_listening,
-                                      reuse_port=is_worker, private=private))
+                                      reuse_port=is_worker, private=private,
+                                      stop_delay_s=args.stop_delay_s,
+                                      on_stop=app.status.begin_stopping))
     except OSError as exc:
         print(f"kvfleet router: {cannot_listen(args.host, args.port, exc)}", file=sys.stderr)
         return 1

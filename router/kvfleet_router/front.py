@@ -145,18 +145,25 @@ class OpenAIFront:
 
 
 class StatusFront:
-    """/health (always 200 while running) and the router's own /metrics."""
+    """/health (200 while running; 503 once stopping, so a balancer's health check takes the
+    process out while it still serves: `--stop-delay-s`) and the router's own /metrics."""
 
     def __init__(self, core: RouterCore, metrics: RouterMetrics) -> None:
         self.core = core
         self.metrics = metrics
+        self.is_stopping = False
+
+    def begin_stopping(self) -> None:
+        self.is_stopping = True
 
     async def health(self, request: web.Request) -> web.Response:
         now = time.monotonic()
         eps = self.core.registry.endpoints
-        return web.json_response({"status": "ok", "config_version": self.core.cfg.version,
+        return web.json_response({"status": "stopping" if self.is_stopping else "ok",
+                                  "config_version": self.core.cfg.version,
                                   "num_endpoints": len(eps),
-                                  "num_healthy": sum(e.is_healthy(now) for e in eps)})
+                                  "num_healthy": sum(e.is_healthy(now) for e in eps)},
+                                 status=503 if self.is_stopping else 200)
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         return web.Response(body=self.metrics.render(),

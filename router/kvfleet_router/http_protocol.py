@@ -46,12 +46,18 @@ class _Server(web_server.Server):
 async def serve(webapp: web.Application, host: str, port: int,
                 on_listening: Callable[[], None] = lambda: None, *,
                 reuse_port: bool = False,
-                private: tuple[str, int] | None = None) -> None:
+                private: tuple[str, int] | None = None,
+                stop_delay_s: float = 0.0,
+                on_stop: Callable[[], None] = lambda: None) -> None:
     """Listen until SIGINT/SIGTERM, then shut down (in-flight requests get 30 s).
     `on_listening` runs once the sockets accept connections. `reuse_port`: share host:port
     with the pod's other workers (SO_REUSEPORT: the kernel spreads new connections over
     them; workers.py). `private`: a second address serving the same app (a worker's
-    loopback port, where its siblings reach it), opened after the public one."""
+    loopback port, where its siblings reach it), opened after the public one. On the first
+    stop signal `on_stop` runs (health turns 503) and the process keeps serving for
+    `stop_delay_s` before it closes its ports, so a balancer that health-checks takes it out
+    first and no connection lands on a closed port (Kubernetes' preStop sleep does this for
+    pods)."""
     runner = web.AppRunner(webapp, access_log=None, shutdown_timeout=30)
     await runner.setup()
     assert runner.server is not None
@@ -73,5 +79,8 @@ async def serve(webapp: web.Application, host: str, port: int,
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
             signal.signal(signum, signal.SIG_IGN)
+        on_stop()
+        if stop_delay_s > 0:
+            await asyncio.sleep(stop_delay_s)
     finally:
         await runner.cleanup()
