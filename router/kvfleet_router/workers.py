@@ -291,13 +291,18 @@ def supervise(argv: list[str], n: int, on_listening: Callable[[], None]) -> int:
 
 # --- a worker's share (child) ---
 
-def worker_app(app: RouterApp, token: str | None, siblings: list[str]) -> web.Application:
+def worker_app(app: RouterApp, token: str | None, siblings: list[str], *,
+               private: tuple[str, int] | None = None, index: int = 0) -> web.Application:
     """Build a worker's aiohttp app: config pushes relay to the siblings, the siblings'
-    newer config is taken at start, and the worker stops when the supervisor is gone."""
+    newer config is taken at start, GET /admin/config and /metrics answer for the pod
+    (worker_views.py), and the worker stops when the supervisor is gone. `siblings`: the
+    other workers' private URLs in index order; `private`: this worker's own address;
+    `index`: its --worker-index."""
     from aiohttp import ClientError, ClientSession, ClientTimeout
 
     from kvfleet_router.config import ConfigError, RouterConfig
     from kvfleet_router.config_store import StaleVersion
+    from kvfleet_router.worker_views import PodViews
 
     auth = {"Authorization": f"Bearer {token}"} if token else {}
     parent = os.getppid()
@@ -330,6 +335,9 @@ def worker_app(app: RouterApp, token: str | None, siblings: list[str]) -> web.Ap
 
     # wrapped here, not in a middleware: the other requests pay nothing
     app.admin.put_config = put_and_relay  # type: ignore[method-assign]
+    views = PodViews(app, token, siblings, index, private)
+    app.admin.get_config = views.get_config  # type: ignore[method-assign]
+    app.status.metrics_text = views.metrics_text  # type: ignore[method-assign]
 
     async def catch_up(_: web.Application) -> None:
         if not token or not siblings:
@@ -371,5 +379,7 @@ def worker_app(app: RouterApp, token: str | None, siblings: list[str]) -> web.Ap
     webapp = app.build()
     webapp.on_startup.append(catch_up)  # before the sockets open: up means up to date
     webapp.on_startup.append(start_watch)
+    webapp.on_startup.append(views.start)
     webapp.on_cleanup.append(stop_watch)
+    webapp.on_cleanup.append(views.close)
     return webapp

@@ -3,7 +3,10 @@
 `HttpRouterControl` pushes a config to each router's admin API (success only when all
 accepted it), combines their views (in-flight summed per endpoint, the oldest version), and
 sums the requests they hold (`kvfleet_router_queue_length`), and reads the perf-model fits
-they export (`kvfleet_router_perf_model_coefficient`, combined across routers). Each view
+they export (`kvfleet_router_perf_model_coefficient`, combined across routers). A router pod
+of several workers answers for all of them (kvfleet_router.worker_views): its GET
+/admin/config is already summed, its /metrics carries one sample per worker (`worker`
+label), summed or combined here as several routers' are. Each view
 carries what the router measured per engine revision (`revisions` in its GET
 /admin/config, summed over routers): the rollout analysis reads it.
 Endpoints: kvfleet_router.admin.
@@ -21,10 +24,16 @@ from kvfleet_engine.contract import parse_text
 from kvfleet_router.perf_model import RoleCoefficients
 from kvfleet_router.revision_stats import RevisionCounts, combine
 
-from kvfleet_operator.decide.role_signals import combine_perf_models, parse_router_perf_models
+from kvfleet_operator.decide.role_signals import (
+    PERF_COEFFICIENT,
+    PERF_EVIDENCE,
+    combine_perf_models,
+    parse_router_perf_models,
+)
 from kvfleet_operator.loop.ports import EndpointView, RouterControlError, RouterView
 
 QUEUE_METRIC = "kvfleet_router_queue_length"
+PERF_METRICS = (PERF_COEFFICIENT, PERF_EVIDENCE)
 
 
 def _auth(token: str) -> dict[str, str]:
@@ -115,9 +124,26 @@ async def get_queue_length(session: aiohttp.ClientSession, base_url: str) -> int
             text = await r.text()
     except (TimeoutError, aiohttp.ClientError, OSError):
         return None
+    return queue_length_in(text)
+
+
+def queue_length_in(text: str) -> int | None:
+    """`kvfleet_router_queue_length` of one router's /metrics text, summed over its workers
+    (a pod of `--workers N` labels each worker's sample `worker`); None if absent."""
     samples = parse_text(text, only=[QUEUE_METRIC]).samples  # the one /metrics reader
     values = [x.value for x in samples if x.name == QUEUE_METRIC and math.isfinite(x.value)]
-    return int(values[0]) if values else None
+    return int(sum(values)) if values else None
+
+
+def perf_models_in(text: str) -> dict[str, RoleCoefficients]:
+    """The perf-model fits of one router's /metrics text: a pod's workers (samples labelled
+    `worker`) each fit their own streams, combined as several routers' are."""
+    by_worker: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        for x in parse_text(line, only=PERF_METRICS).samples:
+            by_worker.setdefault(x.labels.get("worker", ""), []).append(line)
+    return combine_perf_models(parse_router_perf_models("\n".join(lines))
+                               for lines in by_worker.values())
 
 
 async def get_perf_models(session: aiohttp.ClientSession, base_url: str
@@ -130,7 +156,7 @@ async def get_perf_models(session: aiohttp.ClientSession, base_url: str
             text = await r.text()
     except (TimeoutError, aiohttp.ClientError, OSError):
         return {}
-    return parse_router_perf_models(text)
+    return perf_models_in(text)
 
 
 class HttpRouterControl:
