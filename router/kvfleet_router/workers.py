@@ -21,9 +21,9 @@ nothing and imports no aiohttp. It
 Every child binds the public host:port with SO_REUSEPORT, so the kernel spreads new
 connections over them (Linux hashes each connection to one listener; a connection stays
 on its worker). Each child also serves the same app on its private loopback port: its
-siblings' state exchange (exchange.py) and config relay reach it there, and an operator
-can read one worker's /metrics there (the public port answers from whichever worker the
-connection landed on).
+siblings' state exchange (exchange.py) and config relay reach it there, and there it
+answers /metrics and GET /admin/config for itself alone (the public port answers for the
+pod: worker_views.py).
 
 A worker's share of the pod (`worker_app`):
 - a config the operator pushes (PUT/POST /admin/config, on the public port) lands on one
@@ -32,6 +32,8 @@ A worker's share of the pod (`worker_app`):
   operator's next push, or catches up when it restarts);
 - a (re)started worker pulls the newest config its siblings hold before it counts as up
   (the --config file can be older than the operator's last push);
+- GET /admin/config and /metrics on the public port merge every worker's own view
+  (worker_views.py): the operator and Prometheus see one router;
 - a worker whose parent is gone (SIGKILLed supervisor) drains and exits instead of
   serving on alone.
 """
