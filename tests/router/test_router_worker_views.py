@@ -60,7 +60,7 @@ def hold_stream(url: str, started: threading.Event, prompt: str) -> threading.Th
     def run() -> None:
         req = urllib.request.Request(
             url + "/v1/completions", method="POST",
-            data=(b'{"model": "fake", "max_tokens": 40, "stream": true, "prompt": "'
+            data=(b'{"model": "fake", "max_tokens": 80, "stream": true, "prompt": "'
                   + prompt.encode() + b'"}'),
             headers={"Content-Type": "application/json"})
         try:
@@ -79,8 +79,8 @@ def hold_stream(url: str, started: threading.Event, prompt: str) -> threading.Th
 # --- real processes ---
 
 def test_in_flight_on_both_workers_is_summed_in_one_view_and_by_the_operator(procs, tmp_path):
-    # 40 tokens 100 ms apart: each stream stays in flight ~4 s
-    slow = start_fake(procs, "slow", "--token-delay-ms", "100", "--num-tokens", "40")
+    # 80 tokens 100 ms apart: each stream stays in flight ~8 s, past the test's checks
+    slow = start_fake(procs, "slow", "--token-delay-ms", "100", "--num-tokens", "80")
     router = start_workers(procs, tmp_path, {"endpoints": endpoints_cfg([slow])})
     (_, url0), (_, url1) = workers_of(router)
     events = [threading.Event() for _ in range(3)]
@@ -91,13 +91,14 @@ def test_in_flight_on_both_workers_is_summed_in_one_view_and_by_the_operator(pro
     own = [in_flight(u)["endpoints"][0]["num_in_flight"] for u in (url0, url1)]
     assert own == [2, 1]  # each private port answers for its worker alone
 
+    # each worker alone counts its sibling's streams as a peer's...
+    wait_for("the workers to hear each other", lambda: [
+        in_flight(u)["endpoints"][0]["peer_in_flight"] for u in (url0, url1)] == [1, 2],
+        timeout_s=5)
     pod = in_flight(router.url)  # whichever worker the connection landed on
     (e,) = pod["endpoints"]
     assert pod["workers"] == 2 and e["name"] == "b0" and e["num_in_flight"] == 3, pod
-    # siblings' counts are in num_in_flight: peer_in_flight is other pods' only (none here),
-    # though each worker alone hears its sibling's as a peer
-    wait_for("worker 0 to hear worker 1", lambda: in_flight(url0)["endpoints"][0]
-             ["peer_in_flight"] == 1, timeout_s=5)
+    # ...which the pod's num_in_flight already sums: its peer_in_flight is other pods' only
     assert e["peer_in_flight"] == 0 and e["is_healthy"] and e["state"] == "active"
 
     async def operator_view() -> Any:
