@@ -32,6 +32,7 @@ from kvfleet_router.errors import sse_error_event
 from kvfleet_router.fault import BUSY, CLIENT, classify
 from kvfleet_router.migration import StreamLedger
 from kvfleet_router.revisions import MeteredCounts, RevisionMeter
+from kvfleet_router.upstream import UpstreamConnectError, UpstreamPool, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +89,13 @@ def forward_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
 
 
 class Forwarder:
-    """Owns the one pooled keep-alive ClientSession that every backend call shares
-    (forwarding, and the probes, scrapes and KV-event streams that borrow `session`)."""
+    """Owns the backend connections: the forwarding path's own keep-alive pool
+    (upstream.py, a lean HTTP/1.1 client) and the one pooled aiohttp ClientSession that
+    the probes, scrapes and KV-event streams borrow (`session`)."""
 
     def __init__(self, timeouts: TimeoutsConfig, meter: RevisionMeter | None = None) -> None:
         self._session: aiohttp.ClientSession | None = None
+        self._upstream = UpstreamPool()
         self.meter = meter  # per-revision outcomes and latencies (revisions.py), if kept
         self.set_timeouts(timeouts)
 
@@ -109,6 +112,7 @@ class Forwarder:
         return self._session
 
     async def close(self) -> None:
+        await self._upstream.close()
         if self._session is not None:
             await self._session.close()
 
@@ -119,12 +123,12 @@ class Forwarder:
 
     def set_timeouts(self, t: TimeoutsConfig) -> None:
         self.first_byte_s = t.first_byte_s
-        self.client_timeout = aiohttp.ClientTimeout(total=None, sock_connect=t.connect_s,
-                                                    sock_read=t.idle_s)
+        self.connect_s = t.connect_s
+        self.idle_s = t.idle_s  # between any two reads of an answer
 
     async def _open(self, e: EndpointState, path: str, raw: bytes,
                     headers: CIMultiDict[str], counts: MeteredCounts | None = None,
-                    ) -> tuple[aiohttp.ClientResponse, bytes, bool]:
+                    ) -> tuple[UpstreamResponse, bytes, bool]:
         """Send, wait for the head and the first chunk: (response, first bytes, is_sse).
         A failure is counted in `counts` (an error unless a 4xx-like busy answer)."""
         try:
@@ -135,12 +139,12 @@ class Forwarder:
             raise
 
     async def _open_once(self, e: EndpointState, path: str, raw: bytes,
-                         headers: CIMultiDict[str]) -> tuple[aiohttp.ClientResponse, bytes, bool]:
-        resp: aiohttp.ClientResponse | None = None
+                         headers: CIMultiDict[str]) -> tuple[UpstreamResponse, bytes, bool]:
+        resp: UpstreamResponse | None = None
         try:
             async with asyncio.timeout(self.first_byte_s):
-                resp = await self.session.post(e.url + path, data=raw, headers=headers,
-                                               timeout=self.client_timeout)
+                resp = await self._upstream.post(e.url, path, raw, headers.items(),
+                                                 self.connect_s, self.idle_s)
                 is_sse = resp.content_type == "text/event-stream"
                 if resp.status >= 400:  # an error: read it whole, judge whose fault it is
                     body = await resp.read()
@@ -156,8 +160,7 @@ class Forwarder:
             if resp is not None:
                 resp.release()
             raise
-        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError,
-                aiohttp.ConnectionTimeoutError) as exc:
+        except (UpstreamConnectError, aiohttp.ServerDisconnectedError) as exc:
             if resp is not None:
                 resp.close()
             raise BackendFailure("connect", f"{e.name} unreachable: {exc!r}") from None
@@ -226,7 +229,7 @@ class Forwarder:
             await self.end(out)
         return out
 
-    async def relay(self, out: web.StreamResponse, resp: aiohttp.ClientResponse, first: bytes,
+    async def relay(self, out: web.StreamResponse, resp: UpstreamResponse, first: bytes,
                     feed: Callable[[bytes], bytes], counts: MeteredCounts | None = None,
                     ) -> tuple[str, int, str]:
         """Backend bytes through `feed` to the client: (how it ended, SSE data events seen,
@@ -307,7 +310,7 @@ class Forwarder:
             pass
 
     async def open_stream(self, e: EndpointState, path: str, raw: bytes,
-                          headers: CIMultiDict[str]) -> tuple[aiohttp.ClientResponse, bytes]:
+                          headers: CIMultiDict[str]) -> tuple[UpstreamResponse, bytes]:
         """A continuation leg (dispatch.py): the response and its first bytes, which must
         be a stream; anything else raises BackendFailure (the next endpoint is tried).
         Its revision's TTFT is observed here, its outcome by `relay`."""
