@@ -50,7 +50,7 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ]),
     ("Router load imbalance ((max - min) / mean load)", "short", [
         (f"max by (role) (kvfleet_router_load_imbalance{{{SEL}}})", "queue depth {{role}}"),
-        (f"kvfleet_router_imbalance{{{SEL}}}", "in-flight / capacity, all roles"),
+        (f"max(kvfleet_router_imbalance{{{SEL}}})", "in-flight / capacity, all roles"),
     ]),
     ("Scale decisions", "short", [
         (f"sum by (reason) (increase(kvfleet_scale_decisions_total{{{SEL}}}[5m]))", "{{reason}}"),

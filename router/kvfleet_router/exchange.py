@@ -124,6 +124,7 @@ class Outbox:
 class PeerCounts:
     received_at: float
     in_flight: dict[str, float] = field(default_factory=dict)
+    group: str = ""  # the sender's pod (its workers share one): siblings vs other pods
 
 
 def peer_in_flight(peers: dict[str, PeerCounts], now: float,
@@ -308,7 +309,7 @@ class Exchange:
                 num_blocks += len(hashes)
         counts = {str(k): float(v) for k, v in body.get("in_flight", {}).items()
                   if isinstance(v, (int, float)) and v >= 0}
-        self.peers[body["id"]] = PeerCounts(self.clock(), counts)
+        self.peers[body["id"]] = PeerCounts(self.clock(), counts, str(body.get("group", "")))
         self.refresh_peer_load(self.clock())
         sessions = body.get("sessions", {})
         if self.split is not None:

@@ -218,8 +218,9 @@ class PodViews:
         out = config_status(self.app.store, self.app.admin.meter)
         out["worker"] = {
             "index": self.index, "exchange_id": x.id,
+            # fresh peers of other pods only (a restarted sibling's old id is still ours)
             "peers_in_flight": {pid: dict(c.in_flight) for pid, c in x.peers.items()
-                                if now - c.received_at <= stale},
+                                if now - c.received_at <= stale and c.group != x.group},
         }
         return out
 

@@ -92,6 +92,7 @@ def test_a_batch_records_known_endpoints_only_and_counts_the_peers_load():
                                          "gone": [encode_chain(hashes)]},
                              in_flight={"e0": 2, "e1": 5}))
     assert core.approx.match(hashes) == {"e1": len(hashes)}
+    assert x.peers["peer"].group == "other-pod"  # siblings are told apart by it
     assert "gone" not in core.approx.endpoints()
     by = core.registry.by_name
     assert (by["e0"].peer_in_flight, by["e1"].peer_in_flight) == (2.0, 5.0)
