@@ -45,7 +45,9 @@ _CHAT_ONLY = ("messages", "add_generation_prompt", "continue_final_message", "ch
 # object. A quote after `,` or `{` is structural in valid JSON (inside a string it would
 # be escaped), so these never match inside string content.
 _IDS_AFTER = re.compile(rb',\s*"(?:prompt_)?token_ids"\s*:\s*(?:\[[-0-9,\s]*\]|null)')
-_IDS_FIRST = re.compile(rb'(?<={)\s*"(?:prompt_)?token_ids"\s*:\s*(?:\[[-0-9,\s]*\]|null)\s*,?')
+# (The brace is matched, and put back, rather than looked behind for: a pattern that starts
+# with a literal is searched for at C speed; this runs on every event vLLM streams.)
+_IDS_FIRST = re.compile(rb'{\s*"(?:prompt_)?token_ids"\s*:\s*(?:\[[-0-9,\s]*\]|null)\s*,?')
 
 
 def is_migratable(path: str, body: dict[str, Any]) -> bool:
@@ -68,7 +70,7 @@ def strip_token_ids(events: bytes) -> bytes:
     """`events` without the token-id fields the router asked for on the client's behalf."""
     if b"token_ids" not in events:
         return events
-    return _IDS_FIRST.sub(b"", _IDS_AFTER.sub(b"", events))
+    return _IDS_FIRST.sub(b"{", _IDS_AFTER.sub(b"", events))
 
 
 @dataclass(slots=True)
@@ -197,8 +199,7 @@ class StreamLedger:
     def feed_stripped(self, chunk: bytes) -> bytes:
         """`feed`, with the token ids the client did not ask for taken out of what it is
         sent (after recording: a continuation still uses them)."""
-        whole = self.feed(chunk)
-        return strip_token_ids(whole) if b"token_ids" in whole else whole
+        return strip_token_ids(self.feed(chunk))
 
     def record(self, events: bytes) -> None:
         """Whole events the client is sent (a continuation's, after `Splice`)."""

@@ -154,3 +154,21 @@ async def _slow_body():  # type: ignore[no-untyped-def]
     yield b'{"prompt": "'
     await asyncio.sleep(0.5)
     yield b'x"}'
+
+
+def test_strip_token_ids_is_the_lookbehind_rule_it_replaced():
+    """The first-key pattern matches its `{` and puts it back (a literal start is found at
+    C speed); on any bytes it must cut exactly what the look-behind form did."""
+    import random
+    import re
+
+    from kvfleet_router.migration import _IDS_AFTER, strip_token_ids
+
+    first = re.compile(rb'(?<={)\s*"(?:prompt_)?token_ids"\s*:\s*(?:\[[-0-9,\s]*\]|null)\s*,?')
+    rng = random.Random(29)
+    parts = [b"{", b"}", b",", b" ", b'"token_ids"', b'"prompt_token_ids"', b":", b"[1, 2]",
+             b"null", b'"x"', b"\n", b"[", b"]", b"-", b'{ "token_ids": [4] ,', b'"a": 1']
+    for _ in range(3000):
+        raw = b"".join(rng.choice(parts) for _ in range(rng.randint(1, 30)))
+        assert strip_token_ids(raw) == (first.sub(b"", _IDS_AFTER.sub(b"", raw))
+                                        if b"token_ids" in raw else raw), raw
