@@ -391,6 +391,7 @@ class UpstreamPool:
         self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
         self._origins: dict[str, Origin] = {}
         self._ssl: ssl.SSLContext | None = None
+        self._swept_at = 0.0
         self.is_closed = False
 
     def origin(self, url: str) -> Origin:
@@ -406,8 +407,24 @@ class UpstreamPool:
             conn.close()
             return
         conn.resp = None
-        conn.idle_since = conn.loop.time()
+        now = conn.idle_since = conn.loop.time()
         self._idle.setdefault(origin.key, []).append(conn)
+        if now - self._swept_at > KEEPALIVE_S:
+            self._sweep(now)
+
+    def _sweep(self, now: float) -> None:
+        """Close the idle connections past `KEEPALIVE_S` everywhere (also those to
+        endpoints no request goes to any more)."""
+        self._swept_at = now
+        for key, idle in list(self._idle.items()):
+            kept = [c for c in idle if not c.is_lost and now - c.idle_since < KEEPALIVE_S]
+            for conn in idle:
+                if conn not in kept:
+                    conn.close()
+            if kept:
+                self._idle[key] = kept
+            else:
+                del self._idle[key]
 
     def _take(self, origin: Origin, now: float) -> _Conn | None:
         idle = self._idle.get(origin.key)

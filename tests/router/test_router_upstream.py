@@ -205,3 +205,25 @@ async def test_a_slow_reader_pauses_reading_and_gets_everything():
         assert len(await resp.read()) == size
         resp.release()
         await pool.close()
+
+
+async def test_idle_connections_past_keepalive_are_closed_by_the_next_release(monkeypatch):
+    import kvfleet_router.upstream as upstream
+
+    async def answer(reader, writer):  # type: ignore[no-untyped-def]
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    async with RawServer(answer) as old_server, RawServer(answer) as server:
+        pool = UpstreamPool()
+        resp = await post(pool, old_server)
+        await resp.read()
+        resp.release()  # pooled; then no request goes there any more
+        [stale] = pool._idle[("http", "127.0.0.1", int(old_server.url.rsplit(":", 1)[1]))]
+        monkeypatch.setattr(upstream, "KEEPALIVE_S", 0.05)
+        await asyncio.sleep(0.1)
+        resp = await post(pool, server)
+        await resp.read()
+        resp.release()  # a release sweeps: the stale one is closed
+        assert stale.is_lost and stale.transport.is_closing()
+        assert len(pool._idle) == 1
+        await pool.close()
