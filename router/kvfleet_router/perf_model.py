@@ -105,6 +105,8 @@ class LinearStats:
     xty: list[float] = field(default_factory=list)
     num_samples: int = 0
     _weights: list[float] | None = None
+    _fresh_weights: list[float] | None = None  # the last solve, kept across adds
+    _solved_at: int = 0  # num_samples at that solve
 
     def __post_init__(self) -> None:
         if not self.xtx:
@@ -129,8 +131,18 @@ class LinearStats:
             a = [row[:] for row in self.xtx]
             for i in range(self.dim):
                 a[i][i] += self.ridge
-            self._weights = _solve(a, self.xty)
+            self._weights = self._fresh_weights = _solve(a, self.xty)
+            self._solved_at = self.num_samples
         return self._weights
+
+    def predict_recent(self, x: Sequence[float], max_age: int) -> float | None:
+        """`predict` with the last fit while it is at most `max_age` samples old: for
+        scoring the model (the MAPE), where a solve per finished request would cost more
+        than all the rest of the learning."""
+        w = self._fresh_weights
+        if w is None or self.num_samples - self._solved_at > max_age:
+            return self.predict(x)
+        return sum(wi * xi for wi, xi in zip(w, x, strict=True))
 
     def predict(self, x: Sequence[float]) -> float | None:
         w = self.weights()

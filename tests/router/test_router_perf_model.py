@@ -203,3 +203,20 @@ def test_the_configs_learning_rates_reach_every_endpoint_also_after_a_push():
     assert (e.perf.ttft.forget, e.perf.tpot.forget) == (0.999, 0.999)
     assert (e.ttft.alpha, e.prefill_s_per_token.alpha, e.decode_s_per_token.alpha) == (
         0.1, 0.1, 0.1)
+
+
+def test_the_mape_scores_a_fit_at_most_max_age_samples_old():
+    from kvfleet_router.perf_model import LinearStats
+
+    stats = LinearStats(2, forget=1.0)
+    for x in range(1, 5):
+        stats.add((1.0, float(x)), 2.0 * x)
+    solved = stats.predict((1.0, 10.0))  # a solve: y = 2x
+    assert solved is not None and abs(solved - 20.0) < 0.1
+    for _ in range(3):  # the truth moves: y = 2x + 100 at x = 1
+        stats.add((1.0, 1.0), 102.0)
+    assert stats.predict_recent((1.0, 10.0), max_age=3) == solved  # 3 old: kept
+    stats.add((1.0, 1.0), 102.0)
+    refit = stats.predict_recent((1.0, 10.0), max_age=3)  # 4 old: solved again
+    assert refit is not None and refit != solved
+    assert refit == stats.predict((1.0, 10.0))
