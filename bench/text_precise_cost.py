@@ -17,7 +17,7 @@ exported as tokenizer.json + tokenizer_config.json as an HF checkpoint ships the
    blocks found in the chosen engine's cache / prompt blocks. Without the tokenizer each
    replica routes text on its own approximate index; with it, on the engines' events.
 
-    .venv/bin/python bench/text_precise_cost.py             # ~1 min
+    .venv/bin/python bench/text_precise_cost.py             # ~1 min; bench/results/...json
     .venv/bin/python bench/text_precise_cost.py --quick     # seconds
 """
 
@@ -35,6 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from kvfleet_bench.procs import RESULTS_DIR
+from kvfleet_bench.readme import refresh_section
 from kvfleet_engine.contract import KVEvent
 from kvfleet_router.config import RouterConfig
 from kvfleet_router.request_info import parse_request
@@ -245,7 +247,9 @@ def replay(folder: Path, replicas: int, engines: int, convs: list[list[dict[str,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, seconds")
-    ap.add_argument("--out", default="", help="write the figures as JSON here")
+    ap.add_argument("--out", default=str(RESULTS_DIR / "text_precise_cost.json"),
+                    help="write the figures as JSON here (default: bench/results/"
+                    "text_precise_cost.json, which refreshes its bench/README.md section)")
     args = ap.parse_args()
     quick = args.quick
     with tempfile.TemporaryDirectory() as tmp:
@@ -268,9 +272,9 @@ def main() -> None:
                       f"fraction {r['hit_fraction']:.3f}, route CPU "
                       f"{r['router_cpu_us_per_request']} us/request ({r['requests']} requests)",
                       flush=True)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"cpu_per_request": cpu, "offload": off,
-                                              "hit_fraction": hit}, indent=2) + "\n")
+    Path(args.out).write_text(json.dumps({"cpu_per_request": cpu, "offload": off,
+                                          "hit_fraction": hit}, indent=2) + "\n")
+    refresh_section("text_precise_cost", args.out)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from kvfleet_bench.sections import (
     sim_kv_pool,
     sim_policies,
     sim_scale,
+    text_precise_cost,
 )
 
 
@@ -49,6 +50,6 @@ SECTIONS: dict[str, Section] = {
         autoscale_local, sim_policies, sim_scale, sim_fidelity, router_overhead, epp_overhead,
         router_cache_hits, engine_throughput, engine_server, operator_scale,
         router_vllm_overhead, kv_pool, sim_kv_pool, flow_control, flow_control_sim,
-        router_memory, chaos,
+        router_memory, chaos, text_precise_cost,
     ])
 }  # fmt: skip

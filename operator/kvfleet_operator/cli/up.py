@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 import aiohttp
 from kvfleet_engine.contract import ENGINE_TOKEN_ENV
+from kvfleet_router.exchange_seed import SEED_ENV, hash_seed_for
 
 from kvfleet_operator.api.advice import odd_settings
 from kvfleet_operator.api.errors import SpecError
@@ -275,9 +276,12 @@ async def run_fleet(
             return kvfleet_argv("router", "--host", HOST, "--port", str(p),
                                 "--admin-token-file", str(state_dir.token_file), *keys)
 
-        adopted = runtime.adopt(leftovers, pool.spec, router_argv, engine_token) if is_kept \
+        # the pool's hash seed in the router's environment: it runs as started, without the
+        # re-exec that would set it, so a later `up` recognises its command line and adopts it
+        router_env = {**engine_token, SEED_ENV: hash_seed_for(token)}
+        adopted = runtime.adopt(leftovers, pool.spec, router_argv, router_env) if is_kept \
             else None  # fmt: skip
-        router = adopted or runtime.start_router(router_argv, port=port or None, env=engine_token)
+        router = adopted or runtime.start_router(router_argv, port=port or None, env=router_env)
         endpoint = f"{router.address}/v1"
         base["endpoint"] = endpoint
         if not await runtime.wait_ready(router.name, ROUTER_START_TIMEOUT_S, stop):
