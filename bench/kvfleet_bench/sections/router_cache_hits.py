@@ -6,11 +6,10 @@ from typing import Any
 
 from kvfleet_bench.sections._fmt import code
 
-# the training slice first, then held-out ones (another trace, later slices, 8 backends)
-# router_cache_hits_restart (--restart-replica) joins this list once its full run is stored
-# (tests/bench/test_bench_readme.py wants every listed file present); the renderer below
-# already shows its restart table and command.
-FILES = ("router_cache_hits", "router_cache_hits_2139", "router_cache_hits_skip4000",
+# the training slice first, then the router replicas (issue 29: three behind Envoy, with and
+# without the exchange; restart-warm), then held-out ones (later slices, 8 backends)
+FILES = ("router_cache_hits", "router_cache_hits_replicas", "router_cache_hits_restart",
+         "router_cache_hits_2139", "router_cache_hits_skip4000",
          "router_cache_hits_skip8000", "router_cache_hits_8backends")
 
 # the tables are also those bench/router_cache_hits.py writes beside its JSON and prints
