@@ -185,15 +185,21 @@ def load_once(args, urls: list[str], key: str, duration_s: float, workdir: Path,
     return row
 
 
+def launch_all(args, targets, backend_urls, workdir,
+               launched: dict[str, routers.RouterProcess]) -> None:
+    """Start every target's router into `launched` (the caller stops what started)."""
+    for target in targets:
+        launched[target] = routers.launch(target, backend_urls, workdir, args.router_cpu_pin,
+                                          ROUTER_OPTIONS)
+
+
 def phase_latency(args, targets, backend_urls, workdir) -> dict[str, Any]:
     """Every target at every level, `reps` times, interleaved."""
     runs: dict[str, dict[str, list[dict]]] = {t: {k: [] for k in args.level_list}
                                               for t in targets}
-    launched = {}
+    launched: dict[str, routers.RouterProcess] = {}
     try:
-        for target in targets:
-            launched[target] = routers.launch(target, backend_urls, workdir, args.router_cpu_pin,
-                                              ROUTER_OPTIONS)
+        launch_all(args, targets, backend_urls, workdir, launched)
         for rep in range(args.reps):
             for key in args.level_list:
                 for target in targets:
@@ -238,11 +244,9 @@ def phase_streamed(args, targets, backend_urls, workdir) -> dict[str, list[dict]
     """Every target at the streamed level (answers of --answer-tokens, tokens spaced by the
     backends), `reps` times, interleaved; the order alternates by repetition."""
     runs: dict[str, list[dict]] = {t: [] for t in targets}
-    launched = {}
+    launched: dict[str, routers.RouterProcess] = {}
     try:
-        for target in targets:
-            launched[target] = routers.launch(target, backend_urls, workdir, args.router_cpu_pin,
-                                              ROUTER_OPTIONS)
+        launch_all(args, targets, backend_urls, workdir, launched)
         for rep in range(args.reps):
             for target in targets if rep % 2 == 0 else targets[::-1]:
                 row = measure(args, launched[target], args.streamed_level, workdir,
