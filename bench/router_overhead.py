@@ -194,7 +194,7 @@ def launch_all(args, targets, backend_urls, workdir,
 
 
 def phase_latency(args, targets, backend_urls, workdir) -> dict[str, Any]:
-    """Every target at every level, `reps` times, interleaved."""
+    """Every target at every level, `reps` times, interleaved (order alternating)."""
     runs: dict[str, dict[str, list[dict]]] = {t: {k: [] for k in args.level_list}
                                               for t in targets}
     launched: dict[str, routers.RouterProcess] = {}
@@ -202,7 +202,8 @@ def phase_latency(args, targets, backend_urls, workdir) -> dict[str, Any]:
         launch_all(args, targets, backend_urls, workdir, launched)
         for rep in range(args.reps):
             for key in args.level_list:
-                for target in targets:
+                # the order reverses every other repetition: no target always goes first
+                for target in targets if rep % 2 == 0 else targets[::-1]:
                     row = measure(args, launched[target], key, workdir)
                     runs[target][key].append(row)
                     print_row(f"rep {rep} {key:<8} {target:<22}", row)

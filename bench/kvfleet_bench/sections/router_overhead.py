@@ -47,11 +47,7 @@ def results_markdown(result: dict) -> str:
         lines.append(f"| {t} | {fmt(row['router_cpu_us_per_req'], 0)} | "
                      f"{head['implied_one_core_rps'].get(t, float('nan')):.0f} | {ratio} | "
                      f"{fmt(row['rps'], 0)} | {fmt(row['router_util'], 2)} |")
-    same = head.get("cpu_ratio_same_policy", {})
-    if same:
-        lines += ["", "Same policy, CPU per request ratio (per repetition, median (min–max)): "
-                  + "; ".join(f"{k} {v['median']:.2f}x ({v['min']:.2f}–{v['max']:.2f})"
-                              for k, v in same.items()) + "."]
+    lines += same_policy_lines("request", head.get("cpu_ratio_same_policy", {}))
     lines += ["", "Added latency at the paced (unsaturated) levels, ms, target minus direct in "
               "the same repetition, p50 / p99:", "",
               "| target | " + " | ".join(paced) + " |", "|---|" + "---|" * len(paced)]
@@ -117,12 +113,17 @@ def streamed_markdown(result: dict) -> str:
                      f"{fmt(row['router_cpu_us_per_token'], 1)} | "
                      f"{fmt(row['streams_per_s'], 0)} | {fmt(row['p50_ms'], 1)} | {added} | "
                      f"{fmt(row['router_util'], 2)} | {row['num_errors']} |")
-    same = st.get("cpu_ratio_same_policy", {})
-    if same:
-        lines += ["", "Same policy, CPU per stream ratio (per repetition, median (min–max)): "
-                  + "; ".join(f"{k} {v['median']:.2f}x ({v['min']:.2f}–{v['max']:.2f})"
-                              for k, v in same.items()) + "."]
+    lines += same_policy_lines("stream", st.get("cpu_ratio_same_policy", {}))
     return "\n".join(lines)
+
+
+def same_policy_lines(per: str, same: dict) -> list[str]:
+    """kvfleet's CPU per `per` over each peer's with the same policy, or nothing."""
+    if not same:
+        return []
+    return ["", f"Same policy, CPU per {per} ratio (per repetition, median (min–max)): "
+            + "; ".join(f"{k} {v['median']:.2f}x ({v['min']:.2f}–{v['max']:.2f})"
+                        for k, v in same.items()) + "."]
 
 
 def workers_markdown(result: dict) -> str:
