@@ -27,7 +27,9 @@ sibling for its own view over the private loopback ports and merges:
 A worker answers for itself on its private port, or anywhere with `?worker=self` (what
 siblings are asked with, so a view never recurses). Its own /admin/config then also
 carries `worker: {index, exchange_id, peers_in_flight: {peer id: {endpoint: n}}}` (fresh
-peers only), from which the merge tells siblings from remote routers.
+peers of other pods only, by the exchange's pod group); the merge also drops any peer id
+that is one of the pod's workers, so a view from a worker that predates groups still sums
+right.
 """
 
 from __future__ import annotations

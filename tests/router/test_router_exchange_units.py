@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 import pytest
-from kvfleet_router.config import RouterConfig
+from kvfleet_router.config import RevisionsConfig, RouterConfig
 from kvfleet_router.exchange import (
     Exchange,
     Outbox,
@@ -21,6 +21,7 @@ from kvfleet_router.exchange import (
     url_of,
 )
 from kvfleet_router.exchange_seed import fingerprint, hash_seed_for
+from kvfleet_router.request_info import RequestInfo
 from kvfleet_router.revisions import RevisionSplit
 from kvfleet_router.router_core import RouterCore
 
@@ -113,8 +114,7 @@ def test_a_batch_hashed_with_another_seed_or_block_size_is_refused():
 def test_a_recorded_decision_goes_to_the_outbox_only_while_the_exchange_is_on():
     core = core_with("e0", enabled=False)
     x = Exchange(core, "tok")
-    routed = core.route(__import__("kvfleet_router.request_info", fromlist=["RequestInfo"])
-                        .RequestInfo(prompt_text="q" * 640), "unified", 0.0)
+    routed = core.route(RequestInfo(prompt_text="q" * 640), "unified", 0.0)
     core.record(routed)
     assert not x.outbox.chains
     sibling = Exchange(core, "tok", siblings=["http://127.0.0.1:1"])  # workers: always on
@@ -125,8 +125,7 @@ def test_a_recorded_decision_goes_to_the_outbox_only_while_the_exchange_is_on():
 def test_sessions_placed_by_a_peer_are_adopted_unless_placed_here():
     core = core_with("e0")
     split = RevisionSplit()
-    split.configure(__import__("kvfleet_router.config", fromlist=["RevisionsConfig"])
-                    .RevisionsConfig(weights={"r1": 50, "r2": 50}))
+    split.configure(RevisionsConfig(weights={"r1": 50, "r2": 50}))
     x = Exchange(core, "tok", split=split)
     mine = split.assign("mine")
     assert x.outbox.sessions == {"mine": mine}
