@@ -26,6 +26,10 @@ the load side and the backends then share those cores with the router, so the ro
 what a second worker buys under that contention, not a clean 2-core ceiling. The targets
 alternate their order by repetition. Skipped (with the reason) where the router has no
 --workers.
+The target aiohttp-floor (kvfleet_bench.floor_proxy: aiohttp's server and kvfleet's upstream
+client, backends in turn, nothing else) is the least an aiohttp router can spend; the
+floor's CPU over each peer's cache_aware, and kvfleet's over the floor, are reported per
+repetition at the headline and streamed levels.
 Phase 2 (capacity): N long streams open at once; errors and the router's peak RSS.
 
     bash bench/setup_peers.sh                            # once: sglang-router, vllm-router
@@ -62,8 +66,10 @@ DEFAULT_TARGETS = [
     "vllm:round_robin",
     "vllm:cache_aware",
     "kvfleet-w2:cache-aware",
+    "aiohttp-floor:round-robin",
 ]
 PEERS = ("sglang", "vllm")
+FLOOR = "aiohttp-floor"  # the bare aiohttp proxy: what the stack alone costs
 # targets measured only in the workers phase, against this one-worker target
 WORKER_TARGETS = ("kvfleet-w2",)
 ONE_WORKER = "kvfleet:cache-aware"
@@ -309,6 +315,7 @@ def summarise_streamed(runs: dict[str, list[dict]], answer_tokens: int) -> dict[
                     [a.get("router_cpu_us_per_req", float("nan"))
                      / b.get("router_cpu_us_per_req", float("nan"))
                      for a, b in zip(reps, preps, strict=True)])
+    out["floor_ratios"] = floor_ratios(runs)
     return out
 
 
@@ -425,7 +432,23 @@ def headline(runs: dict, latency: dict, key: str, levels: list[str]) -> dict[str
                            for a, b in zip(runs[t][key], runs[pt][key], strict=True)]
                 same[f"{t} / {pt}"] = stat(per_rep)
         out["cpu_ratio_same_policy"] = same
+    out["floor_ratios"] = floor_ratios({t: reps[key] for t, reps in runs.items()})
     return out
+
+
+def floor_ratios(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """The bare aiohttp proxy's CPU per request over each peer's and each one-process
+    kvfleet router's over the floor, per repetition: how much of a CPU target the stack
+    alone already takes, and how much kvfleet's own work adds."""
+    floor = next((t for t in runs if t.split(":")[0] == FLOOR), None)
+    if floor is None:
+        return {}
+    pairs = [(floor, t) for t in runs if t.split(":")[0] in PEERS]
+    pairs += [(t, floor) for t in runs if t.split(":")[0] == "kvfleet"]
+    return {f"{a} / {b}": stat([x.get("router_cpu_us_per_req", float("nan"))
+                                / y.get("router_cpu_us_per_req", float("nan"))
+                                for x, y in zip(runs[a], runs[b], strict=True)])
+            for a, b in pairs}
 
 
 def plot(summary: dict, levels: list[str], path: Path) -> None:

@@ -7,6 +7,8 @@
   `exchange: {enabled: true, peers: [the three]}`) behind Envoy as an L4 balancer
   (kvfleet_bench.replicas); `kvfleet-replicas3-noexchange`: the same with the exchange off.
 - `kvfleet-w2`: one kvfleet router with `--workers 2` (skipped where the router lacks it).
+- `aiohttp-floor`: kvfleet_bench.floor_proxy, aiohttp's server and kvfleet's upstream
+  client with nothing between them (the least an aiohttp router can spend per request).
 
 A target is "name:policy", e.g. "kvfleet:cache-aware" or "sglang:cache_aware".
 """
@@ -72,6 +74,15 @@ def is_kvfleet_router_available() -> bool:
 
 def launch_direct(policy: str, backends: list[str], workdir: Path, cpus: str | None):
     return RouterProcess(target=f"direct:{policy}", urls=list(backends))
+
+
+def launch_floor(policy: str, backends: list[str], workdir: Path, cpus: str | None):
+    port = procs.free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "kvfleet_bench.floor_proxy", "--port", str(port), *backends]
+    proc = procs.start(cmd, workdir / "aiohttp-floor.log", cpus)
+    procs.wait_until(partial(procs.http_get, f"{url}/health"), proc, "aiohttp floor", 60)
+    return RouterProcess(target=f"aiohttp-floor:{policy}", urls=[url], proc=proc)
 
 
 def _wait_workers(url: str, num_backends: int) -> bool:
@@ -200,6 +211,7 @@ LAUNCHERS: dict[str, Launcher] = {
     "kvfleet-replicas3": partial(launch_kvfleet_replicas, 3, True),
     "kvfleet-replicas3-noexchange": partial(launch_kvfleet_replicas, 3, False),
     "kvfleet-w2": partial(launch_kvfleet_workers, 2),
+    "aiohttp-floor": launch_floor,
 }
 # options for "kvfleet" (e.g. router_options) apply to these kvfleet variants too
 KVFLEET_VARIANTS = ("kvfleet-replicas3", "kvfleet-replicas3-noexchange", "kvfleet-w2")

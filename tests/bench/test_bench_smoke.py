@@ -219,7 +219,7 @@ def run_bench(script: str, args: list[str], tmp_path: Path) -> dict:
 def test_router_overhead_quick(tmp_path):
     targets = ["direct"]
     if HAS_KVFLEET_ROUTER:
-        targets.append("kvfleet:round-robin")
+        targets += ["kvfleet:round-robin", "aiohttp-floor:round-robin"]
     if HAS_PEERS:
         targets += ["sglang:round_robin", "vllm:round_robin"]
     result = run_bench("router_overhead", ["--targets", ",".join(targets)], tmp_path)
@@ -250,6 +250,11 @@ def test_router_overhead_quick(tmp_path):
         assert head["implied_one_core_rps"][target] == pytest.approx(1e6 / cpu)
     if HAS_KVFLEET_ROUTER and HAS_PEERS:
         assert set(head["cpu_ratio_to_cheapest_peer"]) == {"kvfleet:round-robin"}
+    if HAS_KVFLEET_ROUTER:  # the bare aiohttp proxy is the floor kvfleet is read against
+        floor = head["floor_ratios"]["kvfleet:round-robin / aiohttp-floor:round-robin"]
+        assert floor["median"] > 0
+        if HAS_PEERS:
+            assert "aiohttp-floor:round-robin / sglang:round_robin" in head["floor_ratios"]
     md = (tmp_path / "router_overhead.md").read_text()
     assert "CPU µs/req" in md and "8:8" in md
 

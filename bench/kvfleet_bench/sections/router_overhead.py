@@ -48,6 +48,7 @@ def results_markdown(result: dict) -> str:
                      f"{head['implied_one_core_rps'].get(t, float('nan')):.0f} | {ratio} | "
                      f"{fmt(row['rps'], 0)} | {fmt(row['router_util'], 2)} |")
     lines += same_policy_lines("request", head.get("cpu_ratio_same_policy", {}))
+    lines += floor_lines("request", head.get("floor_ratios", {}))
     lines += ["", "Added latency at the paced (unsaturated) levels, ms, target minus direct in "
               "the same repetition, p50 / p99:", "",
               "| target | " + " | ".join(paced) + " |", "|---|" + "---|" * len(paced)]
@@ -114,6 +115,7 @@ def streamed_markdown(result: dict) -> str:
                      f"{fmt(row['streams_per_s'], 0)} | {fmt(row['p50_ms'], 1)} | {added} | "
                      f"{fmt(row['router_util'], 2)} | {row['num_errors']} |")
     lines += same_policy_lines("stream", st.get("cpu_ratio_same_policy", {}))
+    lines += floor_lines("stream", st.get("floor_ratios", {}))
     return "\n".join(lines)
 
 
@@ -124,6 +126,16 @@ def same_policy_lines(per: str, same: dict) -> list[str]:
     return ["", f"Same policy, CPU per {per} ratio (per repetition, median (min–max)): "
             + "; ".join(f"{k} {v['median']:.2f}x ({v['min']:.2f}–{v['max']:.2f})"
                         for k, v in same.items()) + "."]
+
+
+def floor_lines(per: str, ratios: dict) -> list[str]:
+    """The bare aiohttp proxy (aiohttp-floor) against the peers, and kvfleet against it."""
+    if not ratios:
+        return []
+    return ["", f"Against the floor (aiohttp's server and kvfleet's upstream client, nothing "
+            f"else), CPU per {per} ratio (per repetition): "
+            + "; ".join(f"{k} {v['median']:.2f}x ({v['min']:.2f}–{v['max']:.2f})"
+                        for k, v in ratios.items()) + "."]
 
 
 def workers_markdown(result: dict) -> str:
