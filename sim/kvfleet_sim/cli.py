@@ -404,6 +404,19 @@ def _fail(exc: Exception) -> int:
 ERRORS = (CLIError, SimError, TraceError, ValueError, OSError)
 
 
+def make_output_dirs(args: argparse.Namespace) -> None:
+    """Create the folders of --json and --plot before a run that may take minutes, so a
+    path that cannot be written fails at once, in one line."""
+    for flag in ("json", "plot"):
+        path = getattr(args, flag, None)
+        if path:
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise CLIError(f"--{flag} {path}: cannot create its folder: "
+                               f"{exc.strerror or exc}") from None
+
+
 def main_efficiency(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     show = sys.stderr.isatty() if args.progress is None else args.progress
@@ -446,6 +459,7 @@ def main(argv: list[str]) -> int:
             raise CLIError("--slo-tolerance and --cost-tolerance must be >= 0")
         if not getattr(args, "oracle_interval_s", 1.0) > 0:
             raise CLIError("--oracle-interval-s must be > 0")
+        make_output_dirs(args)
     except ERRORS as exc:
         return _fail(exc)
     if args.command == "efficiency":

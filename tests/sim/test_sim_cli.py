@@ -18,7 +18,8 @@ def small_trace(tmp_path):
 
 
 def test_small_run_writes_table_json_and_plot(small_trace, tmp_path, capsys):
-    out_json, out_png = tmp_path / "r.json", tmp_path / "r.png"
+    # folders that do not exist yet are made (a run may take minutes before it writes)
+    out_json, out_png = tmp_path / "new" / "r.json", tmp_path / "new" / "plots" / "r.png"
     rc = cli.main(["sim", "--trace", small_trace, "--pool", POOL, "--start-s", "5",
                    "--duration-s", "20", "--warmup-s", "5", "--json", str(out_json),
                    "--plot", str(out_png), "--scaler", "kvfleet", "--scaler", "fixed-max"])
@@ -134,6 +135,8 @@ def test_results_are_bit_for_bit_reproducible_across_processes(mooncake_trace, t
         (["run", "--pool", "LOCAL_CPU"], "simulated"),
         (["compare", "--pool", POOL, "--pool", "LOCAL_CPU"], "simulated"),
         (["run", "--pool", POOL, "--trace", "BAD"], "malformed"),
+        (["run", "--pool", POOL, "--json", "FILE/out.json"], "cannot create its folder"),
+        (["run", "--pool", POOL, "--plot", "FILE/x/out.png"], "cannot create its folder"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, match, mooncake_trace, tmp_path, capsys):
@@ -144,9 +147,11 @@ def test_bad_input_is_one_line_and_exit_2(args, match, mooncake_trace, tmp_path,
     invalid = tmp_path / "invalid.yaml"
     invalid.write_text("apiVersion: kvfleet.io/v1alpha1\nkind: InferencePool\n"
                        "metadata: {name: x}\nspec: {model: {name: m}}\n")  # fmt: skip
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
     named = {"BAD": str(bad), "LOCAL_CPU": local_cpu, "DIR": str(tmp_path),
              "INVALID": str(invalid)}  # fmt: skip
-    full = [named.get(a, a) for a in full]
+    full = [named.get(a, a).replace("FILE", str(a_file)) for a in full]
     assert cli.main(["sim", *full]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and match in err[0], err
