@@ -4,12 +4,18 @@
     .venv/bin/python bench/sim_fidelity.py --duration-s 40 --start-s 1410   # a shorter one
     .venv/bin/python bench/sim_fidelity.py --routing          # routing, below; ~12 min
     .venv/bin/python bench/sim_fidelity.py --routing --quick  # seconds
+    .venv/bin/python bench/sim_fidelity.py --autoscaling      # autoscaling, below; ~5 min
 
 `--routing` (issue 26, item 4) compares routing instead: the hit fraction of kvfleet's
 cache-aware, least-request and round-robin policies and of sglang-router's cache_aware,
 live (bench/router_cache_hits.py's fake backends and replay) against the simulator with
 replicas that model those fake backends, on the same requests; see
 kvfleet_bench/routing_fidelity.py. It writes bench/results/sim_routing_fidelity.json.
+
+`--autoscaling` (issue 27) compares the autoscaler instead: replica-seconds and SLO
+attainment of `sim/pools/fidelity-scale.yaml` (1 to 4 replicas, scaled from its SLO) live
+against the simulator on the same slice; see kvfleet_bench/scaling_fidelity.py. It writes
+bench/results/sim_scaling_fidelity.json.
 
 The scenario: `sim/pools/fidelity-4.yaml`, exactly four replicas of kvfleet's engine with
 the `simulated` runner on the `h100-llama3-8b` profile (the same profile file both ways),
@@ -81,7 +87,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvfleet_bench.fleet_replay import TTFT_BOUNDS, Done, Fleet, Request, replay
+from kvfleet_bench.fleet_replay import (
+    TTFT_BOUNDS,
+    Done,
+    Fleet,
+    Request,
+    as_request,
+    load_requests,
+    replay,
+)
 from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.stats import percentile
 
@@ -172,21 +186,6 @@ def gaps(sim: Figures, live: Figures) -> dict[str, float]:
 
 
 # --- the scenario's requests, both ways ------------------------------------------------------
-
-
-def load_requests(args: argparse.Namespace, max_model_len: int) -> list[Request]:
-    """The slice's requests exactly as the simulator builds them (kvfleet_sim.fleet)."""
-    from kvfleet_sim.trace import load_trace
-
-    trace = load_trace(str(args.trace), args.start_s, args.duration_s, 1.0, args.rate)
-    return [as_request(r, i, max_model_len) for i, r in enumerate(trace)]
-
-
-def as_request(r: Any, index: int, max_model_len: int) -> Request:
-    from kvfleet_sim.trace import prompt_tokens
-
-    prompt = prompt_tokens(r, index, max_model_len - r.num_output_tokens)
-    return Request(r.t, prompt, min(r.num_output_tokens, max_model_len - len(prompt)))
 
 
 def sim_done(finished: list[Any]) -> SimRun:
@@ -403,7 +402,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     if reps is None or reps.min != reps.max:
         raise ValueError("the pool must be unified with replicas.min == max")
     max_len = spec.engine.max_model_len or 8192
-    reqs = load_requests(args, max_len)
+    reqs = load_requests(args.trace, args.start_s, args.duration_s, args.rate, max_len)
     probe = probe_trace(args)
     probes = [as_request(r, PROBE_INDEX + i, max_len) for i, r in enumerate(probe)]
     sim_probes = probe_sim(args, probe)
@@ -483,6 +482,10 @@ def main(argv: list[str]) -> int:
         from kvfleet_bench import routing_fidelity
 
         return routing_fidelity.main([a for a in argv if a != "--routing"])
+    if "--autoscaling" in argv:  # the autoscaling comparison (scaling_fidelity.py)
+        from kvfleet_bench import scaling_fidelity
+
+        return scaling_fidelity.main([a for a in argv if a != "--autoscaling"])
     args = parse(argv)
     try:
         out = compare(args)

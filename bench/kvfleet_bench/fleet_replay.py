@@ -140,6 +140,22 @@ def engine_counters(address: str) -> dict[str, float]:
     return out
 
 
+def load_requests(trace: str | Path, start_s: float, duration_s: float, rate: float,
+                  max_model_len: int) -> list[Request]:
+    """A slice's requests exactly as the simulator builds them (kvfleet_sim.fleet)."""
+    from kvfleet_sim.trace import load_trace
+
+    sliced = load_trace(str(trace), start_s, duration_s, 1.0, rate)
+    return [as_request(r, i, max_model_len) for i, r in enumerate(sliced)]
+
+
+def as_request(r: Any, index: int, max_model_len: int) -> Request:
+    from kvfleet_sim.trace import prompt_tokens
+
+    prompt = prompt_tokens(r, index, max_model_len - r.num_output_tokens)
+    return Request(r.t, prompt, min(r.num_output_tokens, max_model_len - len(prompt)))
+
+
 def body(model: str, req: Request) -> bytes:
     return json.dumps({
         "model": model, "prompt": req.prompt, "max_tokens": req.max_tokens, "stream": True,

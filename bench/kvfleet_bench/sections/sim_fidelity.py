@@ -1,5 +1,6 @@
-"""bench/sim_fidelity.py: `kvfleet up` (live) vs `kvfleet sim` on one scenario, and with
-`--routing` the routers' hit fractions live vs simulated (sim_routing_fidelity.json)."""
+"""bench/sim_fidelity.py: `kvfleet up` (live) vs `kvfleet sim` on one scenario, with
+`--routing` the routers' hit fractions live vs simulated (sim_routing_fidelity.json), and
+with `--autoscaling` the autoscaler's replica-seconds and attainment (sim_scaling_fidelity)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 from kvfleet_bench.sections._fmt import code, pct, table
 
 FILES = ("sim_fidelity", "sim_fidelity_slo", "sim_routing_fidelity",
-         "sim_routing_fidelity_run1")
-ROUTING_FILES = FILES[2:]
+         "sim_routing_fidelity_run1", "sim_scaling_fidelity")
+ROUTING_FILES = FILES[2:4]
 
 _ROWS = [("TTFT p50 (ms)", "ttft_p50_s", 1000), ("TTFT p90 (ms)", "ttft_p90_s", 1000),
          ("E2E p50 (ms)", "e2e_p50_s", 1000), ("E2E p90 (ms)", "e2e_p90_s", 1000),
@@ -27,7 +28,46 @@ def render_sim_fidelity(results: dict[str, Any]) -> str:
     routing = [stem for stem in ROUTING_FILES if stem in results]
     for i, stem in enumerate(routing):
         text += "\n\n" + render_routing(results[stem], stem, is_first=i == 0)
+    if "sim_scaling_fidelity" in results:
+        text += "\n\n" + render_scaling(results["sim_scaling_fidelity"])
     return text
+
+
+def render_scaling(r: dict[str, Any]) -> str:
+    """The autoscaler live (`kvfleet up`) against the simulator on the same slice."""
+    a, live, sim, gap = r["args"], r["live"], r["sim"], r["gap"]
+    per_seed = r["sim_per_seed"]
+    over = r["over_tolerance"]
+    rows = [["replica-seconds", f"{live['replica_seconds']:.0f}",
+             f"{sim['replica_seconds']:.0f}",
+             " / ".join(f"{s['replica_seconds']:.0f}" for s in per_seed),
+             _gap(gap["replica_seconds"])],
+            ["SLO met", pct(1)(live["slo_attainment"]), pct(1)(sim["slo_attainment"]),
+             " / ".join(pct(1)(s["slo_attainment"]) for s in per_seed),
+             _gap(gap["slo_attainment"])],
+            ["most replicas", str(live["max_replicas"]), f"{sim['max_replicas']:g}",
+             " / ".join(str(s["max_replicas"]) for s in per_seed), ""],
+            ["replica-count changes", str(live["num_changes"]), f"{sim['num_changes']:g}",
+             " / ".join(str(s["num_changes"]) for s in per_seed), ""]]
+    startup = (f"{r['startup_s']:.1f} s as the live fleet measured it (median of "
+               f"{len(live['startups_s'])} scale-ups)" if r["is_startup_measured"]
+               else f"{r['startup_s']:.1f} s (assumed: the live fleet never scaled up)")
+    return "\n".join([
+        "**Autoscaling: replica-seconds and attainment live vs simulated** (`--autoscaling`)",
+        "", code(".venv/bin/python bench/sim_fidelity.py --autoscaling   # writes "
+                 "bench/results/sim_scaling_fidelity.json"), "",
+        f"Scenario: `{Path(a['trace']).name}` [{a['start_s']:g}, "
+        f"{a['start_s'] + a['duration_s']:g}) s ({live['num_requests']} requests), "
+        f"`{r['pool']}` scaled by kvfleet's autoscaler from its SLO (TTFT <= "
+        f"{r['ttft_slo_s']:g} s, mean ITL <= {1000 * r['itl_slo_s']:g} ms); live from "
+        f"`kvfleet up` started at its minimum, the simulator with a start-up of {startup}, "
+        f"{len(per_seed)} seeds, median. Measured on commit {r['measured']['commit']}, "
+        f"{r['measured']['started_utc']}, load average {live['loadavg_1m'][0]:.2f} -> "
+        f"{live['loadavg_1m'][1]:.2f} on {r['measured']['num_cpus']} cores.", "",
+        table(["figure", "`kvfleet up` (live)", "`kvfleet sim` (median)", "sim per seed",
+               "gap"], rows), "",
+        f"Gap = (sim - live) / live; tolerance {pct(0)(a['tolerance'])} on replica-seconds "
+        f"and attainment: {'exceeded on ' + ', '.join(over) if over else 'met'}."])
 
 
 def render_mape(default: dict[str, Any], slo: dict[str, Any] | None) -> str:
