@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 from kvfleet_bench.readme import refresh_section
@@ -281,7 +281,8 @@ def rerun_sections(todo: list[tuple[str, str, str, list[str]]], args: argparse.N
                    commit: str) -> int:
     """--only: run the chosen sections and put them into the report and results in place,
     with a line under the title naming them and the commit they ran on (earlier such lines
-    stay: each says what ran when)."""
+    stay: each says what ran when). The cheapest start first and each is written as it
+    finishes, so a long rerun that is stopped keeps what it finished."""
     picked = [i for i, section in enumerate(todo) if any(t in section[0] for t in args.only)]
     out, saved_path = Path(args.out), RESULTS / "sim_policies.json"
     if not picked or not out.exists() or not saved_path.exists():
@@ -290,23 +291,28 @@ def rerun_sections(todo: list[tuple[str, str, str, list[str]]], args: argparse.N
         return 2
     text, saved = out.read_text(), json.loads(saved_path.read_text())
     titles = [section[0] for section in todo]
+    order = {title: k for k, title in enumerate(titles)}
+    head, sep, rest = text.partition("\n\n")  # the title, then the newest note first
+    done: list[int] = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        futures = {i: pool.submit(run_section, todo[i], i) for i in longest_first(todo, picked)}
-        for i in picked:
-            section_lines, result = futures[i].result()
-            text = splice(text, titles, todo[i][0], section_lines)
+        futures = {pool.submit(run_section, todo[i], i): i
+                   for i in longest_first(todo, picked)[::-1]}
+        for future in as_completed(futures):
+            i = futures[future]
+            section_lines, result = future.result()
+            rest = splice(rest, titles, todo[i][0], section_lines)
             result = compact([result])[0]
             saved = [r for r in saved if r["title"] != result["title"]] + [result]
-    order = {title: k for k, title in enumerate(titles)}
-    saved.sort(key=lambda r: order.get(r["title"], len(order)))
-    note = (f"{PARTLY} On commit {commit}, `.venv/bin/python bench/sim_policies.py "
-            + " ".join(f"--only '{t}'" for t in args.only) + "` reran: "
-            + "; ".join(f"\"{todo[i][0]}\"" for i in picked) + ".")
-    head, sep, rest = text.partition("\n\n")  # the title, then the newest note first
-    text = head + sep + note + "\n\n" + rest
-    saved_path.write_text(json.dumps(saved, indent=1))
-    out.write_text(text)
-    print(f"wrote {out}", file=sys.stderr)
+            saved.sort(key=lambda r: order.get(r["title"], len(order)))
+            done.append(i)
+            note = (f"{PARTLY} On commit {commit}, `.venv/bin/python bench/sim_policies.py "
+                    + " ".join(f"--only '{t}'" for t in args.only) + "` reran: "
+                    + "; ".join(f"\"{todo[k][0]}\"" for k in sorted(done))
+                    + ("." if len(done) == len(picked) else
+                       f" ({len(done)} of the {len(picked)} it chose, so far)."))
+            saved_path.write_text(json.dumps(saved, indent=1))
+            out.write_text(head + sep + note + "\n\n" + rest)
+            print(f"wrote {out} ({len(done)}/{len(picked)})", file=sys.stderr, flush=True)
     refresh_section("sim_policies", saved_path)
     return 0
 

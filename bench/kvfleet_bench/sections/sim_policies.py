@@ -39,6 +39,7 @@ def _compare(entry: dict[str, Any]) -> str:
     fixed_max = {run["variant"]["pool_path"]: run["summary"]["replica_seconds"]
                  for run in runs if run["variant"]["scaler"] == "fixed-max"}
     scalers = len(args.get("scaler") or []) > 1
+    has_optimum = any(run["summary"].get("x_optimum") is not None for run in runs)
     rows = []
     for run in runs:
         s = run["summary"]
@@ -48,12 +49,17 @@ def _compare(entry: dict[str, Any]) -> str:
         if scalers:
             base = fixed_max.get(run["variant"]["pool_path"])
             row.append(times(2)(s["replica_seconds"] / base) if base else "–")
+        if has_optimum:
+            x = s.get("x_optimum")
+            row.append(times(2)(x) if x is not None else "–")
         row.append(s["num_failed"])
         rows.append(row)
     header = ["run", "SLO met", "prefix hit", "TTFT p50 / p90 (ms)", "imbalance mean",
               "replica-s"]
     if scalers:
         header.append("replica-s vs fixed-max (same pool)")
+    if has_optimum:
+        header.append("× optimum (hindsight)")
     header.append("failed")
     return table(header, rows)
 
