@@ -74,7 +74,6 @@ them nearly idle, at TTFT = one prefill.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -87,6 +86,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kvfleet_bench.fidelity_run import finish
 from kvfleet_bench.fleet_replay import (
     TTFT_BOUNDS,
     Done,
@@ -96,7 +96,6 @@ from kvfleet_bench.fleet_replay import (
     load_requests,
     replay,
 )
-from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -487,17 +486,8 @@ def main(argv: list[str]) -> int:
 
         return scaling_fidelity.main([a for a in argv if a != "--autoscaling"])
     args = parse(argv)
-    try:
-        out = compare(args)
-    except (ValueError, OSError, RuntimeError) as exc:
-        print(f"sim_fidelity: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 2
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=1))
-    print(summary(out))
-    print(f"wrote {args.json}")
-    refresh_section("sim_fidelity", args.json)
-    return 1 if out["over_tolerance"] else 0
+    return finish("sim_fidelity", lambda: compare(args), args.json, summary,
+                  lambda out: not out["over_tolerance"])
 
 
 if __name__ == "__main__":

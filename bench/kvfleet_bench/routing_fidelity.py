@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from array import array
@@ -282,19 +281,8 @@ def summary(out: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    import json
-
-    from kvfleet_bench.readme import refresh_section
+    from kvfleet_bench.fidelity_run import finish
 
     args = parse(argv)
-    try:
-        out = run(args, argv)
-    except (OSError, ValueError, RuntimeError) as exc:
-        print(f"sim_fidelity --routing: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 2
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
-    print(summary(out))
-    print(f"wrote {args.out}")
-    refresh_section("sim_fidelity", args.out)
-    return 0 if out["is_ok"] else 1
+    return finish("sim_fidelity --routing", lambda: run(args, argv), args.out, summary,
+                  lambda out: out["is_ok"])

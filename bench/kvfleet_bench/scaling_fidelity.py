@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -232,19 +231,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    import json
-
-    from kvfleet_bench.readme import refresh_section
+    from kvfleet_bench.fidelity_run import finish
 
     args = parse(argv)
-    try:
-        out = compare(args)
-    except (OSError, ValueError, RuntimeError) as exc:
-        print(f"sim_fidelity --autoscaling: {str(exc).splitlines()[0]}", file=sys.stderr)
-        return 2
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1))
-    print(summary(out))
-    print(f"wrote {args.out}")
-    refresh_section("sim_fidelity", args.out)
-    return 1 if out["over_tolerance"] else 0
+    return finish("sim_fidelity --autoscaling", lambda: compare(args), args.out, summary,
+                  lambda out: not out["over_tolerance"])
