@@ -8,6 +8,7 @@ them explicitly; nothing reaches into another piece's internals to record a fail
     fb.failure(e, "connect", now)         # before the first byte: counts, may eject
     fb.success(e)                         # a non-streamed side call went well
     fb.exchange_done(e, routed, outcome, now)   # an exchange ended: breaker + learning
+    fb.prefill_leg_done(e, routed, latency_s, now)  # a P/D prefill leg: the same, TTFT only
 
 Only the endpoint's own faults count against it (the rule is `fault.classify`): "busy"
 (429/503) releases a half-open trial without counting; a client that went away, a 4xx and
@@ -46,6 +47,14 @@ class HealthFeedback:
             e.breaker.release_trial()
         elif e.breaker.record_failure(now):
             self._metrics.ejections.labels(e.name).inc()
+
+    def prefill_leg_done(self, e: EndpointState, routed: Routed, latency_s: float,
+                         now: float) -> None:
+        """A P/D prefill leg answered (one token, not streamed): a success for the breaker,
+        and its latency, which is the prefill, teaches the prefill endpoint's TTFT model.
+        Without it the prefill role's perf model, which sizes that role, stays on its seed.
+        No output is learned (num_events 0): the prefill endpoint decodes nothing."""
+        self.exchange_done(e, routed, Outcome(latency_s, latency_s, 0, True), now)
 
     def exchange_done(self, e: EndpointState, routed: Routed, outcome: Outcome,
                       now: float) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -76,13 +77,15 @@ class Disaggregator:
         never lifted; the decode leg gets its standing in `Dispatcher.serve`)."""
         e = step.endpoint
         sent = self.dispatcher.with_priority(json.dumps(step.body).encode(), info, e)
+        started = time.perf_counter()
         try:
             status, body = await self.forwarder.post_json(e, request.path, sent, headers)
             if status != 200:
                 log.warning("prefill on %s answered %s", e.name, status)
                 return None
+            self.feedback.prefill_leg_done(e, step.routed, time.perf_counter() - started,
+                                           time.monotonic())
             params = json.loads(body).get(contract.KV_TRANSFER_PARAMS)
-            self.feedback.success(e)
             return params if isinstance(params, dict) else None
         except BackendFailure as exc:
             self.feedback.failure(e, exc.kind, step.routed.ctx.now)

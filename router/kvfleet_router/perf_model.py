@@ -300,11 +300,14 @@ def dot(weights: Sequence[float], x: Sequence[float]) -> float:
 def role_coefficients(perfs: Iterable[EndpointPerf], forget: float = 0.995,
                       ridge: float = 1e-3) -> RoleCoefficients | None:
     """The role's pooled fit over its endpoints' statistics (as `RoleModel` pools them),
-    or None while either model has no sample or no solution."""
+    or None while neither model has a sample. A model without samples (a prefill role
+    decodes nothing, so it never learns TPOT) has zero weights and zero evidence, and a
+    reader takes that target from elsewhere (`slo_sizing.choose_coefficients`: the seed)."""
     perfs = list(perfs)
     ttft = LinearStats.merged((p.ttft for p in perfs), TTFT_DIM, forget, ridge)
     tpot = LinearStats.merged((p.tpot for p in perfs), TPOT_DIM, forget, ridge)
     wt, wp = ttft.weights(), tpot.weights()
-    if wt is None or wp is None:
+    if wt is None and wp is None:
         return None
-    return RoleCoefficients(tuple(wt), tuple(wp), ttft.num_samples, tpot.num_samples)
+    return RoleCoefficients(tuple(wt or (0.0,) * TTFT_DIM), tuple(wp or (0.0,) * TPOT_DIM),
+                            ttft.num_samples if wt else 0, tpot.num_samples if wp else 0)

@@ -261,8 +261,9 @@ class FleetSim:
             self.handoff = Handoff(kv_bytes_per_token(profile), settings.kv_bytes_per_s,
                                    settings.kv_latency_s)  # fmt: skip
         self.planner = Planner(self.router.core)  # the router's own P/D plan (pd_plan.py)
-        # id -> the request, its prefill leg's endpoint and its plan
-        self.prefilling: dict[str, tuple[HeldRequest, EndpointState, PDPlan[PreloadedKV]]] = {}
+        # request -> (held, prefill endpoint, plan, the leg's routing, when the leg was sent)
+        self.prefilling: dict[str, tuple[HeldRequest, EndpointState, PDPlan[PreloadedKV],
+                                         Routed, float]] = {}
         self.in_transfer: dict[str, tuple[HeldRequest, SimReplica, PreloadedKV]] = {}
         self.num_prefill_legs = 0
         # routing.kvSharing (unified pools; the dispatcher hints only unified requests)
@@ -581,7 +582,7 @@ class FleetSim:
                                                       self.same_revision(ep))[0])
         if isinstance(step, RunPrefill):
             self.num_prefill_legs += 1
-            self.prefilling[h.request_id] = (h, step.endpoint, plan)
+            self.prefilling[h.request_id] = (h, step.endpoint, plan, step.routed, t)
             self.send(step.endpoint.name, "p:" + h.request_id, h, t, is_prefill=True)
             return None
         if self.start_fetch(routed, plan.role, ep, h, t):
@@ -676,11 +677,11 @@ class FleetSim:
         KV (the hand-off is the decode replica's pull) or, after a failed leg (cut off),
         computes the prompt itself, as pd.py does."""
         rid = f.request_id[2:]
-        h, prefill, plan = self.prefilling.pop(rid)
+        h, prefill, plan, leg, sent_at = self.prefilling.pop(rid)
         self.router.core.finish(prefill)
         self.router.count(prefill, is_error=f.is_aborted)  # a side call: no TTFT
-        if not f.is_aborted:
-            self.router.feedback.success(prefill)  # the non-streamed side call went well
+        if not f.is_aborted:  # the side call went well, and its latency is the prefill's
+            self.router.feedback.prefill_leg_done(prefill, leg, t - sent_at, t)
         if rid not in self.serving:
             return
         kv = None if f.is_aborted or replica is None else replica.handoff(f.request_id)

@@ -123,9 +123,19 @@ def test_role_slo_and_seed():
     assert unified is not None and unified.itl_p90_s == 0.05  # the router's default SLO
     seed = seed_coefficients(2000.0)
     assert seed.ttft[1] == pytest.approx(0.5)  # 0.5 s per ktoken at 2,000 tokens/s
-    few = RoleCoefficients(FIT.ttft, FIT.tpot, MIN_EVIDENCE - 1, 999)
-    assert choose_coefficients(few, seed)[0] is seed
     assert choose_coefficients(FIT, seed)[0] is FIT
+    assert choose_coefficients(None, seed)[0] is seed
+    neither = RoleCoefficients(FIT.ttft, FIT.tpot, MIN_EVIDENCE - 1, MIN_EVIDENCE - 1)
+    assert choose_coefficients(neither, seed)[0] is seed
+    # each target on its own evidence, at the boundary: a prefill role learns TTFT only
+    prefill = RoleCoefficients(FIT.ttft, (0.0, 0.0, 0.0), MIN_EVIDENCE, 0)
+    chosen, why = choose_coefficients(prefill, seed)
+    assert chosen.ttft == FIT.ttft and chosen.tpot == seed.tpot
+    assert why.startswith("fleet TTFT model") and "seed TPOT" in why
+    few_ttft = RoleCoefficients(FIT.ttft, FIT.tpot, MIN_EVIDENCE - 1, MIN_EVIDENCE)
+    chosen, why = choose_coefficients(few_ttft, seed)
+    assert chosen.ttft == seed.ttft and chosen.tpot == FIT.tpot
+    assert why.startswith("seed TTFT")
     with pytest.raises(ValueError, match="SLO ttft_p90_s must be > 0"):
         SloTargets(ttft_p90_s=0)
 

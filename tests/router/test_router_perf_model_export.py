@@ -53,6 +53,24 @@ def test_exported_coefficients_are_read_back_equal():
     assert fits["unified"].ttft[1] == pytest.approx(0.033, rel=0.05)
 
 
+def test_a_role_that_learned_ttft_alone_is_exported_with_no_tpot_evidence():
+    """A prefill role's legs teach TTFT and it decodes nothing: its fit still reaches the
+    autoscaler, TPOT as zeros with zero evidence (the sizing then takes the seed's)."""
+    cfg = RouterConfig.from_dict({"endpoints": [
+        {"name": "p0", "url": "http://127.0.0.1:9000", "role": "prefill"}]})
+    core = RouterCore(cfg, rng=random.Random(0))
+    [e] = core.registry.endpoints
+    assert perf_models(core) == {}  # nothing learned: nothing exported
+    for u in range(500, 8500, 500):
+        e.perf.learn_ttft(ttft_features(u, 0, 0, 0.0), 0.01 + 3.3e-5 * u)
+    fits = perf_models(core)
+    assert fits["prefill"].num_ttft_samples == 16 and fits["prefill"].num_tpot_samples == 0
+    assert fits["prefill"].tpot == (0.0, 0.0, 0.0)
+    back = parse_router_perf_models(RouterMetrics(lambda: core, lambda: 0).render().decode())
+    assert back["prefill"] == fits["prefill"]
+    assert back["prefill"].ttft[1] == pytest.approx(0.033, rel=0.05)
+
+
 def test_a_role_missing_a_feature_is_left_out():
     text = "\n".join(
         f'kvfleet_router_perf_model_coefficient{{role="unified",target="ttft",feature="{f}"}} 1'

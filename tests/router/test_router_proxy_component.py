@@ -240,6 +240,9 @@ def test_prefill_decode_orchestration(procs, tmp_path):
         return {k.lower(): v for k, v in entry["headers"].items()}.get("x-request-id")
 
     assert request_id(pre_req) and request_id(pre_req) == request_id(dec_req)
+    # the leg's latency teaches the prefill role's perf model (what sizes that role)
+    metrics = urllib.request.urlopen(router.url + "/metrics").read().decode()
+    assert 'kvfleet_router_perf_model_evidence{role="prefill",target="ttft"} 1.0' in metrics
     # a short prompt skips prefill; so does a repeat whose prefix the decode node holds
     for prompt in ("short", long_prompt):
         assert raw_post(router.url + "/v1/completions", {"prompt": prompt})[0] == 200

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kvfleet_operator.api import parse_pool
+from kvfleet_router.perf_model import ttft_features
 from kvfleet_sim.fleet import FleetSim, SimError, SimSettings
 from kvfleet_sim.handoff import Handoff
 from kvfleet_sim.report import summarize
@@ -83,3 +84,17 @@ def test_hand_off_model_and_bad_settings():
         Handoff(100, 0.0)
     with pytest.raises(SimError):
         SimSettings(kv_bytes_per_s=0)
+
+
+def test_prefill_legs_teach_the_prefill_roles_perf_model():
+    """The prefill role's perf model (what the autoscaler sizes that role with) learns from
+    its legs' latencies; without that it stays on its seed and the role sits at its max."""
+    trace = [TraceRequest(i * 2.0, 2000 + 500 * (i % 4), 8) for i in range(12)]
+    sim, result = replay(pd_pool(), trace)
+    assert result.num_prefill_legs == len(trace)
+    prefill = next(e for e in sim.router.core.registry.endpoints if e.name == "prefill-0")
+    assert prefill.perf.ttft.num_samples == len(trace)
+    assert prefill.perf.tpot.num_samples == 0  # it decodes nothing
+    # what it learned is the prefill time: ~2,000-3,500 tokens on an idle H100
+    predicted = prefill.perf.ttft.predict(ttft_features(2750, 0, 0, 0.0))
+    assert predicted is not None and 0.05 < predicted < 1.0

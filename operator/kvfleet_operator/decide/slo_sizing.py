@@ -108,11 +108,24 @@ def seed_coefficients(prefill_tokens_per_s: float | None = None,
 
 def choose_coefficients(fleet: RoleCoefficients | None, seed: RoleCoefficients
                         ) -> tuple[RoleCoefficients, str]:
-    """(weights, where they came from): the fleet's once both fits have MIN_EVIDENCE."""
-    if fleet is not None and min(fleet.num_ttft_samples, fleet.num_tpot_samples) >= MIN_EVIDENCE:
-        return fleet, f"fleet model, {fleet.num_ttft_samples} requests"
-    have = 0 if fleet is None else min(fleet.num_ttft_samples, fleet.num_tpot_samples)
-    return seed, f"seed model, fleet has {have}/{MIN_EVIDENCE} requests"
+    """(weights, where they came from), per target: the fleet's TTFT fit once it has
+    MIN_EVIDENCE requests, else the seed's, and the same for TPOT. Per target because a
+    role may learn one and never the other: a prefill role's legs teach TTFT, and it
+    decodes nothing."""
+    n_ttft = 0 if fleet is None else fleet.num_ttft_samples
+    n_tpot = 0 if fleet is None else fleet.num_tpot_samples
+    use_ttft, use_tpot = n_ttft >= MIN_EVIDENCE, n_tpot >= MIN_EVIDENCE
+    if fleet is not None and use_ttft and use_tpot:
+        return fleet, f"fleet model, {n_ttft} requests"
+    if fleet is None or not (use_ttft or use_tpot):
+        return seed, f"seed model, fleet has {min(n_ttft, n_tpot)}/{MIN_EVIDENCE} requests"
+    if use_ttft:
+        return (RoleCoefficients(fleet.ttft, seed.tpot, n_ttft, seed.num_tpot_samples),
+                f"fleet TTFT model, {n_ttft} requests; seed TPOT, fleet has "
+                f"{n_tpot}/{MIN_EVIDENCE}")
+    return (RoleCoefficients(seed.ttft, fleet.tpot, seed.num_ttft_samples, n_tpot),
+            f"seed TTFT, fleet has {n_ttft}/{MIN_EVIDENCE}; fleet TPOT model, {n_tpot} "
+            "requests")
 
 
 @dataclass(frozen=True, slots=True)
