@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from kvfleet_bench.fleet_replay import Done
 from kvfleet_bench.scaling_fidelity import Samples, attainment
 
