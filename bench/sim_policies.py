@@ -21,6 +21,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -267,6 +268,18 @@ def splice(text: str, titles: list[str], title: str, section: list[str]) -> str:
     return text.rstrip("\n") + "\n\n" + block
 
 
+def drop_retired(text: str, saved: list[dict], titles: list[str]) -> tuple[str, list[dict]]:
+    """The report and results without the sections this script no longer makes (a renamed
+    or removed section), so a partial rerun cannot leave an old table beside its successor."""
+    kept = [r for r in saved if r["title"] in titles]
+    for title in re.findall(r"^## (.+)$", text, flags=re.M):
+        if title not in titles:
+            start = text.find(f"## {title}\n")
+            end = text.find("\n## ", start + 1)
+            text = text[:start] + (text[end + 1:] if end >= 0 else "")
+    return text.rstrip("\n") + "\n", kept
+
+
 def longest_first(todo: list[tuple[str, str, str, list[str]]], picked) -> list[int]:
     """Sections in the order to start them: with --jobs 2 the longest (scaling efficiency,
     then the Mooncake ones, 32-replica pools) run beside all the others; the report keeps
@@ -291,6 +304,7 @@ def rerun_sections(todo: list[tuple[str, str, str, list[str]]], args: argparse.N
         return 2
     text, saved = out.read_text(), json.loads(saved_path.read_text())
     titles = [section[0] for section in todo]
+    text, saved = drop_retired(text, saved, titles)
     order = {title: k for k, title in enumerate(titles)}
     head, sep, rest = text.partition("\n\n")  # the title, then the newest note first
     done: list[int] = []

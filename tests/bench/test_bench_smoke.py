@@ -113,6 +113,16 @@ def test_sim_policies_splices_a_rerun_section_in_place():
         "# T\n\nintro\n\n## A\n\nold a\n\n## C\n\nnew c\n")
 
 
+def test_sim_policies_drops_sections_it_no_longer_makes():
+    """A renamed section's old table goes from the report and the results, middle or last."""
+    drop_retired = load_bench_module("sim_policies").drop_retired
+    text = "# T\n\nintro\n\n## A\n\na\n\n## Old\n\nold\n\n## C\n\nc\n\n## Gone\n\ng\n"
+    saved = [{"title": "A"}, {"title": "Old"}, {"title": "C"}, {"title": "Gone"}]
+    kept_text, kept = drop_retired(text, saved, ["A", "B", "C"])
+    assert kept_text == "# T\n\nintro\n\n## A\n\na\n\n## C\n\nc\n"
+    assert kept == [{"title": "A"}, {"title": "C"}]
+
+
 def test_imbalance_and_window_means():
     assert load_stats.imbalance([2, 2, 2, 2]) == 0.0
     assert load_stats.imbalance([4, 0, 0, 0]) == pytest.approx(4.0)
