@@ -31,7 +31,9 @@ from kvfleet_operator.decide.slo_sizing import (
     role_load,
     role_slo,
     seed_coefficients,
+    service_s,
     size,
+    wait_per_queued_s,
 )
 from kvfleet_router.perf_model import RoleCoefficients
 
@@ -61,6 +63,35 @@ def test_prediction_hand_computed_at_low_load():
     ttft_mean = 0.01 + 0.13 + 0.13 * wq_mean
     assert p.num_in_flight == pytest.approx(ttft_mean / (1 - 0.0002), rel=1e-6)
     assert p.ttft_p90_s == pytest.approx(0.01 + 0.13 + 0.0002 * p.num_in_flight, rel=1e-6)
+
+
+def with_queue_terms(per_queued_ktoken: float, per_queued: float) -> RoleCoefficients:
+    return RoleCoefficients((0.002, 0.035, per_queued_ktoken, per_queued, 0.0, 0.0),
+                            FIT.tpot, 500, 500)
+
+
+def test_a_queued_request_waits_at_most_its_prefill():
+    # The marginal TTFT per request ahead, w_u_wq . U + w_wq, bounded by [0, w_u . U].
+    load = RoleLoad(4.5, 1630, 1.0)
+    prefill = 0.035 * 1.63
+    assert service_s(with_queue_terms(1.32, -1.37), load) == pytest.approx(prefill)
+    # A P/D prefill role's fit, its queue terms seen on a handful of queued legs: 0.78 s.
+    assert wait_per_queued_s(with_queue_terms(1.32, -1.37), load) == pytest.approx(prefill)
+    # Just inside the bound the fit stands (an engine batching queued prompts waits less).
+    inside = prefill * 0.999
+    assert wait_per_queued_s(with_queue_terms(0.0, inside), load) == pytest.approx(inside)
+    assert wait_per_queued_s(with_queue_terms(0.0002, 0.001), load) == pytest.approx(0.001326)
+    assert wait_per_queued_s(with_queue_terms(-0.01, 0.0), load) == 0.0
+
+
+def test_unidentified_queue_terms_do_not_size_a_role_to_its_max():
+    # 12 prefill legs/s of 1.6k uncached tokens (rho 0.68 on one replica, 4 queued ahead
+    # at p90): one replica, as with queue terms equal to the prefill; with the raw fit
+    # (0.78 s per queued) two, and with its 0.78 s as the service time none up to 6.
+    load, slo = RoleLoad(12.0, 1630, 1.0), SloTargets(ttft_p90_s=2.0)
+    spurious, _ = size(with_queue_terms(1.32, -1.37), load, slo, 6, "prefill")
+    physical, _ = size(with_queue_terms(0.035, 0.0), load, slo, 6, "prefill")
+    assert spurious == physical == 1
 
 
 def boundary_rate(n: int) -> float:

@@ -11,15 +11,19 @@ The queueing step, from the role's load (request rate lam, mean uncached prompt 
 mean output tokens O) to the model's features on one of N replicas (a = lam / N each):
 
 * Queued ahead, w_q. Prefill is one server per replica (the engine's token budget works
-  the queue down in arrival order). A queued request costs the requests behind it
-  S = max(w_u_wq . U + w_wq, w_u . U) seconds: the model's own marginal TTFT per request
-  ahead, at least the mean prompt's prefill time by the model's per-ktoken slope (the
-  queue terms are only identified once the fleet has queued). Utilization rho = a . S;
-  with rho >= 1 the queue grows without bound and N is infeasible. Otherwise the queue an
-  arrival sees is M/M/1's (PASTA): P(w_q >= k) = rho^(k+1), so its mean is
-  rho^2 / (1 - rho) and its q-quantile (q = 0.9 for a p90 target) is
-  max(0, ln(1 - q) / ln(rho) - 2), continuous in rho. M/M/1 over-states a queue of
-  similar prompts (M/D/1 halves the wait), which leaves room for long-prompt outliers.
+  the queue down in arrival order). Its service time is the mean prompt's prefill,
+  S = w_u . U by the model's per-ktoken slope (the best identified weight: prompts vary
+  in every window). A request ahead delays the ones behind by the model's marginal TTFT
+  per request queued, w_u_wq . U + w_wq, kept within [0, S]: an engine that batches queued
+  prompts waits less than their prefill, none waits more, and queue terms fitted while the
+  fleet barely queued can say anything (a P/D prefill role's fit said 0.78 s per queued
+  1.6k-token prompt against its 57 ms prefill, and sized the role to its maximum).
+  Utilization rho = a . S; with rho >= 1 the queue grows without bound and N is
+  infeasible. Otherwise the queue an arrival sees is M/M/1's (PASTA):
+  P(w_q >= k) = rho^(k+1), so its mean is rho^2 / (1 - rho) and its q-quantile
+  (q = 0.9 for a p90 target) is max(0, ln(1 - q) / ln(rho) - 2), continuous in rho.
+  M/M/1 over-states a queue of similar prompts (M/D/1 halves the wait), which leaves
+  room for long-prompt outliers.
 * In flight, n. Little's law: a request is in flight for its TTFT and O - 1 decode steps,
   so L = a . (TTFT(w_q mean, r = L, kv(L)) + (O - 1) . TPOT(L + 1, kv(L))), a fixed point
   in L solved by bisection (none below `MAX_IN_FLIGHT`: infeasible). The in-flight count of
@@ -27,10 +31,10 @@ mean output tokens O) to the model's features on one of N replicas (a = lam / N 
   L + z_q . sqrt(L) (normal approximation; z_0.9 = 1.28).
 * KV usage grows with the sequences a replica holds: kv(n) = min(1, n . kv_per_seq), with
   kv_per_seq the role's observed KV usage per running sequence (0 before any is seen).
-* Predicted TTFT p90 = w . [1, U, U . w_q(q), w_q(q), L, kv(L)]; predicted ITL = TPOT at
-  the in-flight quantile, v . [1, n_q + 1, kv(n_q)] (a request's mean inter-token time,
-  what the simulator's attainment and the router's TPOT are measured on). Both clamped to
-  at least `FLOOR_S`.
+* Predicted TTFT p90 = w . [1, U, 0, 0, L, kv(L)] + w_q(q) . (wait per queued);
+  predicted ITL = TPOT at the in-flight quantile, v . [1, n_q + 1, kv(n_q)] (a request's
+  mean inter-token time, what the simulator's attainment and the router's TPOT are
+  measured on). Both clamped to at least `FLOOR_S`.
 
 Which checks apply: a unified role both targets, prefill TTFT, decode ITL (a decode
 replica's first token is the hand-off, not a prompt). A pool that sets one target gets
@@ -182,14 +186,36 @@ def queue_quantile(rho: float, q: float) -> float:
     return max(0.0, math.log(1.0 - q) / math.log(rho) - 2.0)
 
 
+def service_s(c: RoleCoefficients, load: RoleLoad) -> float:
+    """What one queued request costs the prefill server: the mean uncached prompt's
+    prefill by the model's per-ktoken slope."""
+    return max(c.ttft[1] * load.uncached_prompt_tokens / 1000.0, MIN_SERVICE_S)
+
+
+def wait_per_queued_s(c: RoleCoefficients, load: RoleLoad) -> float:
+    """The model's marginal TTFT per request queued ahead (w_u_wq . U + w_wq), within
+    [0, service_s]: an engine that batches queued prompts waits less than their prefill,
+    but none waits more; queue terms fitted while the fleet barely queued can say either
+    (0.78 s per queued 1.6k-token prompt against its 57 ms prefill, seen on a P/D pool)."""
+    marginal = c.ttft[2] * load.uncached_prompt_tokens / 1000.0 + c.ttft[3]
+    return min(max(0.0, marginal), service_s(c, load))
+
+
+def _ttft(c: RoleCoefficients, load: RoleLoad, num_queued: float, num_running: float,
+          kv: float) -> float:
+    """The model's TTFT of a request with nothing queued ahead, plus `num_queued` waits."""
+    alone = max(FLOOR_S, dot(c.ttft, ttft_features(load.uncached_prompt_tokens, 0.0,
+                                                   num_running, kv)))
+    return alone + num_queued * wait_per_queued_s(c, load)
+
+
 def _in_flight(c: RoleCoefficients, load: RoleLoad, a: float, wq_mean: float) -> float:
     """Little's law fixed point L = a . (TTFT + (O - 1) . TPOT) at load L; inf if none."""
     decode_steps = max(0.0, load.output_tokens - 1.0)
 
     def excess(n: float) -> float:
         kv = min(1.0, n * load.kv_per_seq)
-        ttft = max(FLOOR_S, dot(c.ttft, ttft_features(load.uncached_prompt_tokens, wq_mean,
-                                                      n, kv)))
+        ttft = _ttft(c, load, wq_mean, n, kv)
         tpot = max(FLOOR_S, dot(c.tpot, tpot_features(n + 1.0, kv)))
         return a * (ttft + decode_steps * tpot) - n
 
@@ -211,9 +237,7 @@ def predict(c: RoleCoefficients, load: RoleLoad, num_replicas: int, quantile: fl
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
     a = load.request_rate / num_replicas
-    uk = load.uncached_prompt_tokens / 1000.0
-    service = max(c.ttft[2] * uk + c.ttft[3], c.ttft[1] * uk, MIN_SERVICE_S)
-    rho = a * service
+    rho = a * service_s(c, load)
     wq_p = queue_quantile(rho, quantile)
     if not math.isfinite(wq_p):
         return Prediction(num_replicas, math.inf, math.inf, rho, math.inf, math.inf)
@@ -223,7 +247,7 @@ def predict(c: RoleCoefficients, load: RoleLoad, num_replicas: int, quantile: fl
     kv = min(1.0, n * load.kv_per_seq)
     n_p = n + NormalDist().inv_cdf(quantile) * math.sqrt(n)
     kv_p = min(1.0, n_p * load.kv_per_seq)
-    ttft = max(FLOOR_S, dot(c.ttft, ttft_features(load.uncached_prompt_tokens, wq_p, n, kv)))
+    ttft = _ttft(c, load, wq_p, n, kv)
     itl = max(FLOOR_S, dot(c.tpot, tpot_features(n_p + 1.0, kv_p)))
     return Prediction(num_replicas, ttft, itl, rho, n, wq_p)
 
