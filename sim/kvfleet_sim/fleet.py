@@ -73,6 +73,7 @@ from kvfleet_router.endpoint import Signals as EndpointSignals
 from kvfleet_router.flow.fair_queue import QueueFull, Ticket
 from kvfleet_router.flow.saturation import is_ready
 from kvfleet_router.pd_plan import PDPlan, Planner, RoutePrefill, RunPrefill, Step, peer_hint
+from kvfleet_router.perf_model import Mape
 from kvfleet_router.policies.guard import imbalance_ratio
 from kvfleet_router.proxy import Outcome
 from kvfleet_router.quota_gate import charged_tokens
@@ -252,6 +253,10 @@ class FleetSim:
         self.routed: dict[str, Routed] = {}  # request id -> its routing decision (feedback)
         self.prefix_at_start: tuple[int, int] | None = None  # engines' counters at warm-up end
         self.perf_at_start: tuple[tuple[float, int], tuple[float, int]] | None = None
+        # Every endpoint's error trackers ever seen, so that a replica scaled down keeps
+        # its share of the error (summing the live ones only made the measured MAPE fall,
+        # and go negative, with each scale-down). Keyed by tracker: one counted once.
+        self.perf_trackers: dict[int, tuple[Mape, Mape]] = {}
         self.is_pd = self.spec.topology.is_disaggregated
         self.handoff: Handoff | None = None
         if self.is_pd:
@@ -408,11 +413,14 @@ class FleetSim:
 
     def perf_error(self) -> tuple[tuple[float, int], tuple[float, int]]:
         """The router's perf-model error trackers summed over its endpoints so far."""
-        eps = self.router.core.registry.all_endpoints()
-        return ((sum(e.ttft_mape.sum_abs_pct for e in eps),
-                 sum(e.ttft_mape.num_samples for e in eps)),
-                (sum(e.tpot_mape.sum_abs_pct for e in eps),
-                 sum(e.tpot_mape.num_samples for e in eps)))
+        self.note_perf_trackers()
+        pairs = self.perf_trackers.values()
+        return ((sum(t.sum_abs_pct for t, _ in pairs), sum(t.num_samples for t, _ in pairs)),
+                (sum(p.sum_abs_pct for _, p in pairs), sum(p.num_samples for _, p in pairs)))
+
+    def note_perf_trackers(self) -> None:
+        for e in self.router.core.registry.all_endpoints():
+            self.perf_trackers.setdefault(id(e.ttft_mape), (e.ttft_mape, e.tpot_mape))
 
     def prefix_counters(self) -> tuple[int, int]:
         """Prompt tokens looked up in, and found in, every engine's prefix cache so far."""
@@ -772,6 +780,7 @@ class FleetSim:
     def scrape(self, t: float) -> None:
         """The router's own poll of its endpoints' /metrics (routing signals), and one
         load-imbalance sample over the endpoints taking requests."""
+        self.note_perf_trackers()
         if self.prefix_at_start is None and t >= self.settings.measure_from_s:
             self.prefix_at_start = self.prefix_counters()
             self.perf_at_start = self.perf_error()

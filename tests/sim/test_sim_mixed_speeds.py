@@ -46,3 +46,17 @@ def test_slo_learns_the_slower_replicas_and_reports_its_error():
     assert s.ttft_mape < 0.5 and s.tpot_mape < 0.5
     # the fast replicas rightly take more than a quarter each: a share, not a bound, here
     assert 1.0 <= s.max_share < 2.0
+
+
+def test_a_replica_removed_keeps_its_share_of_the_predictor_error():
+    """The report's MAPE is the measured window's error over every endpoint that served in
+    it: one scaled down must not take its samples with it (summing the live endpoints only
+    made the error fall with each scale-down, below zero on Mooncake's autoscaler rows)."""
+    pool = load_pool(POOL)
+    sim = FleetSim(pool, SCALERS["fixed-max"](pool.spec), SimSettings(startup_s=0.0))
+    sim.run(steady_trace(end=10.0))
+    before = sim.perf_error()
+    assert before[0][1] > 0 and before[1][1] > 0
+    registry = sim.router.core.registry
+    registry.endpoints, registry.retired = registry.endpoints[1:], []
+    assert sim.perf_error() == before
