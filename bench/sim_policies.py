@@ -253,14 +253,25 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
 PARTLY = "> **Partly rerun.**"
 
 
+def section_span(text: str, title: str) -> tuple[int, int] | None:
+    """[start, end) of the section called `title` in `text`: its heading up to the next
+    section's heading, or to the end; None when it has none."""
+    start = text.find(f"## {title}\n")
+    if start < 0:
+        return None
+    end = text.find("\n## ", start + 1)
+    return start, end + 1 if end >= 0 else len(text)
+
+
 def splice(text: str, titles: list[str], title: str, section: list[str]) -> str:
     """`text` with the section called `title` replaced by `section`, or, where it has none,
     `section` put before the next section of `titles` (the report's order) it has."""
     block = "\n".join(section) + "\n"
-    start = text.find(f"## {title}\n")
-    if start >= 0:
-        end = text.find("\n## ", start + 1)
-        return text[:start] + (block + text[end + 1:] if end >= 0 else block.rstrip("\n") + "\n")
+    span = section_span(text, title)
+    if span is not None:
+        start, end = span
+        return text[:start] + (block + text[end:] if end < len(text)
+                               else block.rstrip("\n") + "\n")
     for later in titles[titles.index(title) + 1:]:
         at = text.find(f"## {later}\n")
         if at >= 0:
@@ -273,10 +284,9 @@ def drop_retired(text: str, saved: list[dict], titles: list[str]) -> tuple[str, 
     or removed section), so a partial rerun cannot leave an old table beside its successor."""
     kept = [r for r in saved if r["title"] in titles]
     for title in re.findall(r"^## (.+)$", text, flags=re.M):
-        if title not in titles:
-            start = text.find(f"## {title}\n")
-            end = text.find("\n## ", start + 1)
-            text = text[:start] + (text[end + 1:] if end >= 0 else "")
+        span = section_span(text, title)
+        if title not in titles and span is not None:
+            text = text[:span[0]] + text[span[1]:]
     return text.rstrip("\n") + "\n", kept
 
 
