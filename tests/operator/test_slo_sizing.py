@@ -2,6 +2,7 @@
 boundary; the start-up forecast (decide/load_forecast.py); decide() driven by the SLO."""
 
 import math
+import random
 
 import pytest
 from kvfleet_operator.api.pool import parse_pool
@@ -27,6 +28,7 @@ from kvfleet_operator.decide.slo_sizing import (
     choose_coefficients,
     meets,
     predict,
+    prefill_stall_s,
     queue_quantile,
     role_load,
     role_slo,
@@ -125,6 +127,49 @@ def test_itl_target_decides_for_decode():
     assert predict(FIT, load, n).itl_p90_s <= 0.01 < predict(FIT, load, n - 1).itl_p90_s
     assert why.startswith(f"{n} decode replicas: predicted ITL ")
     assert "TTFT" not in why
+
+
+def test_prefill_stall_quantile_is_the_models_own():
+    # Closed form, checked against sampling its own assumptions: work in queue V is 0
+    # with probability 1 - rho, else exponential with mean S / (1 - rho); decode steps d
+    # exponential with mean O - 1; the q-quantile x of V / d has P(V / d > x) = 1 - q.
+    rho, service, output, q = 0.7, 0.06, 25.0, 0.9
+    x = prefill_stall_s(rho, service, output, q)
+    assert x == pytest.approx((0.7 / 0.1 - 1) * 0.06 / (0.3 * 24))
+    rng = random.Random(7)
+    n, over = 200_000, 0
+    for _ in range(n):
+        v = rng.expovariate((1 - rho) / service) if rng.random() < rho else 0.0
+        over += v > x * rng.expovariate(1 / (output - 1))
+    assert over / n == pytest.approx(1 - q, abs=0.004)
+    # At its edge: a replica busy no more than 1 - q of the time stalls no quantile.
+    assert prefill_stall_s(0.5, service, output, 0.5) == 0.0
+    assert 0.0 < prefill_stall_s(0.5001, service, output, 0.5) < 1e-5
+    assert prefill_stall_s(1.0, service, output, q) == math.inf
+
+
+def test_short_answers_behind_prefill_size_a_unified_role_up():
+    # Azure code's shape: 1.8k-token prompts, 25-token answers. Each replica's decode
+    # steps ride with the prompts it prefills, so the ITL of short answers is the TPOT
+    # plus the queued prefill spread over their few steps.
+    load, slo = RoleLoad(24.0, 1800, 25.0), SloTargets(ttft_p90_s=2.0, itl_p90_s=0.05)
+    n, why = size(FIT, load, slo, 16, "unified")
+    p = predict(FIT, load, n)
+    stall = prefill_stall_s(p.utilization, service_s(FIT, load), 25.0, 0.9)
+    assert stall > 0 and "ITL" in why
+    assert p.itl_p90_s <= 0.04 < predict(FIT, load, n - 1).itl_p90_s
+    # Without the stall, TTFT and TPOT alone would take fewer replicas.
+    no_stall_itl = p.itl_p90_s - stall
+    assert no_stall_itl <= 0.04 and predict(FIT, load, n - 1).ttft_p90_s <= 1.6
+    # A decode role computes no prompt: nothing stalls it.
+    decode = RoleLoad(20.0, 0.0, 25.0)
+    assert size(FIT, decode, SloTargets(itl_p90_s=0.05), 16, "decode")[0] == 1
+    # The seed's prefill speed is a deliberately slow prior, not a measurement: no stall
+    # from it (its TPOT stands alone).
+    seeded = RoleCoefficients(FIT.ttft, FIT.tpot, MIN_EVIDENCE - 1, 500)
+    assert predict(seeded, load, n - 1).itl_p90_s == pytest.approx(
+        predict(FIT, load, n - 1).itl_p90_s - prefill_stall_s(
+            predict(FIT, load, n - 1).utilization, service_s(FIT, load), 25.0, 0.9))
 
 
 def test_nothing_meets_and_no_load():
