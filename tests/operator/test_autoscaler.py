@@ -62,6 +62,9 @@ def cfg(min_=1, max_=10, role="unified", **kw):
         (rs(3, ttft_p90_s=1.5), RoleTargets(ttft_p90_s=1.0), 3, 4.5, "ttft"),
         (rs(3, itl_p90_s=0.5), RoleTargets(itl_p90_s=0.05), 3, 6.0, "itl"),
         (rs(3, ttft_p90_s=0.5), RoleTargets(ttft_p90_s=1.0), 3, 0.0, "no demand"),
+        # ... from the replicas it was seen on: 5 more asked for and still starting (8 in
+        # all, 3 measured) are not doubled again while the latency waits for them.
+        (rs(3, num_replicas=8, ttft_p90_s=2.0), RoleTargets(ttft_p90_s=1.0), 8, 6.0, "ttft"),
     ],
 )
 def test_demand_table(signals, targets, current, expected, why):

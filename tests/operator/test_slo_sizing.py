@@ -36,6 +36,7 @@ from kvfleet_operator.decide.slo_sizing import (
     service_s,
     size,
     wait_per_queued_s,
+    wait_per_running_s,
 )
 from kvfleet_router.perf_model import RoleCoefficients
 
@@ -94,6 +95,26 @@ def test_unidentified_queue_terms_do_not_size_a_role_to_its_max():
     spurious, _ = size(with_queue_terms(1.32, -1.37), load, slo, 6, "prefill")
     physical, _ = size(with_queue_terms(0.035, 0.0), load, slo, 6, "prefill")
     assert spurious == physical == 1
+
+
+def with_running_term(per_running: float) -> RoleCoefficients:
+    return RoleCoefficients((-0.0015, 0.0361, 0.0142, 0.0559, per_running, 0.11),
+                            (0.0, 0.0, 0.0), 1685, 0)
+
+
+def test_a_running_request_delays_a_new_one_at_most_its_prefill():
+    # A P/D prefill role's fit (Azure conversation): 0.30 s per running 1.8k-token prompt.
+    load = RoleLoad(3.8, 1790, 1.0)
+    prefill = 0.0361 * 1.79
+    assert wait_per_running_s(with_running_term(0.3015), load) == pytest.approx(prefill)
+    inside = prefill * 0.999
+    assert wait_per_running_s(with_running_term(inside), load) == pytest.approx(inside)
+    assert wait_per_running_s(with_running_term(-0.01), load) == 0.0
+    # As fitted, L = a . TTFT had no fixed point at 3.8 legs/s on one replica (rho 0.25):
+    # one replica would have been infeasible. Bounded, one meets the SLO.
+    n, why = size(with_running_term(0.3015), load, SloTargets(ttft_p90_s=2.0), 6, "prefill")
+    assert n == 1, why
+    assert predict(with_running_term(0.3015), load, 1).num_in_flight < 1.0
 
 
 def boundary_rate(n: int) -> float:
@@ -272,10 +293,10 @@ def sig(**kw):
 
 def slo_config(slo=SLO, **kw):
     targets = RoleTargets(num_waiting=2, kv_usage=0.8, slo=slo)
+    kw = {"scale_down_window_s": 0.0, **kw}
     return AutoscalerConfig(roles={"unified": RoleLimits(1, 16)},
                             targets={"unified": targets}, stable_window_s=20.0,
-                            panic_window_s=5.0, scale_down_window_s=0.0, max_step_up=16,
-                            max_step_down=16, **kw)
+                            panic_window_s=5.0, max_step_up=16, max_step_down=16, **kw)
 
 
 def loaded(rate, n=2, perf=FIT, **kw):
@@ -298,6 +319,28 @@ def test_decide_is_driven_by_the_slo_when_the_pool_has_targets():
     assert d.desired["unified"] == 5, d.reasons
     plain = decide(busy, busy, {"unified": 2}, slo_config(slo=None), History(), now=100.0)
     assert plain.desired["unified"] == 15  # without an SLO, today's rule
+
+
+def test_recommendations_made_on_the_seed_do_not_hold_a_scale_down():
+    # Cold start: the seed (fleet has 4/32 requests) asks for many replicas; once the
+    # fleet's own fit drives, the scale-down window no longer holds the seed's count.
+    config = slo_config(scale_down_window_s=300.0, scale_down_cooldown_s=0.0)
+    seed_fit = RoleCoefficients(FIT.ttft, FIT.tpot, 4, 4)
+    rate = boundary_rate(5) * 0.99
+    early = sig(**loaded(rate, perf=seed_fit))
+    d = decide(early, early, {"unified": 2}, config, History(), now=10.0)
+    assert d.desired["unified"] > 2 and "seed model" in d.reasons["unified"]
+    seeded = d.desired["unified"]
+    quiet = sig(**loaded(0.5, n=seeded))
+    d2 = decide(quiet, quiet, {"unified": seeded}, config, d.history, now=40.0)  # no panic
+    assert d2.desired["unified"] < seeded, d2.reasons
+    assert d2.history.learned_since == {"unified": 40.0}
+    assert History.from_dict(d2.history.to_dict()).learned_since == {"unified": 40.0}
+    # A recommendation made on the fleet's fit still holds for the whole window.
+    fleet_early = sig(**loaded(rate))
+    d4 = decide(fleet_early, fleet_early, {"unified": 2}, config, History(), now=10.0)
+    d5 = decide(quiet, quiet, {"unified": d4.desired["unified"]}, config, d4.history, now=40.0)
+    assert d5.desired["unified"] == d4.desired["unified"] == 5
 
 
 def test_kv_usage_still_caps_an_slo_driven_role():

@@ -23,12 +23,15 @@ How a role's count is chosen (each step is one small function below):
    target); the largest wins and names the reason. Prefill uses uncached prompt tokens/s
    (plus the queued backlog) over a per-replica capacity learned online (EWMA); decode
    uses KV occupancy and running sequences. Latency targets only push up (ratio
-   observed/target).
+   observed/target, at most 2x, times the replicas the latency was measured on).
 2. Panic: when the short-window demand is more than `panic_threshold` x the current
    replicas, scale up on it at once (no scale-up stabilization) and forbid scale-down
    until the panic has been quiet for the stable window.
 3. Stabilization (as the Kubernetes HPA): going up uses the lowest recommendation of the
-   scale-up window; going down uses the highest of the scale-down window.
+   scale-up window; going down uses the highest of the scale-down window. With an SLO,
+   the windows forget what was recommended before the role's sizing first read the
+   fleet's own fit (`History.learned_since`): a cold start sized on the seed's prior
+   does not hold its replicas for a whole scale-down window after the evidence is in.
 4. Step limits per decision, then min/max clamps, then cooldowns; whichever bites (or a
    stabilization window holding a change back) is the ScalingLimited reason.
 5. Unknown replicas (failed or stale scrapes) block scale-down; they are never idle.
@@ -75,6 +78,7 @@ from kvfleet_operator.decide.role_signals import (
 from kvfleet_operator.decide.slo_sizing import (
     SloTargets,
     choose_coefficients,
+    is_learned,
     role_load,
     seed_coefficients,
     size,
@@ -182,6 +186,9 @@ class History:
     last_scale_down: dict[str, float] = field(default_factory=dict)
     decisions: list[dict[str, Any]] = field(default_factory=list)
     forecast: ForecastState = field(default_factory=ForecastState)  # rates, start-up times
+    # role -> when its SLO sizing first read the fleet's own fit for every target it
+    # checks; recommendations made before, on the seed, no longer hold a scale-down.
+    learned_since: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -206,9 +213,10 @@ class History:
             downs = {str(k): float(v) for k, v in (data.get("last_scale_down") or {}).items()}
             decisions = list(data.get("decisions") or [])
             forecast = ForecastState.from_dict(data.get("forecast"))
+            learned = {str(k): float(v) for k, v in (data.get("learned_since") or {}).items()}
             return cls(
                 recs, panic, idle, None if cap is None else float(cap), ups, downs, decisions,
-                forecast,
+                forecast, learned,
             )
         except (TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed autoscaler history: {exc}") from None
@@ -272,10 +280,14 @@ def demand(
         ("itl p90", rs.itl_p90_s, targets.itl_p90_s),
     ):
         if target is not None and observed is not None and observed > target:
-            # Latency is not linear in replicas: push up by the ratio, at most 2x per look.
+            # Latency is not linear in replicas: push up by the ratio, at most 2x per look,
+            # from the replicas it was observed on: those still starting are already asked
+            # for, and doubling them at every look while a burst waits out a long start-up
+            # took a unified pool from 4 to 16 in 15 s (Azure code, start-up 120 s).
+            measured = rs.num_known or current
             candidates.append(
                 (
-                    current * min(observed / target, 2.0),
+                    measured * min(observed / target, 2.0),
                     f"{name} {observed * 1000:.0f}ms > {target * 1000:.0f}ms",
                 )
             )
@@ -425,10 +437,14 @@ def _decide_role(
         hist.idle_since.setdefault(role, now)
     else:
         hist.idle_since.pop(role, None)
+    if targets.slo is not None and role not in hist.learned_since and is_learned(
+            stable.perf, targets.slo):
+        hist.learned_since[role] = now
     recs = [
         (t, n)
         for t, n in hist.recommendations.get(role, [])
-        if t >= now - max(config.scale_up_window_s, config.scale_down_window_s)
+        if t >= max(now - max(config.scale_up_window_s, config.scale_down_window_s),
+                    hist.learned_since.get(role, -math.inf))
     ]
     floor = 1 if limits.min_replicas == 0 else limits.min_replicas
     rec = max(raw, floor)  # below `floor` only through the idle timer

@@ -31,7 +31,10 @@ mean output tokens O) to the model's features on one of N replicas (a = lam / N 
   L + z_q . sqrt(L) (normal approximation; z_0.9 = 1.28).
 * KV usage grows with the sequences a replica holds: kv(n) = min(1, n . kv_per_seq), with
   kv_per_seq the role's observed KV usage per running sequence (0 before any is seen).
-* Predicted TTFT p90 = w . [1, U, 0, 0, L, kv(L)] + w_q(q) . (wait per queued);
+* Predicted TTFT p90 = w . [1, U, 0, 0, 0, kv(L)] + L . (wait per running) + w_q(q) .
+  (wait per queued), the wait per running request the model's w_r kept within [0, S] as
+  the queue's is (`wait_per_running_s`: a P/D prefill role's fit said 0.30 s per running
+  prompt, and Little's law then had no fixed point at a quarter of one replica's load);
   predicted ITL = TPOT at the in-flight quantile, v . [1, n_q + 1, kv(n_q)] (a request's
   mean inter-token time, what the simulator's attainment and the router's TPOT are
   measured on), plus, on a role that prefills what it decodes (unified), the prefill
@@ -136,6 +139,14 @@ def choose_coefficients(fleet: RoleCoefficients | None, seed: RoleCoefficients
             "requests")
 
 
+def is_learned(fleet: RoleCoefficients | None, slo: SloTargets) -> bool:
+    """Whether every target `slo` checks is predicted from the fleet's own fit."""
+    if fleet is None:
+        return False
+    return ((slo.ttft_p90_s is None or fleet.num_ttft_samples >= MIN_EVIDENCE)
+            and (slo.itl_p90_s is None or fleet.num_tpot_samples >= MIN_EVIDENCE))
+
+
 @dataclass(frozen=True, slots=True)
 class RoleLoad:
     """A role's offered load: requests/s, and per request its mean uncached prompt tokens,
@@ -205,11 +216,22 @@ def wait_per_queued_s(c: RoleCoefficients, load: RoleLoad) -> float:
     return min(max(0.0, marginal), service_s(c, load))
 
 
+def wait_per_running_s(c: RoleCoefficients, load: RoleLoad) -> float:
+    """The model's marginal TTFT per request running beside a new one (w_r), within
+    [0, service_s]: a running request shares the step's token budget and delays a new
+    prompt by at most its own prefill. A prefill role's fit, where the requests running
+    are the prompts being prefilled, said 0.30 s per running 1.8k-token prompt against
+    its 65 ms prefill, so Little's law found no fixed point at 3.3 legs/s per replica
+    and sized the role for a tenth of its load."""
+    return min(max(0.0, c.ttft[4]), service_s(c, load))
+
+
 def _ttft(c: RoleCoefficients, load: RoleLoad, num_queued: float, num_running: float,
           kv: float) -> float:
-    """The model's TTFT of a request with nothing queued ahead, plus `num_queued` waits."""
-    alone = max(FLOOR_S, dot(c.ttft, ttft_features(load.uncached_prompt_tokens, 0.0,
-                                                   num_running, kv)))
+    """The model's TTFT of a request with nothing queued ahead beside `num_running`
+    requests, plus `num_queued` waits."""
+    alone = max(FLOOR_S, dot(c.ttft, ttft_features(load.uncached_prompt_tokens, 0.0, 0.0, kv))
+                + num_running * wait_per_running_s(c, load))
     return alone + num_queued * wait_per_queued_s(c, load)
 
 
