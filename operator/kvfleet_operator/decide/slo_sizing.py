@@ -222,7 +222,7 @@ def wait_per_running_s(c: RoleCoefficients, load: RoleLoad) -> float:
     prompt by at most its own prefill. A prefill role's fit, where the requests running
     are the prompts being prefilled, said 0.30 s per running 1.8k-token prompt against
     its 65 ms prefill, so Little's law found no fixed point at 3.3 legs/s per replica
-    and sized the role for a tenth of its load."""
+    (utilization 0.25) and one replica looked infeasible."""
     return min(max(0.0, c.ttft[4]), service_s(c, load))
 
 
