@@ -343,6 +343,22 @@ def test_recommendations_made_on_the_seed_do_not_hold_a_scale_down():
     assert d5.desired["unified"] == d4.desired["unified"] == 5
 
 
+def test_latency_above_target_never_sheds_replicas_still_starting():
+    # 12 asked for, 1 up and measured at 19x the TTFT target, the fit asking for 1: the
+    # observed-latency cap holds the 12 (measured x 2 = 2 would cancel the 11 starting).
+    slo_ttft = SLO.ttft_p90_s
+    config = slo_config()
+    config.targets["unified"].ttft_p90_s = slo_ttft  # as config_from_pool sets it
+    s = sig(**{**loaded(0.1, n=12), "num_known": 1, "ttft_p90_s": 19 * slo_ttft})
+    d = decide(s, s, {"unified": 12}, config, History(), now=100.0)
+    assert d.desired["unified"] == 12, d.reasons
+    assert d.reasons["unified"].startswith("steady 12->12: ttft p90"), d.reasons
+    # The same fleet with its latency at the target scales down on the fit.
+    ok = sig(**{**loaded(0.1, n=12), "num_known": 1, "ttft_p90_s": slo_ttft})
+    assert decide(ok, ok, {"unified": 12}, config, History(), now=100.0
+                  ).desired["unified"] < 12
+
+
 def test_kv_usage_still_caps_an_slo_driven_role():
     s = sig(**{**loaded(0.1, n=4), "kv_usage_mean": 0.95})  # little traffic, full KV
     d = decide(s, s, {"unified": 4}, slo_config(), History(), now=100.0)

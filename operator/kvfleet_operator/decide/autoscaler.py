@@ -23,7 +23,8 @@ How a role's count is chosen (each step is one small function below):
    target); the largest wins and names the reason. Prefill uses uncached prompt tokens/s
    (plus the queued backlog) over a per-replica capacity learned online (EWMA); decode
    uses KV occupancy and running sequences. Latency targets only push up (ratio
-   observed/target, at most 2x, times the replicas the latency was measured on).
+   observed/target, at most 2x, times the replicas the latency was measured on, never
+   below the replicas asked for: latency above target never scales a role down).
 2. Panic: when the short-window demand is more than `panic_threshold` x the current
    replicas, scale up on it at once (no scale-up stabilization) and forbid scale-down
    until the panic has been quiet for the stable window.
@@ -283,11 +284,15 @@ def demand(
             # Latency is not linear in replicas: push up by the ratio, at most 2x per look,
             # from the replicas it was observed on: those still starting are already asked
             # for, and doubling them at every look while a burst waits out a long start-up
-            # took a unified pool from 4 to 16 in 15 s (Azure code, start-up 120 s).
+            # took a unified pool from 4 to 16 in 15 s (Azure code, start-up 120 s). Never
+            # below what is asked for: latency above target is no reason to shed replicas,
+            # and measured x ratio alone, with 1 of 12 prefill replicas up, cancelled the
+            # 11 still starting one by one while TTFT p90 rose to 76 s (Mooncake, P/D,
+            # start-up 120 s).
             measured = rs.num_known or current
             candidates.append(
                 (
-                    measured * min(observed / target, 2.0),
+                    max(current, measured * min(observed / target, 2.0)),
                     f"{name} {observed * 1000:.0f}ms > {target * 1000:.0f}ms",
                 )
             )
