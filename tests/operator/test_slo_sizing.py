@@ -117,12 +117,12 @@ def test_a_running_request_delays_a_new_one_at_most_its_prefill():
     assert predict(with_running_term(0.3015), load, 1).num_in_flight < 1.0
 
 
-def boundary_rate(n: int) -> float:
-    """The request rate at which n replicas just meet SLO (bisection on the predictor)."""
+def boundary_rate(n: int, slo: SloTargets = SLO) -> float:
+    """The request rate at which n replicas just meet `slo` (bisection on the predictor)."""
     lo, hi = 0.01, 1000.0
     for _ in range(80):
         mid = (lo + hi) / 2
-        if meets(predict(FIT, RoleLoad(mid, 12000, 300), n), SLO):
+        if meets(predict(FIT, RoleLoad(mid, 12000, 300), n), slo):
             lo = mid
         else:
             hi = mid
@@ -377,6 +377,37 @@ def test_forecast_asks_ahead_of_a_ramp():
         hist = d.history
     now_only, _ = size(FIT, RoleLoad(base * 1.4, 12000, 300), SLO, 16)
     assert d.desired["unified"] > now_only, d.reasons
+    assert "forecast 60s ahead" in d.reasons["unified"]
+
+
+def ramp_decision(slo):
+    """decide() after 20 s of a ramp to 1.4x half the rate 4 replicas meet `slo` at, with a
+    60 s start-up; returns (decision, that rate of now)."""
+    config = slo_config(slo=slo, startup_s_initial=60.0)
+    base, hist = boundary_rate(4, slo) * 0.5, History()
+    for t in range(21):
+        s = sig(**loaded(base * (1 + 0.02 * t), n=4))
+        d = decide(s, s, {"unified": 4}, config, hist, now=float(t))
+        hist = d.history
+    return d, base * 1.4
+
+
+def test_only_the_itl_target_is_sized_on_the_forecast():
+    # TTFT: a burst that outruns the start-up waits in the queue the TTFT budget absorbs,
+    # so the TTFT check is sized on the load of now; the forecast (2x now, the growth cap)
+    # would ask for more.
+    ttft_only = SloTargets(ttft_p90_s=2.0, headroom=0.2)
+    d, now_rate = ramp_decision(ttft_only)
+    now_only, _ = size(FIT, RoleLoad(now_rate, 12000, 300), ttft_only, 16)
+    ahead, _ = size(FIT, RoleLoad(2 * now_rate, 12000, 300), ttft_only, 16)
+    assert d.desired["unified"] == now_only < ahead, d.reasons
+    assert "forecast" not in d.reasons["unified"]
+    # ITL: a prompt on a decode step stalls every stream at once; sized ahead.
+    itl_only = SloTargets(itl_p90_s=0.05, headroom=0.2)
+    d, now_rate = ramp_decision(itl_only)
+    now_only, _ = size(FIT, RoleLoad(now_rate, 12000, 300), itl_only, 16)
+    ahead, _ = size(FIT, RoleLoad(2 * now_rate, 12000, 300), itl_only, 16)
+    assert d.desired["unified"] == ahead > now_only, d.reasons
     assert "forecast 60s ahead" in d.reasons["unified"]
 
 

@@ -2,8 +2,10 @@
 fleet: pure, time injected.
 
 A replica asked for now serves only after it starts (tens of seconds to minutes for vLLM
-on GPUs), so the SLO sizing (`slo_sizing.py`) is fed the load expected one start-up time
-ahead, not the load of now.
+on GPUs), so the SLO sizing (`slo_sizing.py`) checks the ITL target at the load expected
+one start-up time ahead, not the load of now. (The TTFT target is checked at the load of
+now: a burst that outruns the start-up waits in the queue, within the TTFT budget;
+`autoscaler.slo_demand` says why.)
 
 * Forecast: an ordinary least-squares line through the role's recent request rates (one
   point per decision, the stable window's mean rate, placed at the window's middle),
