@@ -359,6 +359,28 @@ def test_latency_above_target_never_sheds_replicas_still_starting():
                   ).desired["unified"] < 12
 
 
+def test_latency_cap_acts_only_while_the_short_window_is_above_target_too():
+    # The long window's TTFT p90 is 1.5x the target; 4 replicas measured, the fit asks
+    # for fewer. The cap pushes to 4 x 1.5 = 6 only while the short window is over too.
+    slo_ttft = SLO.ttft_p90_s
+    config = slo_config()
+    config.targets["unified"].ttft_p90_s = slo_ttft
+    stable = sig(**{**loaded(0.1, n=4), "ttft_p90_s": 1.5 * slo_ttft})
+
+    def with_short_window(ttft_p90_s):
+        panic = sig(**{**loaded(0.1, n=4), "ttft_p90_s": ttft_p90_s})
+        return decide(stable, panic, {"unified": 4}, config, History(), now=100.0)
+
+    over = with_short_window(slo_ttft * 1.01)  # the short window is over: 4 x 1.01 -> 5
+    assert over.desired["unified"] == 5, over.reasons
+    assert "ttft p90" in over.reasons["unified"]
+    served = with_short_window(slo_ttft)  # at the target: the burst is served
+    assert served.desired["unified"] < 4, served.reasons
+    assert "ttft p90" not in served.reasons["unified"]
+    unknown = with_short_window(None)  # no samples in the short window: the long one's
+    assert unknown.desired["unified"] == 6, unknown.reasons
+
+
 def test_kv_usage_still_caps_an_slo_driven_role():
     s = sig(**{**loaded(0.1, n=4), "kv_usage_mean": 0.95})  # little traffic, full KV
     d = decide(s, s, {"unified": 4}, slo_config(), History(), now=100.0)

@@ -25,7 +25,8 @@ How a role's count is chosen (each step is one small function below):
    (plus the queued backlog) over a per-replica capacity learned online (EWMA); decode
    uses KV occupancy and running sequences. Latency targets only push up (ratio
    observed/target, at most 2x, times the replicas the latency was measured on, never
-   below the replicas asked for: latency above target never scales a role down).
+   below the replicas asked for: latency above target never scales a role down), and only
+   while the short window's p90 is above target too (`latency_now`).
 2. Panic: when the short-window demand is more than `panic_threshold` x the current
    replicas, scale up on it at once (no scale-up stabilization) and forbid scale-down
    until the panic has been quiet for the stable window.
@@ -300,6 +301,19 @@ def demand(
     return max(candidates, key=lambda c: c[0])
 
 
+def latency_now(stable: RoleSignals, panic: RoleSignals) -> RoleSignals:
+    """`stable` with each latency p90 no higher than the short window's, where that has
+    one: the observed-latency cap acts on latency above target now. The long window still
+    holds a burst's first seconds after the short one shows it served: on Azure code (P/D,
+    start-up 10 s) its TTFT p90 stayed over target for the window after the prefill queue
+    had cleared, and each look pushed the role up again (3 -> 6 prefill replicas, which
+    the scale-down window then held)."""
+    lower = {name: getattr(panic, name) for name in ("ttft_p90_s", "itl_p90_s")
+             if getattr(panic, name) is not None and getattr(stable, name) is not None
+             and getattr(panic, name) < getattr(stable, name)}
+    return dataclasses.replace(stable, **lower) if lower else stable
+
+
 SLO_CAPS_NOTE = "caps: kv usage, running per replica, observed latency"
 
 
@@ -433,14 +447,16 @@ def _decide_role(
     targets = config.targets.get(role, RoleTargets())
     cap = hist.prefill_tokens_per_s or config.prefill_tokens_per_s_initial
     if targets.slo is None:
-        want, why = demand(stable, targets, current, cap, config.backlog_clear_s)
+        want, why = demand(latency_now(stable, panic), targets, current, cap,
+                           config.backlog_clear_s)
         want_panic, why_panic = demand(panic, targets, current, cap, config.backlog_clear_s)
     else:  # the SLO drives; the caps push up only when they ask for more
         caps = slo_caps(targets)
         want, why = max(
             slo_demand(role, stable, targets.slo, limits.max_replicas, config,
                        hist.forecast, now),
-            demand(stable, caps, current, cap, config.backlog_clear_s), key=lambda c: c[0])
+            demand(latency_now(stable, panic), caps, current, cap, config.backlog_clear_s),
+            key=lambda c: c[0])
         panic_perf = panic if panic.perf is not None else dataclasses.replace(
             panic, perf=stable.perf)
         want_panic, why_panic = max(
