@@ -387,24 +387,10 @@ def test_kv_usage_still_caps_an_slo_driven_role():
     assert d.desired["unified"] == 5 and "kv 0.95" in d.reasons["unified"]
 
 
-def test_forecast_asks_ahead_of_a_ramp():
-    config = slo_config(startup_s_initial=60.0)
-    hist = History()
-    base = boundary_rate(4) * 0.5
-    # A ramp: the window rate grows 2% of the base per second for 20 s.
-    for t in range(21):
-        rate = base * (1 + 0.02 * t)
-        s = sig(**loaded(rate, n=4))
-        d = decide(s, s, {"unified": 4}, config, hist, now=float(t))
-        hist = d.history
-    now_only, _ = size(FIT, RoleLoad(base * 1.4, 12000, 300), SLO, 16)
-    assert d.desired["unified"] > now_only, d.reasons
-    assert "forecast 60s ahead" in d.reasons["unified"]
-
-
 def ramp_decision(slo):
-    """decide() after 20 s of a ramp to 1.4x half the rate 4 replicas meet `slo` at, with a
-    60 s start-up; returns (decision, that rate of now)."""
+    """decide() after a ramp (the window rate grows 2% of the base per second for 20 s,
+    the base half the rate 4 replicas meet `slo` at), with a 60 s start-up; returns
+    (decision, the rate of now)."""
     config = slo_config(slo=slo, startup_s_initial=60.0)
     base, hist = boundary_rate(4, slo) * 0.5, History()
     for t in range(21):
@@ -412,6 +398,13 @@ def ramp_decision(slo):
         d = decide(s, s, {"unified": 4}, config, hist, now=float(t))
         hist = d.history
     return d, base * 1.4
+
+
+def test_forecast_asks_ahead_of_a_ramp():
+    d, now_rate = ramp_decision(SLO)
+    now_only, _ = size(FIT, RoleLoad(now_rate, 12000, 300), SLO, 16)
+    assert d.desired["unified"] > now_only, d.reasons
+    assert "forecast 60s ahead" in d.reasons["unified"]
 
 
 def test_only_the_itl_target_is_sized_on_the_forecast():

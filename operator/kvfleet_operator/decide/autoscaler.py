@@ -304,14 +304,18 @@ def demand(
 def latency_now(stable: RoleSignals, panic: RoleSignals) -> RoleSignals:
     """`stable` with each latency p90 no higher than the short window's, where that has
     one: the observed-latency cap acts on latency above target now. The long window still
-    holds a burst's first seconds after the short one shows it served: on Azure code (P/D,
-    start-up 10 s) its TTFT p90 stayed over target for the window after the prefill queue
-    had cleared, and each look pushed the role up again (3 -> 6 prefill replicas, which
-    the scale-down window then held)."""
-    lower = {name: getattr(panic, name) for name in ("ttft_p90_s", "itl_p90_s")
-             if getattr(panic, name) is not None and getattr(stable, name) is not None
-             and getattr(panic, name) < getattr(stable, name)}
-    return dataclasses.replace(stable, **lower) if lower else stable
+    holds a burst's first seconds after the short one shows it served, and pushing on it
+    added prefill replicas that the scale-down window then held (Azure code, P/D; commit
+    1d05a4f)."""
+    def lower(long_p90: float | None, short_p90: float | None) -> float | None:
+        return min(long_p90, short_p90) if long_p90 is not None and short_p90 is not None \
+            else long_p90
+
+    ttft, itl = (lower(stable.ttft_p90_s, panic.ttft_p90_s),
+                 lower(stable.itl_p90_s, panic.itl_p90_s))
+    if (ttft, itl) == (stable.ttft_p90_s, stable.itl_p90_s):
+        return stable
+    return dataclasses.replace(stable, ttft_p90_s=ttft, itl_p90_s=itl)
 
 
 SLO_CAPS_NOTE = "caps: kv usage, running per replica, observed latency"
@@ -341,9 +345,8 @@ def slo_demand(
     the prefill queue, which the TTFT budget absorbs and `role_load` already sizes for (the
     backlog term); a decode step that carries a burst's prompt stalls every stream on the
     replica at once, and no ITL budget absorbs that. Sized ahead, a P/D prefill role held
-    a forecast's doubled burst for the whole scale-down window (Azure code, start-up
-    120 s: 3,966 replica-seconds against 2,997 at 100% of requests in the SLO both ways),
-    while the unified pool's ITL needed the forecast (90.1% without it)."""
+    a forecast's doubled burst for the whole scale-down window (Azure code; commit
+    7bf4951 gives the commands and figures)."""
     seed = config.perf_seed.get(role) or seed_coefficients()
     weights, source = choose_coefficients(rs.perf, seed)
     load = role_load(rs, config.backlog_clear_s, role)
@@ -363,6 +366,8 @@ def slo_demand(
         n_itl, why_itl = size(weights, ahead_load, dataclasses.replace(slo, ttft_p90_s=None),
                               max_replicas, role)
         checks.append((n_itl, why_itl + ahead))
+    if not checks:  # an SLO without targets: nothing to size for
+        return 0.0, f"slo: no target ({source})"
     n, why = max(checks, key=lambda c: c[0])  # the first (TTFT) on a tie
     return float(n), f"slo: {why} ({source})"
 
