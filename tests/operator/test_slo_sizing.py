@@ -12,6 +12,7 @@ from kvfleet_operator.decide.autoscaler import (
     RoleLimits,
     RoleTargets,
     decide,
+    slo_demand,
 )
 from kvfleet_operator.decide.autoscaler_spec import config_from_pool
 from kvfleet_operator.decide.load_forecast import (
@@ -379,6 +380,13 @@ def test_latency_cap_acts_only_while_the_short_window_is_above_target_too():
     assert "ttft p90" not in served.reasons["unified"]
     unknown = with_short_window(None)  # no samples in the short window: the long one's
     assert unknown.desired["unified"] == 6, unknown.reasons
+
+
+def test_an_slo_without_targets_sizes_nothing():
+    s = sig(**loaded(5.0))
+    n, why = slo_demand("unified", s.roles["unified"], SloTargets(), 16, slo_config(), None,
+                        now=0.0)
+    assert (n, why.startswith("slo: no target")) == (0.0, True)
 
 
 def test_kv_usage_still_caps_an_slo_driven_role():
