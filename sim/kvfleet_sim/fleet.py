@@ -112,6 +112,9 @@ class SimSettings:
     seed: int = 0
     sees_router_queue: bool = True  # whether the scaler is told about router-held requests
     measure_from_s: float = 0.0  # warm-up before this: run, but not measured
+    # The control loop runs at least until this, past the trace's last request: a measured
+    # window that ends in idle time is paid for, and the scaler's scale-down in it seen.
+    run_until_s: float = 0.0
     prefix_mode: str | None = None  # override every endpoint's prefix_mode (approx/precise)
     kv_bytes_per_s: float = 50e9  # P/D: the prefill -> decode link (400 Gb/s RDMA)
     kv_latency_s: float = 0.002  # P/D: fixed cost per hand-off
@@ -434,7 +437,8 @@ class FleetSim:
         return self.fetches.stats.minus(self.peer_at_start or PeerStats())
 
     def is_busy(self, i: int, n: int, t: float, trace_end: float) -> bool:
-        return i < n or t <= trace_end or bool(self.serving) or bool(self.router.held)
+        return (i < n or t <= trace_end or t < self.settings.run_until_s or bool(self.serving)
+                or bool(self.router.held))
 
     # --- control plane ---
 

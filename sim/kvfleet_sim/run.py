@@ -202,7 +202,8 @@ def run_variants(
     measure_to = (warmup_s + duration_s) / compress
     varying = {f for f in ("pool_path", "scaler", "policy", "replicas")
                if len({getattr(v, f) for v in variants}) > 1}  # fmt: skip
-    sim_settings = dataclasses.replace(settings, measure_from_s=measure_from)
+    sim_settings = dataclasses.replace(settings, measure_from_s=measure_from,
+                                       run_until_s=measure_to)
 
     def solve(v: Variant) -> oracle.OracleResult:
         return oracle.solve(v.load, trace, sim_settings, ttft, itl, measure_from, measure_to,

@@ -89,6 +89,25 @@ def test_replica_seconds_clip_to_the_window():
     assert replica_seconds([(0, 10), (5, 30), (40, 50)], start=5, end=20) == 5 + 15
 
 
+def test_a_window_that_ends_idle_is_paid_for_to_its_end(tmp_path):
+    """Requests stop 20 s before the measured window ends: every scaler still pays for the
+    whole window (the replay ran only to its last request, so a fixed-at-max fleet looked
+    smaller than its maximum and a scaler that held replicas through the idle tail paid
+    nothing for them)."""
+    from kvfleet_sim.run import Variant, run_variants
+
+    rows = [f"2023-11-16 18:00:{t:02d}.0000000,300,10\n" for t in range(20)]  # 0-19 s
+    path = tmp_path / "trace.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(rows))
+    runs, _, _ = run_variants(str(path), [Variant(str(POOL), "fixed-max")], start_s=5.0,
+                              duration_s=35.0, warmup_s=5.0, compress=1.0,
+                              settings=SimSettings(startup_s=1.0))  # fmt: skip
+    (run,) = runs
+    assert run.result.end_s >= 40.0  # the window's end, past the last request (19 s)
+    assert run.summary.replica_seconds == pytest.approx(6 * 35.0)
+    assert run.summary.mean_replicas == pytest.approx(6.0)
+
+
 def test_scale_to_zero_and_back_on_held_requests():
     import yaml
     from kvfleet_operator.api import parse_pool
