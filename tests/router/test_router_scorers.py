@@ -146,6 +146,25 @@ def test_kv_counts_requests_the_scrape_did_not_see_running(b_in_flight, b_score)
     assert SCORERS["kv"](cfg())(eps, ctx()) == pytest.approx([0.8, b_score])
 
 
+def test_kv_per_sequence_is_counted_in_blocks_where_capacities_differ():
+    # a: 1000 blocks, 2 running at 0.2 (200 blocks); b: 500 blocks, 2 running at 0.4 (the
+    # same 200 blocks). One more sequence is 400 / 4 = 100 blocks: 0.1 of a, 0.2 of b. Each
+    # has 2 requests the scrape did not see running. Pooled fractions (0.6 / 4 = 0.15 on
+    # both) would score them 0.5 and 0.3: b looked roomier than it is.
+    def sized(name, kv, blocks):
+        e = ep(name, in_flight=4, kv=kv, running=2)
+        e.signals.num_gpu_blocks = blocks
+        return e
+
+    eps = [sized("a", 0.2, 1000), sized("b", 0.4, 500)]
+    assert SCORERS["kv"](cfg())(eps, ctx()) == pytest.approx([0.6, 0.2])
+    eps[1].signals.num_gpu_blocks = 0  # one candidate does not say: pooled fractions
+    assert SCORERS["kv"](cfg())(eps, ctx()) == pytest.approx([0.5, 0.3])
+    eps[1].signals.num_gpu_blocks = 1000  # equal capacities: the same as pooled
+    eps[1].signals.kv_usage = 0.2
+    assert SCORERS["kv"](cfg())(eps, ctx()) == pytest.approx([0.6, 0.6])
+
+
 def test_prefix_scores_zero_where_no_endpoint_holds_the_prompt():
     eps = [ep("a"), ep("b")]
     assert SCORERS["prefix"](cfg())(eps, ctx()) == [0.0, 0.0]

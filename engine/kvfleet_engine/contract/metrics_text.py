@@ -23,8 +23,9 @@ read scrapes through here and only map the result onto their own types. The rule
 6. **Label sets** (several models or engine cores in one process) are combined: counts
    (running, waiting, waiting prompt tokens, counters, histogram buckets per `le`) are
    summed; the KV-usage fraction is their mean; draining is true when the sum is > 0.
-   The role is the `role` label of a nonzero `kvfleet:role` sample; the block size is the
-   `block_size` label of `vllm:cache_config_info`. A bucket whose `le` is not a number
+   The role is the `role` label of a nonzero `kvfleet:role` sample; the block size and the
+   KV capacity in blocks are the `block_size` and `num_gpu_blocks` labels of
+   `vllm:cache_config_info`. A bucket whose `le` is not a number
    (or is NaN) is ignored.
 7. **Kinds.** Counters are read from `<name>_total`, histograms from cumulative
    `<name>_bucket{le=...}` samples and their `<name>_sum` (summed over label sets, into
@@ -126,6 +127,7 @@ class EngineMetrics:
     histogram_sums: dict[str, float] = field(default_factory=dict)  # `<name>_sum`, by family
     role: str | None = None
     block_size: int | None = None
+    num_gpu_blocks: int | None = None  # KV capacity in blocks (cache_config_info's label)
     num_bad_lines: int = 0
     first_bad_line: str = ""
 
@@ -250,10 +252,16 @@ def _reduce(parsed: ParsedText) -> EngineMetrics:
                      if "role" in s.labels and math.isfinite(s.value) and s.value != 0]
             out.role = roles[-1] if roles else None
         else:  # CACHE_CONFIG_INFO
-            sizes = [_parse_float(s.labels.get("block_size", "")) for s in samples]
-            finite = [int(x) for x in sizes if x is not None and math.isfinite(x) and x > 0]
-            out.block_size = finite[-1] if finite else None
+            out.block_size = _positive_label(samples, "block_size")
+            out.num_gpu_blocks = _positive_label(samples, "num_gpu_blocks")
     return out
+
+
+def _positive_label(samples: list[MetricSample], label: str) -> int | None:
+    """The last sample's `label` as a positive whole number, or None if none has one."""
+    values = [_parse_float(s.labels.get(label, "")) for s in samples]
+    finite = [int(x) for x in values if x is not None and math.isfinite(x) and x > 0]
+    return finite[-1] if finite else None
 
 
 def read_metrics(text: str) -> EngineMetrics:

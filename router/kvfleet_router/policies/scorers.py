@@ -8,10 +8,12 @@ min-max(x) below means (max - x) / (max - min) over the candidates, 1.0 for all 
            in-flight capacity. Capacity-relative, not min-max: an endpoint's score depends
            on its own load only, so one request more is worth 1/capacity (not the whole
            [0, 1] range) and adding an idle endpoint changes no other endpoint's score.
-* kv:      1 - kv_usage_i - k_seq * pending_i, pending_i = q_i (as the queue scorer's) -
+* kv:      1 - kv_usage_i - k_seq_i * pending_i, pending_i = q_i (as the queue scorer's) -
            the engine's running at the last scrape (requests that hold no KV there yet),
-           k_seq = the candidates' KV usage per running sequence; clamped to [0, 1];
-           0 when the scrape is stale or missing (unknown is not idle).
+           k_seq_i = the candidates' KV blocks per running sequence over endpoint i's
+           blocks (`num_gpu_blocks`; where a candidate does not export it, their KV
+           fraction per running sequence); clamped to [0, 1]; 0 when the scrape is stale
+           or missing (unknown is not idle).
 * prefix:  matched leading blocks / prompt blocks on endpoint i (ctx.prefix_fraction),
            plus, with kv_sharing, the blocks a peer fetch is worth there (ctx.peer_credit);
            at most 1.
@@ -52,7 +54,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from kvfleet_router.config import RouterConfig
-from kvfleet_router.endpoint import EndpointState
+from kvfleet_router.endpoint import EndpointState, Signals
 from kvfleet_router.perf_model import RoleModel, tpot_features, ttft_features
 from kvfleet_router.policies.context import RouteContext, load_snapshot
 
@@ -81,6 +83,22 @@ def queue(cfg: RouterConfig) -> Scorer:
     return score
 
 
+def kv_per_sequence(fresh: list[Signals]) -> Callable[[Signals], float]:
+    """The KV fraction one more running sequence takes on an endpoint, from the candidates'
+    usage per running sequence. In blocks where every candidate exports its capacity
+    (`num_gpu_blocks`): a sequence holds as many blocks on a small replica as on a big one,
+    so it takes twice the fraction of one with half the blocks (pooling the fractions would
+    count it at their mean on both). Pooled fractions otherwise."""
+    running = sum(s.num_running for s in fresh)
+    if running <= 0:
+        return lambda s: 0.0
+    if all(s.num_gpu_blocks > 0 for s in fresh):
+        blocks = sum(s.kv_usage * s.num_gpu_blocks for s in fresh) / running
+        return lambda s: blocks / s.num_gpu_blocks
+    fraction = sum(s.kv_usage for s in fresh) / running
+    return lambda s: fraction
+
+
 def kv(cfg: RouterConfig) -> Scorer:
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
         # A request takes KV only once its engine runs it: those sent there that the last
@@ -89,9 +107,8 @@ def kv(cfg: RouterConfig) -> Scorer:
         # emptiest at the scrape is not taken for empty until the next one (without it
         # least-kv lost to least-request on a held-out Mooncake slice: commit f4d2aed).
         fresh = [e.signals for e in eps if e.is_signals_fresh]
-        running = sum(s.num_running for s in fresh)
-        per_seq = sum(s.kv_usage for s in fresh) / running if running > 0 else 0.0
-        return [min(1.0, max(0.0, 1.0 - e.signals.kv_usage - per_seq * max(
+        per_seq = kv_per_sequence(fresh)
+        return [min(1.0, max(0.0, 1.0 - e.signals.kv_usage - per_seq(e.signals) * max(
             0.0, e.in_flight_total + e.foreign_load - e.signals.num_running)))
                 if e.is_signals_fresh else 0.0 for e in eps]  # fmt: skip
 
