@@ -1,7 +1,9 @@
 """Routing policies, autoscalers and scaling efficiency in the simulator; writes
 bench/sim_policies.md.
 
-    .venv/bin/python bench/sim_policies.py --jobs 2   # ~45 min on 2 free cores; deterministic
+    .venv/bin/python bench/sim_policies.py --jobs 2   # hours on 2 free cores; deterministic
+                                                      # (each Mooncake autoscaler section,
+                                                      # with its optimum, over an hour)
     .venv/bin/python bench/sim_policies.py --quick    # shorter slices, N <= 16, for a look
     .venv/bin/python bench/sim_policies.py --only 'Routing policies'   # those sections only,
                                                       # put into the existing report in place
