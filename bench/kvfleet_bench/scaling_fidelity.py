@@ -11,8 +11,10 @@ One scenario, the same requests, two ways:
   the start-up time the live fleet measured (median from a replica's first sighting to its
   ready), once per seed (`--sim-seeds`).
 
-Compared: replica-seconds over the replay (from the slice's start to its last completion,
-the window the simulator's report bills) and SLO attainment (TTFT <= the pool's
+Compared: replica-seconds over the replay (live: from the slice's start to its last
+completion; the simulator's report bills the slice's window, its start to its end, which on
+a slice whose arrivals run to its end, as the default one's do, ends with the last
+completion to within a second) and SLO attainment (TTFT <= the pool's
 `ttftP90Seconds` and mean inter-token time <= 50 ms per request, a failed request a miss,
 the simulator's rule), with the relative gap (sim - live) / live of each; also the most
 replicas and the number of replica-count changes each way. The simulator takes the
@@ -120,7 +122,8 @@ def run_live(args: argparse.Namespace, reqs: list[Any], model: str, min_replicas
     finally:
         stop.set()
         fleet.stop()
-    # the simulator bills from the slice's start to the last request's end
+    # to the last request's end: the live fleet is sampled only while the replay runs (the
+    # simulator bills the slice's window; the module docstring says when the two agree)
     start, end = 0.0, max((d.finished for d in run.done), default=0.0)
     window = [n for t, n in zip(samples.times, samples.counts, strict=True) if start <= t <= end]
     return {
