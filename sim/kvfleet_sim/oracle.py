@@ -47,6 +47,7 @@ math.inf, it is quadratic), plus a full replay per check.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -260,6 +261,9 @@ class _Replays:
         self.load_pool = load_pool
         self.trace = trace
         self.settings = settings
+        # A partial replay is read for one interval's requests: it ends when they are
+        # served, not at the window's end (run_until_s) as the full replay, which bills it.
+        self.partial_settings = dataclasses.replace(settings, run_until_s=0.0)
         self.limits = limits
         self.slo = slo
         self.edges = edges
@@ -282,7 +286,7 @@ class _Replays:
                 end = self.edges[cut + 1] if cut < len(self.edges) - 2 else math.inf
             part = [r for r in self.trace if begin <= r.t < end]
             sim = FleetSim(self.load_pool(), sim_scaler(plan, self.limits, self.horizon),
-                           self.settings)  # fmt: skip
+                           self.settings if cut is None else self.partial_settings)
             self.cache[key] = sim.run(part)
             self.seconds += self.cache[key].end_s
             self.num_requests += len(part)

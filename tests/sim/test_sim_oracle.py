@@ -122,6 +122,18 @@ def test_a_probe_replays_only_the_history_before_its_interval(pool_path):
         run_oracle(pool_path, trace, history_s=-1.0)
 
 
+def test_probes_end_with_their_requests_and_the_final_replay_with_the_window(pool_path):
+    # run_variants asks every replay to run to the window's end (run_until_s) so that the
+    # scaler pays for a quiet tail; a probe is read for one interval's requests only, and
+    # ticking an idle fleet on to the window's end only made every solve slower.
+    trace = [r for r in burst_trace() if r.t < 20.0]  # quiet from 20 s; the window is to 32
+    settings = SimSettings(startup_s=STARTUP_S, measure_from_s=WARMUP_S, run_until_s=1000.0)
+    found = solve(lambda: load_pool(pool_path), trace, settings, 1.0, 1.0, WARMUP_S,
+                  WARMUP_S + 30.0, INTERVAL_S)  # fmt: skip
+    assert found.result.end_s >= 1000.0  # the full replay runs to the window's end
+    assert found.replay_s < 1000.0 + found.num_replays * 60.0  # probes stop with their work
+
+
 def test_attainment_ceiling_lowers_the_target_instead_of_buying_max(pool_path):
     # every tenth prompt takes 0.14 s to prefill alone: nothing meets a 0.1 s TTFT for it
     trace = [TraceRequest(t / 2, 4000 if t % 10 == 0 else 500, 10) for t in range(64)]
