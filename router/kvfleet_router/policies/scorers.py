@@ -88,13 +88,12 @@ def kv_per_sequence(fresh: list[Signals]) -> Callable[[Signals], float]:
     usage per running sequence. In blocks where every candidate exports its capacity
     (`num_gpu_blocks`): a sequence holds as many blocks on a small replica as on a big one,
     so it takes twice the fraction of one with half the blocks (pooling the fractions would
-    count it at their mean on both). Pooled fractions otherwise, and on equal capacities
-    (where the two agree; the pooled sum keeps such fleets' scores to the last bit)."""
+    count it at their mean on both; on equal capacities the two agree). Pooled fractions
+    otherwise."""
     running = sum(s.num_running for s in fresh)
     if running <= 0:
         return lambda s: 0.0
-    capacities = {s.num_gpu_blocks for s in fresh}
-    if len(capacities) > 1 and min(capacities) > 0:  # equal ones: the same as pooled
+    if all(s.num_gpu_blocks > 0 for s in fresh):
         blocks = sum(s.kv_usage * s.num_gpu_blocks for s in fresh) / running
         return lambda s: blocks / s.num_gpu_blocks
     fraction = sum(s.kv_usage for s in fresh) / running
