@@ -3,7 +3,7 @@ bench/sim_policies.md.
 
     .venv/bin/python bench/sim_policies.py --jobs 2   # hours on 2 free cores; deterministic
                                                       # (each Mooncake autoscaler section,
-                                                      # with its optimum, over an hour)
+                                                      # with its optimum, about an hour)
     .venv/bin/python bench/sim_policies.py --quick    # shorter slices, N <= 16, for a look
     .venv/bin/python bench/sim_policies.py --only 'Routing policies'   # those sections only,
                                                       # put into the existing report in place
