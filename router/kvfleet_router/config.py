@@ -30,6 +30,7 @@ policy:
   allow_override: false          # honour the per-request header below?
   override_header: x-kvfleet-policy
   imbalance: {abs_threshold: 8, rel_threshold: 1.5}   # cache-aware's load guard
+  min_prefix_match: 0.1          # a prefix match covering less of the prompt scores 0
   ucb_c: 1.0                     # UCB1 exploration constant
   load_factor: 1.25              # bounded load of latency/ucb/slo/least-kv
   ttft_ref_s: 0.5                # reward = ttft_ref / (ttft_ref + ttft), in (0, 1]
@@ -333,6 +334,12 @@ class PolicyConfig:
     allow_override: Bool = False
     override_header: Str = Field(default="x-kvfleet-policy", min_length=1)
     imbalance: ImbalanceConfig = Field(default_factory=ImbalanceConfig)
+    # The prefix scorer counts a match only where it covers at least this share of the
+    # prompt (sgl-router's cache_threshold, 0.3 there): a shared system prompt alone would
+    # otherwise pull every new conversation onto the endpoint that first cached it, since
+    # the queue term weighs one request at 1/capacity (bench/README.md, "Router prefix
+    # affinity"). 0 counts every match.
+    min_prefix_match: Float = Field(default=0.1, ge=0, le=1)
     ucb_c: Float = Field(default=1.0, ge=0, le=100)
     # latency / ucb / slo / least-kv choose only among endpoints whose load with this
     # request stays <= ceil(load_factor * fair share) (filters.py, `bounded-load`)

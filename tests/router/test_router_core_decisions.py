@@ -45,6 +45,29 @@ def test_cache_aware_follows_the_prefix():
     assert c.prefix_hit_ratio > 0
 
 
+SYSTEM = "s" * 64  # one 64-byte block every conversation shares
+
+
+@pytest.mark.parametrize("own_blocks, min_match, follows", [
+    (10, None, False),  # 1 of 11 blocks matched (0.09) is under the default 0.1: load decides
+    (9, None, True),    # 1 of 10 (0.1) is at it: the match counts and wins over 3 in flight
+    (10, 0.0, True),    # every match counts: the shared block outweighs 3 requests in flight
+])
+def test_a_match_under_min_prefix_match_does_not_pull(own_blocks, min_match, follows):
+    # A new conversation that shares only the system prompt with what an endpoint served
+    # would otherwise follow it there while that endpoint is busier than the idle ones.
+    c = RouterCore(RouterConfig.from_dict({
+        "endpoints": [{"name": f"e{i}", "url": f"http://127.0.0.1:{9000 + i}"}
+                      for i in range(4)],
+        "policy": {} if min_match is None else {"min_prefix_match": min_match}}),
+        rng=random.Random(0))
+    first = route(c, SYSTEM + "a" * 640).decision.endpoint
+    first.num_in_flight = 3  # under the guard's 8: only the scores decide
+    routed = route(c, SYSTEM + "b" * 64 * own_blocks)
+    assert routed.ctx.prefix_fraction[first.name] == pytest.approx(1 / (1 + own_blocks))
+    assert (routed.decision.endpoint is first) is follows
+
+
 def test_imbalance_guard_balances_but_still_records_the_prefix():
     c = core(imbalance={"abs_threshold": 2, "rel_threshold": 1.5})
     first = route(c, PROMPT).decision.endpoint

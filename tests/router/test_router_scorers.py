@@ -185,6 +185,17 @@ def test_session_bounded_load_cap_at_the_threshold(sticky_load, stays):
     assert scores[home] == (1.0 if stays else 0.0) and sum(scores) == 1.0
 
 
+def test_prefix_counts_a_match_from_min_prefix_match_on():
+    eps = [ep("a"), ep("b"), ep("c")]
+    fractions = {"a": 0.1, "b": 0.0999, "c": 0.05}
+    assert SCORERS["prefix"](cfg())(eps, ctx(prefix_fraction=fractions)) == [0.1, 0.0, 0.0]
+    # a peer fetch's credit counts toward it
+    assert SCORERS["prefix"](cfg())(eps, ctx(prefix_fraction=fractions,
+                                             peer_credit={"c": 0.05})) == [0.1, 0.0, 0.1]
+    assert SCORERS["prefix"](cfg(min_prefix_match=0.0))(
+        eps, ctx(prefix_fraction=fractions)) == [0.1, 0.0999, 0.05]
+
+
 def test_prefix_plus_peer_credit_is_capped_at_one():
     # a: 0.75 + 0.3 = 1.05 -> 1; b: 0.5 + 0.25 stays 0.75; c: 1 + 0.01 -> 1; d: credit only
     eps = [ep("a"), ep("b"), ep("c"), ep("d")]

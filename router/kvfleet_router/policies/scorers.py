@@ -16,7 +16,8 @@ min-max(x) below means (max - x) / (max - min) over the candidates, 1.0 for all 
            or missing (unknown is not idle).
 * prefix:  matched leading blocks / prompt blocks on endpoint i (ctx.prefix_fraction),
            plus, with kv_sharing, the blocks a peer fetch is worth there (ctx.peer_credit);
-           at most 1.
+           at most 1; 0 below policy.min_prefix_match (a match that small, typically a
+           shared system prompt, would pull every new conversation to one endpoint).
 * session: bounded-load rendezvous hashing: endpoints ordered by H(key, name); the first
            whose in-flight with this request, in-flight + 1, stays <=
            ceil(load_factor * (total in-flight + 1) / n) scores 1 (one already at the cap
@@ -117,14 +118,14 @@ def kv(cfg: RouterConfig) -> Scorer:
 
 
 def prefix(cfg: RouterConfig) -> Scorer:
+    least = cfg.policy.min_prefix_match
+
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
         fractions, credit = ctx.prefix_fraction, ctx.peer_credit
-        if credit:
-            return [min(1.0, fractions.get(e.name, 0.0) + credit.get(e.name, 0.0))
-                    for e in eps]
-        if not fractions:  # no endpoint holds any of the prompt
+        if not fractions and not credit:  # no endpoint holds any of the prompt
             return [0.0] * len(eps)
-        return [min(1.0, fractions.get(e.name, 0.0)) for e in eps]
+        scores = [min(1.0, fractions.get(e.name, 0.0) + credit.get(e.name, 0.0)) for e in eps]
+        return [s if s >= least else 0.0 for s in scores]
 
     return score
 
