@@ -7,6 +7,7 @@ tenant: requests, served, refused, failed, TTFT percentiles and served tokens.""
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -74,13 +75,48 @@ class Summary:
     refusals: dict[str, int] | None = None
     # tenant -> `tenant_summary` of its measured requests; None with one tenant
     tenants: dict[str, dict[str, Any]] | None = None
+    # `median_summary`: the runs (router seeds) this row is the median of, and the
+    # [min, max] over them of the columns a routing verdict reads (SPREAD_FIELDS)
+    num_seeds: int = 1
+    spread: dict[str, list[float]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        for key in ("peer", "x_optimum", "refusals", "tenants"):
+        for key in ("peer", "x_optimum", "refusals", "tenants", "spread"):
             if out[key] is None:
                 del out[key]  # as before these were simulated
+        if self.num_seeds == 1:
+            del out["num_seeds"]
         return out
+
+
+SPREAD_FIELDS = ("slo_attainment", "prefix_hit_rate", "imbalance_mean", "max_share")
+
+
+def median_summary(summaries: Sequence[Summary]) -> Summary:
+    """One row for runs that differ only in the router's seed (ties broken at random, the
+    weighted pickers' draws): each numeric column's own median, so a row's columns may come
+    from different seeds; names and breakdowns (per role, peer, tenants) from the first
+    run; `spread` the [min, max] of SPREAD_FIELDS. One seed's differences between policies
+    are often within this spread (Mooncake, 16 replicas: cache-aware's SLO attainment
+    spans 0.7 points over five seeds)."""
+    first = summaries[0]
+    if len(summaries) == 1:
+        return first
+    row = asdict(first)
+    for key, value in row.items():
+        column = [getattr(s, key) for s in summaries]
+        if isinstance(value, bool) or key == "num_seeds":
+            continue
+        if isinstance(value, int):
+            row[key] = statistics.median_low(column)
+        elif isinstance(value, float) or (value is None and key.endswith("_mape")):
+            known = [v for v in column if v is not None]
+            row[key] = statistics.median(known) if len(known) == len(column) else None
+    row["num_seeds"] = len(summaries)
+    row["spread"] = {k: [min(getattr(s, k) for s in summaries),
+                         max(getattr(s, k) for s in summaries)] for k in SPREAD_FIELDS}
+    return Summary(**row)
 
 
 def peer_summary(stats: PeerStats, prefix_tokens: tuple[int, int]) -> dict[str, Any]:

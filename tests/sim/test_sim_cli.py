@@ -94,6 +94,45 @@ def test_compare_policies_one_table(mooncake_trace, capsys):
     assert "prefix hit" in out and "E2E p50" in out and "imbalance" in out
 
 
+def test_seeds_give_each_column_its_median_over_the_seeds_and_the_spread(
+        mooncake_trace, tmp_path, capsys):
+    common = ["sim", "compare", *sim_args(mooncake_trace), "--pool", POOL, "--policy",
+              "random", "--scaler", "fixed-max"]
+    path = tmp_path / "seeds.json"
+    assert cli.main([*common, "--seed", "3", "--seeds", "3", "--json", str(path)]) == 0
+    table = capsys.readouterr().out
+    data = json.loads(path.read_text())
+    by_seed = [rs[0] for rs in data["summaries_by_seed"]]
+    # each entry is that seed's own run: the second is what --seed 4 alone gives
+    one = tmp_path / "one.json"
+    assert cli.main([*common, "--seed", "4", "--json", str(one)]) == 0
+    capsys.readouterr()
+    assert by_seed[1] == json.loads(one.read_text())["runs"][0]["summary"]
+    assert data["runs"][0]["summary"] == by_seed[0]  # "runs" is the first seed's, whole
+    (median,) = data["medians"]
+    assert median["num_seeds"] == 3
+    for key in ("slo_attainment", "max_share", "ttft_p90_s", "e2e_p50_s"):
+        column = sorted(s[key] for s in by_seed)
+        assert median[key] == column[1], key
+    shares = [s["max_share"] for s in by_seed]
+    assert len(set(shares)) > 1  # the seeds did differ, so the spread below is real
+    assert median["spread"]["max_share"] == [min(shares), max(shares)]
+    row = table.splitlines()[2]  # the one run's row
+    assert f"{median['max_share']:.2f} ({min(shares):.2f}-{max(shares):.2f})" in row
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--seeds", "0"], "--seeds must be >= 1"),
+    (["--seeds", "2", "--optimum"], "reactive scalers only"),
+    (["--seeds", "2", "--scaler", "oracle"], "reactive scalers only"),
+])
+def test_seeds_refuse_what_they_cannot_do(extra, match, mooncake_trace, capsys):
+    assert cli.main(["sim", "compare", *sim_args(mooncake_trace), "--pool", POOL,
+                     *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0], err
+
+
 def run_in_process(args, seed):
     import os
     import subprocess

@@ -41,9 +41,12 @@ def _compare(entry: dict[str, Any]) -> str:
     scalers = len(args.get("scaler") or []) > 1
     has_optimum = any(run["summary"].get("x_optimum") is not None for run in runs)
     rows = []
-    for run in runs:
-        s = run["summary"]
-        row = [_run_name(run, args), pct(1)(s["slo_attainment"]), pct(1)(s["prefix_hit_rate"]),
+    # --seeds: the per-column medians over the router seeds (the runs are the first seed's)
+    for run, s in zip(runs, r.get("medians") or [run["summary"] for run in runs], strict=True):
+        slo = pct(1)(s["slo_attainment"])
+        if "spread" in s:
+            slo += " ({}–{})".format(*map(pct(1), s["spread"]["slo_attainment"]))
+        row = [_run_name(run, args), slo, pct(1)(s["prefix_hit_rate"]),
                f"{1000 * s['ttft_p50_s']:,.0f} / {1000 * s['ttft_p90_s']:,.0f}",
                f"{s['imbalance_mean']:.2f}", fixed(0)(s["replica_seconds"])]
         if scalers:
