@@ -74,6 +74,22 @@ def weight_pool(name: str) -> Path:
     return path
 
 
+def match_pool(least: float) -> Path:
+    """The 16-replica pool with routing.minPrefixMatch at `least` (the default 0.1 was
+    chosen against 0, the rule before it; written once, committed)."""
+    import yaml
+
+    path = TUNING / f"h100-llama3-8b-16-match{least:g}.yaml"
+    pool = yaml.safe_load((ROOT / UNIFIED).read_text())
+    pool["metadata"]["name"] = f"h100-llama3-8b-16-match{least:g}".replace(".", "")
+    pool["spec"]["routing"]["minPrefixMatch"] = least
+    text = ("# bench/sim_policies.py writes this: h100-llama3-8b-16.yaml with routing."
+            f"minPrefixMatch {least:g}.\n" + yaml.safe_dump(pool, sort_keys=False))
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
 def ceiling_note(trace: str, start_s: float, duration_s: float) -> str:
     """One sentence: the share of the measured requests any fleet could serve within the
     TTFT SLO (`kvfleet_sim.ceiling`), for traces with prompts too long for it."""
@@ -213,10 +229,14 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         "Tuning the default weights (cache-aware, approximate index)",
         "The same slice, 16 replicas, the pool's own `cache-aware` policy with the weights "
         "in each pool file's name (`sim/pools/tuning/`, the 16-replica pool otherwise); the "
-        "first row is the shipped default, prefix 1 / queue 4 / kv 0, the second the "
-        "default before it." + SEEDS_NOTE * (not quick), "compare",
+        "first row is the shipped default, prefix 1 / queue 4 / kv 0 with a prefix match "
+        "under a tenth of the prompt counted as none (`routing.minPrefixMatch` 0.1), the "
+        "second the default weights before these, the last the default with every match "
+        "counted (`minPrefixMatch` 0, the rule before it)." + SEEDS_NOTE * (not quick),
+        "compare",
         [*m_slice, "--pool", UNIFIED, *sum((["--pool", str(weight_pool(name).relative_to(
-            ROOT))] for name in WEIGHTS), []), "--scaler", "fixed-max", *seeds(quick)],
+            ROOT))] for name in WEIGHTS), []), "--pool", str(match_pool(0.0).relative_to(ROOT)),
+         "--scaler", "fixed-max", *seeds(quick)],
     )]
     # 10 measured minutes (5 when quick) after 5 of warm-up: the oracle replays each minute
     # two to three times per role, so 30-minute slices took most of an hour per trace here

@@ -294,6 +294,7 @@ def test_router_config_round_trips_through_the_router_parser():
             "policy": "prefix-cache",
             "weights": {"prefix": 2, "queue": 1},
             "imbalance": {"absThreshold": 10, "relThreshold": 2.0},
+            "minPrefixMatch": 0.25,
             "sessionHeader": "x-user",
             "pdThresholdTokens": 256,
         },
@@ -305,6 +306,7 @@ def test_router_config_round_trips_through_the_router_parser():
     assert cfg.policy.name == "prefix-cache"
     assert cfg.policy.weights == {**RouterConfig().policy.weights, "prefix": 2.0, "queue": 1.0}
     assert (cfg.policy.imbalance.abs_threshold, cfg.policy.imbalance.rel_threshold) == (10, 2.0)
+    assert cfg.policy.min_prefix_match == 0.25
     assert cfg.session.header == "x-user" and cfg.pd.prefill_threshold_tokens == 256
     assert {(e.name, e.role, e.url) for e in cfg.endpoints} == {
         ("p1", "prefill", "http://127.0.0.1:9001"),

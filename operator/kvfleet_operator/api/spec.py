@@ -302,6 +302,9 @@ class RoutingSpec:
     policy: Annotated[Str, OneOf(ROUTING_POLICIES)] = "cache-aware"
     weights: WeightsSpec | None = None
     imbalance: ImbalanceSpec = Field(default_factory=ImbalanceSpec)
+    # the router's policy.min_prefix_match: a prefix match under this share of the prompt
+    # scores 0 (a shared system prompt alone does not pull a request to one replica)
+    min_prefix_match: Float = Field(default=0.1, ge=0, le=1)
     session_header: Str = Field(default="x-session-id", pattern=HEADER_PATTERN, max_length=128)
     replicas: Int = Field(default=1, ge=1, le=32)
     # `kvfleet router --workers N` per router pod; unset: one per whole core of the router's

@@ -72,6 +72,7 @@ def build_router_config(
             "abs_threshold": float(r.imbalance.abs_threshold),
             "rel_threshold": float(r.imbalance.rel_threshold),
         },
+        "min_prefix_match": float(r.min_prefix_match),
     }
     if (w := r.effective_weights()) is not None:
         policy["weights"] = w
