@@ -7,10 +7,13 @@ from typing import Any
 from kvfleet_bench.sections._fmt import code
 
 # the training slice first, then the router replicas (issue 29: three behind Envoy, with and
-# without the exchange; restart-warm), then held-out ones (later slices, 8 backends)
+# without the exchange; restart-warm), then the other slices the defaults were checked (and,
+# for policy.min_prefix_match, tuned) on, then the slices held out from that tuning
 FILES = ("router_cache_hits", "router_cache_hits_replicas", "router_cache_hits_restart",
          "router_cache_hits_2139", "router_cache_hits_skip4000",
-         "router_cache_hits_skip8000", "router_cache_hits_8backends")
+         "router_cache_hits_skip8000", "router_cache_hits_8backends",
+         "router_cache_hits_skip2000", "router_cache_hits_skip6000",
+         "router_cache_hits_skip10500", "router_cache_hits_8backends_skip6000")
 
 # the tables are also those bench/router_cache_hits.py writes beside its JSON and prints
 
