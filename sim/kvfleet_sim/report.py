@@ -98,21 +98,21 @@ def median_summary(summaries: Sequence[Summary]) -> Summary:
     weighted pickers' draws): each numeric column's own median, so a row's columns may come
     from different seeds; names and breakdowns (per role, peer, tenants) from the first
     run; `spread` the [min, max] of SPREAD_FIELDS. One seed's differences between policies
-    are often within this spread (Mooncake, 16 replicas: cache-aware's SLO attainment
-    spans 0.7 points over five seeds)."""
+    are often within this spread (bench/sim_policies.md, the tuning table's match0 row:
+    most of a point over five seeds)."""
     first = summaries[0]
     if len(summaries) == 1:
         return first
     row = asdict(first)
     for key, value in row.items():
-        column = [getattr(s, key) for s in summaries]
-        if isinstance(value, bool) or key == "num_seeds":
+        if key == "num_seeds" or not isinstance(value, (int, float, type(None))):
             continue
-        if isinstance(value, int):
-            row[key] = statistics.median_low(column)
-        elif isinstance(value, float) or (value is None and key.endswith("_mape")):
-            known = [v for v in column if v is not None]
-            row[key] = statistics.median(known) if len(known) == len(column) else None
+        column = [getattr(s, key) for s in summaries]
+        if any(v is None for v in column):  # unknown in one run: unknown (a MAPE, x optimum)
+            row[key] = None
+        else:
+            row[key] = (statistics.median_low if isinstance(value, int)
+                        else statistics.median)(column)
     row["num_seeds"] = len(summaries)
     row["spread"] = {k: [min(getattr(s, k) for s in summaries),
                          max(getattr(s, k) for s in summaries)] for k in SPREAD_FIELDS}

@@ -122,10 +122,14 @@ def prefix(cfg: RouterConfig) -> Scorer:
 
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
         fractions, credit = ctx.prefix_fraction, ctx.peer_credit
-        if not fractions and not credit:  # no endpoint holds any of the prompt
+        if credit:
+            return [s if (s := min(1.0, fractions.get(e.name, 0.0) + credit.get(e.name, 0.0)))
+                    >= least else 0.0 for e in eps]  # fmt: skip
+        if not fractions:  # no endpoint holds any of the prompt
             return [0.0] * len(eps)
-        scores = [min(1.0, fractions.get(e.name, 0.0) + credit.get(e.name, 0.0)) for e in eps]
-        return [s if s >= least else 0.0 for s in scores]
+        # one pass, no credit lookups: this runs over every endpoint for every request
+        return [s if (s := min(1.0, fractions.get(e.name, 0.0))) >= least else 0.0
+                for e in eps]  # fmt: skip
 
     return score
 
