@@ -22,7 +22,7 @@ from kvfleet_engine.core.sampling_params import SamplingParams
 from kvfleet_engine.core.sequence import PrefixKV, PreloadedKV
 from kvfleet_engine.runners.cost_model import CostProfile
 from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
-from kvfleet_engine.server.metrics import ITL_BUCKETS, TTFT_BUCKETS
+from kvfleet_engine.server.metrics import ITL_BUCKETS, QUEUE_BUCKETS, TTFT_BUCKETS
 from kvfleet_operator.decide.role_signals import ReplicaSample
 
 from kvfleet_sim.fake_backend import FakeBackendEngine, FakeBackendModel
@@ -95,6 +95,7 @@ class SimReplica:
         self.is_stepping = False
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
+        self.queue_time = Histogram(QUEUE_BUCKETS)  # as the server observes it, at the finish
         self.itl_gaps = array("d")  # inter-token gaps of measured requests, exact
         self.measure_from = measure_from  # requests arriving earlier are warm-up
         # every inter-token gap, told as it happens (the router's per-revision ITL)
@@ -160,6 +161,9 @@ class SimReplica:
                         self.itl_gaps.append(gap)
                 self._last[rid] = end
             if out.is_finished:
+                scheduled = out.timing.first_scheduled_time
+                if scheduled is not None:
+                    self.queue_time.observe(max(0.0, scheduled - out.timing.arrival_time))
                 done.append(self._finish(rid, end, len(out.token_ids), out.finish_reason))
         return end, done
 
@@ -192,6 +196,7 @@ class SimReplica:
             num_prefix_hits=float(s.prefix_cache_hits),
             ttft=self.ttft.cumulative(),
             itl=self.itl.cumulative(),
+            queue_time=self.queue_time.cumulative(),
             role=self.role,
             is_draining=self.state == "draining",
         )

@@ -108,8 +108,10 @@ def test_histogram_quantile(buckets, q, expected):
     assert got == pytest.approx(expected) if expected is not None else got is None
 
 
-def metrics(waiting=0, running=0, kv=0.0, preempt=0, prompt=0, hits=0, ttft=(0, 0, 0), itl=(0, 0)):
-    """A minimal exposition with cumulative TTFT buckets (0.1, 1, +Inf) and ITL (0.05, +Inf)."""
+def metrics(waiting=0, running=0, kv=0.0, preempt=0, prompt=0, hits=0, ttft=(0, 0, 0), itl=(0, 0),
+            queue=(0, 0)):
+    """A minimal exposition with cumulative TTFT buckets (0.1, 1, +Inf), ITL (0.05, +Inf)
+    and queue time (0.25, +Inf)."""
     return parse_metrics(
         f"vllm:num_requests_waiting {waiting}\nvllm:num_requests_running {running}\n"
         f"vllm:kv_cache_usage_perc {kv}\nvllm:num_preemptions_total {preempt}\n"
@@ -123,13 +125,18 @@ def metrics(waiting=0, running=0, kv=0.0, preempt=0, prompt=0, hits=0, ttft=(0, 
         f'vllm:inter_token_latency_seconds_bucket{{le="0.05"}} {itl[0]}\n'
         f'vllm:inter_token_latency_seconds_bucket{{le="+Inf"}} {itl[1]}\n'
         f"vllm:inter_token_latency_seconds_count {itl[1]}\n"
+        "# TYPE vllm:request_queue_time_seconds histogram\n"
+        f'vllm:request_queue_time_seconds_bucket{{le="0.25"}} {queue[0]}\n'
+        f'vllm:request_queue_time_seconds_bucket{{le="+Inf"}} {queue[1]}\n'
+        f"vllm:request_queue_time_seconds_count {queue[1]}\n"
     )
 
 
 def test_aggregate_window_rates_and_histogram_deltas():
     log = ScrapeLog()
     # Replica a: a baseline before the window, then two scrapes inside it.
-    log.add("a", Scrape(0.0, metrics(ttft=(100, 100, 100), prompt=10_000, hits=0)))
+    log.add("a", Scrape(0.0, metrics(ttft=(100, 100, 100), prompt=10_000, hits=0,
+                                     queue=(50, 100))))
     log.add("a", Scrape(10.0, metrics(waiting=2, running=4, kv=0.2, prompt=10_000)))
     log.add(
         "a",
@@ -144,6 +151,7 @@ def test_aggregate_window_rates_and_histogram_deltas():
                 hits=500,
                 ttft=(100, 109, 110),
                 itl=(0, 10),
+                queue=(60, 110),
             ),
         ),
     )
@@ -170,6 +178,9 @@ def test_aggregate_window_rates_and_histogram_deltas():
     # Delta TTFT buckets: 0 below 0.1, 9 below 1.0, 10 total -> p90 at 1.0.
     assert d.ttft_p90_s == pytest.approx(1.0)
     assert d.itl_p90_s == pytest.approx(0.05)  # all 10 delta samples in the +Inf bucket
+    # Queue time (vllm:request_queue_time_seconds): 10 finished in the window, all 10
+    # under 0.25 s, where since start half queued longer.
+    assert d.queue_time_p90_s == pytest.approx(0.9 * 0.25)
     assert d.num_held_requests == 3
     assert not d.is_idle
 

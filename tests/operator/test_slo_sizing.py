@@ -7,11 +7,13 @@ import random
 import pytest
 from kvfleet_operator.api.pool import parse_pool
 from kvfleet_operator.decide.autoscaler import (
+    QUEUEING_SHARE,
     AutoscalerConfig,
     History,
     RoleLimits,
     RoleTargets,
     decide,
+    is_queueing,
     slo_demand,
 )
 from kvfleet_operator.decide.autoscaler_spec import config_from_pool
@@ -380,6 +382,40 @@ def test_latency_cap_acts_only_while_the_short_window_is_above_target_too():
     assert "ttft p90" not in served.reasons["unified"]
     unknown = with_short_window(None)  # no samples in the short window: the long one's
     assert unknown.desired["unified"] == 6, unknown.reasons
+
+
+def test_ttft_above_target_holds_replicas_only_while_requests_queue():
+    # 12 replicas, TTFT p90 1.5x the target, the fit asking for fewer. With requests
+    # scheduled at once the latency is the prompts' own prefill: more replicas cannot help,
+    # so the cap does not hold the 12. From a queue time p90 of a tenth of the target on
+    # (and with none exported, the rule before the signal) it pushes up (12 x 1.5).
+    slo_ttft = SLO.ttft_p90_s
+    config = slo_config()
+    config.targets["unified"].ttft_p90_s = slo_ttft
+
+    def with_queue_time(queue_p90_s, short_window_queue_p90_s="same"):
+        s = sig(**{**loaded(0.1, n=12), "ttft_p90_s": 1.5 * slo_ttft,
+                   "queue_time_p90_s": queue_p90_s})
+        if short_window_queue_p90_s == "same":
+            return decide(s, s, {"unified": 12}, config, History(), now=100.0)
+        short = sig(**{**loaded(0.1, n=12), "ttft_p90_s": 1.5 * slo_ttft,
+                       "queue_time_p90_s": short_window_queue_p90_s})
+        return decide(s, short, {"unified": 12}, config, History(), now=100.0)
+
+    scheduled_at_once = with_queue_time(QUEUEING_SHARE * slo_ttft * 0.99)
+    assert scheduled_at_once.desired["unified"] < 12, scheduled_at_once.reasons
+    assert "ttft p90" not in scheduled_at_once.reasons["unified"]
+    for queue_p90_s in (QUEUEING_SHARE * slo_ttft, None):
+        held = with_queue_time(queue_p90_s)
+        assert held.desired["unified"] > 12, (queue_p90_s, held.reasons)
+        assert "ttft p90 3000ms > 2000ms" in held.reasons["unified"]
+    # A queue in the short window alone counts (the long window's p90 dilutes it).
+    short_queue = with_queue_time(0.0, QUEUEING_SHARE * slo_ttft)
+    assert short_queue.desired["unified"] > 12, short_queue.reasons
+    quiet = with_queue_time(0.0, QUEUEING_SHARE * slo_ttft * 0.99)
+    assert quiet.desired["unified"] < 12, quiet.reasons
+    assert is_queueing(RoleSignals(queue_time_p90_s=0.2), 2.0)
+    assert not is_queueing(RoleSignals(queue_time_p90_s=0.19), 2.0)
 
 
 def test_an_slo_without_targets_sizes_nothing():

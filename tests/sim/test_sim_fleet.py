@@ -1,5 +1,6 @@
 """kvfleet_sim: the virtual-time fleet with the real engine core, router policy and autoscaler."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,25 @@ def test_replica_runs_the_real_engine_in_virtual_time():
     s = r.sample()
     assert s.num_requests == 1 and s.num_generation_tokens == 5 and s.num_running == 0
     assert len(r.itl_gaps) == 4
+
+
+def test_replica_exports_queue_time_as_the_server_does():
+    # vllm:request_queue_time_seconds: arrival to first scheduling, observed at the
+    # finish. One request scheduled at its arrival, one first stepped 0.3 s after it.
+    pool = load_pool(POOL)
+    from kvfleet_sim.fleet import engine_config
+
+    r = SimReplica("r0", engine_config(pool), "h100-llama3-8b", 0.0, 0.0)
+    r.add("now", list(range(1, 101)), 2, arrival=0.0)
+    t = 0.0
+    while r.engine.has_unfinished_requests():
+        t, _ = r.step(t)
+    r.add("late", list(range(1, 101)), 2, arrival=t)
+    t += 0.3
+    while r.engine.has_unfinished_requests():
+        t, _ = r.step(t)
+    buckets = dict(r.sample().queue_time)
+    assert buckets[0.25] == 1 and buckets[0.5] == 2 and buckets[math.inf] == 2
 
 
 @pytest.mark.parametrize("scaler", ["kvfleet", "waiting-5", "fixed-max"])

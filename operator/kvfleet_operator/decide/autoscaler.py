@@ -25,8 +25,9 @@ How a role's count is chosen (each step is one small function below):
    (plus the queued backlog) over a per-replica capacity learned online (EWMA); decode
    uses KV occupancy and running sequences. Latency targets only push up (ratio
    observed/target, at most 2x, times the replicas the latency was measured on, never
-   below the replicas asked for: latency above target never scales a role down), and only
-   while the short window's p90 is above target too (`latency_now`).
+   below the replicas asked for: latency above target never scales a role down), only
+   while the short window's p90 is above target too (`latency_now`), and TTFT only while
+   requests queue for a slot (`is_queueing`).
 2. Panic: when the short-window demand is more than `panic_threshold` x the current
    replicas, scale up on it at once (no scale-up stabilization) and forbid scale-down
    until the panic has been quiet for the stable window.
@@ -283,6 +284,12 @@ def demand(
         ("itl p90", rs.itl_p90_s, targets.itl_p90_s),
     ):
         if target is not None and observed is not None and observed > target:
+            if name == "ttft p90" and not is_queueing(rs, target):
+                # More replicas shorten the wait for a slot, not a prefill: TTFT above
+                # target with requests scheduled at once is the prompts' own length
+                # (long-prompt traffic at any fleet size held a unified pool at its
+                # maximum for the whole run, Mooncake, start-up 10 s).
+                continue
             # Latency is not linear in replicas: push up by the ratio, at most 2x per look,
             # from the replicas it was observed on: those still starting are already asked
             # for, and doubling them at every look while a burst waits out a long start-up
@@ -301,21 +308,42 @@ def demand(
     return max(candidates, key=lambda c: c[0])
 
 
+# TTFT above target says "too few replicas" only while requests wait for a slot at least
+# this share of the target (queue time p90, vllm:request_queue_time_seconds).
+QUEUEING_SHARE = 0.1
+
+
+def is_queueing(rs: RoleSignals, ttft_target_s: float) -> bool:
+    """Whether requests wait to be scheduled long enough to matter; unknown (an engine
+    without the queue-time histogram, or no request finished) counts as queueing, the
+    rule before this signal."""
+    q = rs.queue_time_p90_s
+    return q is None or q >= QUEUEING_SHARE * ttft_target_s
+
+
 def latency_now(stable: RoleSignals, panic: RoleSignals) -> RoleSignals:
     """`stable` with each latency p90 no higher than the short window's, where that has
     one: the observed-latency cap acts on latency above target now. The long window still
     holds a burst's first seconds after the short one shows it served, and pushing on it
     added prefill replicas that the scale-down window then held (Azure code, P/D; commit
-    1d05a4f)."""
+    1d05a4f). The queue time takes the higher of the two: a queue of the last seconds,
+    diluted in the long window's p90, still says the fleet is short now (read from the
+    long window alone, a unified pool on long-prompt traffic shrank further and met the
+    SLO for 0.8 point fewer requests: Mooncake, start-up 10 s)."""
     def lower(long_p90: float | None, short_p90: float | None) -> float | None:
         return min(long_p90, short_p90) if long_p90 is not None and short_p90 is not None \
             else long_p90
 
-    ttft, itl = (lower(stable.ttft_p90_s, panic.ttft_p90_s),
-                 lower(stable.itl_p90_s, panic.itl_p90_s))
-    if (ttft, itl) == (stable.ttft_p90_s, stable.itl_p90_s):
+    def higher(long_p90: float | None, short_p90: float | None) -> float | None:
+        return max(long_p90, short_p90) if long_p90 is not None and short_p90 is not None \
+            else long_p90
+
+    ttft, itl, queue = (lower(stable.ttft_p90_s, panic.ttft_p90_s),
+                        lower(stable.itl_p90_s, panic.itl_p90_s),
+                        higher(stable.queue_time_p90_s, panic.queue_time_p90_s))
+    if (ttft, itl, queue) == (stable.ttft_p90_s, stable.itl_p90_s, stable.queue_time_p90_s):
         return stable
-    return dataclasses.replace(stable, ttft_p90_s=ttft, itl_p90_s=itl)
+    return dataclasses.replace(stable, ttft_p90_s=ttft, itl_p90_s=itl, queue_time_p90_s=queue)
 
 
 SLO_CAPS_NOTE = "caps: kv usage, running per replica, observed latency"

@@ -64,6 +64,7 @@ class ReplicaSample:
     num_prefix_hits: float = 0.0
     ttft: Buckets = ()
     itl: Buckets = ()
+    queue_time: Buckets = ()  # arrival to first scheduling, observed as requests finish
     role: str | None = None  # from kvfleet:role, when the engine exposes it
     is_draining: bool = False
 
@@ -95,7 +96,8 @@ _COUNTERS = {
     c.PREFIX_CACHE_QUERIES: "num_prefix_queries",
     c.PREFIX_CACHE_HITS: "num_prefix_hits",
 }
-_HISTOGRAMS = {c.TIME_TO_FIRST_TOKEN: "ttft", c.INTER_TOKEN_LATENCY: "itl"}
+_HISTOGRAMS = {c.TIME_TO_FIRST_TOKEN: "ttft", c.INTER_TOKEN_LATENCY: "itl",
+               c.REQUEST_QUEUE_TIME: "queue_time"}
 
 
 def parse_metrics(text: str) -> ReplicaSample:
@@ -201,6 +203,8 @@ class RoleSignals:
     num_waiting_prompt_tokens: float | None = None  # None: unknown (see backlog_from)
     ttft_p90_s: float | None = None
     itl_p90_s: float | None = None
+    # None: no replica exports vllm:request_queue_time_seconds (or none finished)
+    queue_time_p90_s: float | None = None
     preemptions_per_s: float = 0.0
     request_rate: float = 0.0
     prompt_tokens_per_s: float = 0.0
@@ -380,8 +384,9 @@ def aggregate(
         rs.prompt_tokens_per_s += prompt
         rs.uncached_prompt_tokens_per_s += max(0.0, prompt - hits)
         rs.generation_tokens_per_s += _rate(a.num_generation_tokens, b.num_generation_tokens, dt)
-        role_h = hists.setdefault(role, {"ttft": {}, "itl": {}})
-        for key, (fa, fb) in {"ttft": (a.ttft, b.ttft), "itl": (a.itl, b.itl)}.items():
+        role_h = hists.setdefault(role, {"ttft": {}, "itl": {}, "queue_time": {}})
+        for key, (fa, fb) in {"ttft": (a.ttft, b.ttft), "itl": (a.itl, b.itl),
+                              "queue_time": (a.queue_time, b.queue_time)}.items():
             for le, d in _bucket_delta(fa, fb).items():
                 role_h[key][le] = role_h[key].get(le, 0.0) + d
     for role, rs in out.items():
@@ -399,6 +404,7 @@ def aggregate(
         if role in hists:
             rs.ttft_p90_s = histogram_quantile(0.9, hists[role]["ttft"])
             rs.itl_p90_s = histogram_quantile(0.9, hists[role]["itl"])
+            rs.queue_time_p90_s = histogram_quantile(0.9, hists[role]["queue_time"])
     return Signals(t=now, window_s=window_s, roles=out)
 
 
