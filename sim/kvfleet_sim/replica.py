@@ -161,9 +161,11 @@ class SimReplica:
                         self.itl_gaps.append(gap)
                 self._last[rid] = end
             if out.is_finished:
-                scheduled = out.timing.first_scheduled_time
-                if scheduled is not None:
-                    self.queue_time.observe(max(0.0, scheduled - out.timing.arrival_time))
+                # the fake backend's outputs carry no timing (it has no queue to report)
+                timing = getattr(out, "timing", None)
+                if timing is not None and timing.first_scheduled_time is not None:
+                    self.queue_time.observe(max(0.0, timing.first_scheduled_time
+                                                - timing.arrival_time))
                 done.append(self._finish(rid, end, len(out.token_ids), out.finish_reason))
         return end, done
 
