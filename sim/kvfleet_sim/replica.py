@@ -22,7 +22,7 @@ from kvfleet_engine.core.sampling_params import SamplingParams
 from kvfleet_engine.core.sequence import PrefixKV, PreloadedKV
 from kvfleet_engine.runners.cost_model import CostProfile
 from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
-from kvfleet_engine.server.metrics import ITL_BUCKETS, QUEUE_BUCKETS, TTFT_BUCKETS
+from kvfleet_engine.server.metrics import ITL_BUCKETS, QUEUE_BUCKETS, TTFT_BUCKETS, queue_time_s
 from kvfleet_operator.decide.role_signals import ReplicaSample
 
 from kvfleet_sim.fake_backend import FakeBackendEngine, FakeBackendModel
@@ -161,11 +161,9 @@ class SimReplica:
                         self.itl_gaps.append(gap)
                 self._last[rid] = end
             if out.is_finished:
-                # the fake backend's outputs carry no timing (it has no queue to report)
-                timing = getattr(out, "timing", None)
-                if timing is not None and timing.first_scheduled_time is not None:
-                    self.queue_time.observe(max(0.0, timing.first_scheduled_time
-                                                - timing.arrival_time))
+                queued = queue_time_s(out)
+                if queued is not None:
+                    self.queue_time.observe(queued)
                 done.append(self._finish(rid, end, len(out.token_ids), out.finish_reason))
         return end, done
 

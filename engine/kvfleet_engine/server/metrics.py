@@ -113,6 +113,17 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
+def queue_time_s(output: Any) -> float | None:
+    """vllm:request_queue_time_seconds of a finished request's output: arrival to first
+    scheduling, both on the engine's clock; None when the output carries no timing (a
+    fake backend) or was never scheduled."""
+    timing = getattr(output, "timing", None)
+    scheduled = getattr(timing, "first_scheduled_time", None)
+    if timing is None or scheduled is None or not math.isfinite(scheduled):
+        return None
+    return max(0.0, scheduled - timing.arrival_time)
+
+
 class RequestTimer:
     """Feeds one request's latencies into the histograms as its outputs arrive."""
 
@@ -137,8 +148,6 @@ class RequestTimer:
             self.last_token_at = now
         if output.is_finished:
             self._metrics.e2e.observe(now - self.arrival)
-            timing = getattr(output, "timing", None)
-            scheduled = getattr(timing, "first_scheduled_time", None)
-            if timing is not None and scheduled is not None and math.isfinite(scheduled):
-                # engine clock on both ends: arrival to first scheduling
-                self._metrics.queue_time.observe(max(0.0, scheduled - timing.arrival_time))
+            queued = queue_time_s(output)
+            if queued is not None:
+                self._metrics.queue_time.observe(queued)

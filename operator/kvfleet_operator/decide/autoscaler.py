@@ -60,6 +60,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -279,17 +280,16 @@ def demand(
         candidates.append(
             (tps / per_replica, f"prefill {tps:.0f} tok/s / {per_replica:.0f}{note}")
         )
+    # More replicas shorten the wait for a slot, not a prefill: TTFT above target with
+    # requests scheduled at once is the prompts' own length (`is_queueing`).
+    ttft_target = targets.ttft_p90_s
+    if ttft_target is not None and not is_queueing(rs, ttft_target):
+        ttft_target = None
     for name, observed, target in (
-        ("ttft p90", rs.ttft_p90_s, targets.ttft_p90_s),
+        ("ttft p90", rs.ttft_p90_s, ttft_target),
         ("itl p90", rs.itl_p90_s, targets.itl_p90_s),
     ):
         if target is not None and observed is not None and observed > target:
-            if name == "ttft p90" and not is_queueing(rs, target):
-                # More replicas shorten the wait for a slot, not a prefill: TTFT above
-                # target with requests scheduled at once is the prompts' own length
-                # (long-prompt traffic at any fleet size held a unified pool at its
-                # maximum for the whole run, Mooncake, start-up 10 s).
-                continue
             # Latency is not linear in replicas: push up by the ratio, at most 2x per look,
             # from the replicas it was observed on: those still starting are already asked
             # for, and doubling them at every look while a burst waits out a long start-up
@@ -330,17 +330,14 @@ def latency_now(stable: RoleSignals, panic: RoleSignals) -> RoleSignals:
     diluted in the long window's p90, still says the fleet is short now (read from the
     long window alone, a unified pool on long-prompt traffic shrank further and met the
     SLO for 0.8 point fewer requests: Mooncake, start-up 10 s)."""
-    def lower(long_p90: float | None, short_p90: float | None) -> float | None:
-        return min(long_p90, short_p90) if long_p90 is not None and short_p90 is not None \
+    def now(pick: Callable[[float, float], float], long_p90: float | None,
+            short_p90: float | None) -> float | None:
+        return pick(long_p90, short_p90) if long_p90 is not None and short_p90 is not None \
             else long_p90
 
-    def higher(long_p90: float | None, short_p90: float | None) -> float | None:
-        return max(long_p90, short_p90) if long_p90 is not None and short_p90 is not None \
-            else long_p90
-
-    ttft, itl, queue = (lower(stable.ttft_p90_s, panic.ttft_p90_s),
-                        lower(stable.itl_p90_s, panic.itl_p90_s),
-                        higher(stable.queue_time_p90_s, panic.queue_time_p90_s))
+    ttft, itl, queue = (now(min, stable.ttft_p90_s, panic.ttft_p90_s),
+                        now(min, stable.itl_p90_s, panic.itl_p90_s),
+                        now(max, stable.queue_time_p90_s, panic.queue_time_p90_s))
     if (ttft, itl, queue) == (stable.ttft_p90_s, stable.itl_p90_s, stable.queue_time_p90_s):
         return stable
     return dataclasses.replace(stable, ttft_p90_s=ttft, itl_p90_s=itl, queue_time_p90_s=queue)

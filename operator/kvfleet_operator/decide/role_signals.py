@@ -384,11 +384,10 @@ def aggregate(
         rs.prompt_tokens_per_s += prompt
         rs.uncached_prompt_tokens_per_s += max(0.0, prompt - hits)
         rs.generation_tokens_per_s += _rate(a.num_generation_tokens, b.num_generation_tokens, dt)
-        role_h = hists.setdefault(role, {"ttft": {}, "itl": {}, "queue_time": {}})
-        for key, (fa, fb) in {"ttft": (a.ttft, b.ttft), "itl": (a.itl, b.itl),
-                              "queue_time": (a.queue_time, b.queue_time)}.items():
-            for le, d in _bucket_delta(fa, fb).items():
-                role_h[key][le] = role_h[key].get(le, 0.0) + d
+        role_h = hists.setdefault(role, {key: {} for key in _HISTOGRAMS.values()})
+        for key, merged in role_h.items():
+            for le, d in _bucket_delta(getattr(a, key), getattr(b, key)).items():
+                merged[le] = merged.get(le, 0.0) + d
     for role, rs in out.items():
         means = kv_means.get(role, [])
         rs.kv_usage_mean = sum(means) / len(means) if means else 0.0

@@ -122,12 +122,11 @@ def prefix(cfg: RouterConfig) -> Scorer:
 
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
         fractions, credit = ctx.prefix_fraction, ctx.peer_credit
-        if credit:
-            return [s if (s := min(1.0, fractions.get(e.name, 0.0) + credit.get(e.name, 0.0)))
-                    >= least else 0.0 for e in eps]  # fmt: skip
+        if credit:  # merged once over the few endpoints either names, not per endpoint
+            fractions = {n: fractions.get(n, 0.0) + credit.get(n, 0.0)
+                         for n in fractions.keys() | credit.keys()}
         if not fractions:  # no endpoint holds any of the prompt
             return [0.0] * len(eps)
-        # one pass, no credit lookups: this runs over every endpoint for every request
         return [s if (s := min(1.0, fractions.get(e.name, 0.0))) >= least else 0.0
                 for e in eps]  # fmt: skip
 
