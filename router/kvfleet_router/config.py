@@ -153,13 +153,15 @@ POLICY_NAMES = (
 )
 PICKER_NAMES = ("max", "power-of-two", "weighted-random")  # policy.picker (the presets')
 PIPELINE_PICKER_NAMES = (*PICKER_NAMES, "round-robin", "slo-tiered")
-SCORER_NAMES = ("prefix", "queue", "kv", "session", "latency", "ucb", "slo")
+SCORER_NAMES = ("prefix", "queue", "pending", "kv", "session", "latency", "ucb", "slo")
 # A pipeline lists only the filters that change what it trades: eligibility (healthy,
 # not-draining, role, model) and saturation run in every policy, so none can drop them.
 PIPELINE_FILTER_NAMES = ("bounded-load",)
-# Scorers that bound load themselves: queue is load; session caps each endpoint's share.
-# Any other (affinity, learned, scraped) herds without the bounded-load filter or the guard.
-LOAD_AWARE_SCORERS = frozenset({"queue", "session"})
+# Scorers that bound load themselves: queue is load; pending is the part of it still to be
+# prefilled (each request sent raises its endpoint's count at once, until its first byte);
+# session caps each endpoint's share. Any other (affinity, learned, scraped) herds without
+# the bounded-load filter or the guard.
+LOAD_AWARE_SCORERS = frozenset({"queue", "pending", "session"})
 PIPELINE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 PD_DECIDER_NAMES = ("uncached-tokens",)
 REVISION_PATTERN = r"^[a-z0-9-]{1,63}$"  # an engine revision (decide.rollout.revision_of)

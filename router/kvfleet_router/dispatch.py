@@ -285,6 +285,14 @@ class Dispatcher:
         self.core.finish(e)
         self.queue.wake()
 
+    def end(self, routed: Routed) -> None:
+        """The exchange `routed` started ended, with or without a first byte: no longer
+        pending on its endpoint, and released."""
+        e = routed.decision.endpoint
+        assert e is not None
+        self.core.first_byte(routed)
+        self.release(e, routed.seat)
+
     def with_peer_hint(self, raw: bytes, info: RequestInfo, routed: Routed, role: str) -> bytes:
         """The body to forward: `raw`, or the client's body plus a peer hint when the
         plan (`pd_plan.peer_hint`) says the endpoint should fetch the prefix."""
@@ -365,7 +373,7 @@ class Dispatcher:
                     body = _with_return_token_ids(body)
                 return await self.forwarder.forward(
                     request, e, body, functools.partial(self._on_outcome, e, routed, info, flow),
-                    headers, ledger, ask_ids)
+                    headers, ledger, ask_ids, functools.partial(self.core.first_byte, routed))
             except BackendFailure as exc:
                 last = exc
                 tried.add(e.name)
@@ -377,7 +385,7 @@ class Dispatcher:
                 broken = exc
                 break
             finally:
-                self.release(e, routed.seat)
+                self.end(routed)
         if broken is not None:
             return await self._migrate(request, broken, info, role, policy, flow, tried,
                                        headers)
@@ -429,6 +437,7 @@ class Dispatcher:
                                                   routed.seat)
                     resp, first = await self.forwarder.open_stream(e, plan.path, leg_body,
                                                                    leg_headers)
+                    self.core.first_byte(routed)
                     splice = Splice(st, is_chat, plan.as_completion)
                     ending, num_events, leg_reason = await self.forwarder.relay(
                         out, resp, first, functools.partial(_spliced, splice, ledger, strip_ids),
@@ -476,7 +485,7 @@ class Dispatcher:
             self.feedback.failure(e, "midstream", now)
         self.gate.charge(info.tenant, min(num_events, info.max_tokens)
                          - self._dispatch_charge(info), now)
-        self.release(e, routed.seat)
+        self.end(routed)
 
 
 def _with_return_token_ids(body: bytes) -> bytes:

@@ -46,6 +46,9 @@ class EndpointState:
     engine: str = "unknown"  # builtin | vllm | unknown: only builtin ones take peer hints
     revision: str = ""  # the engine revision it runs (revisions.py); "" none
     num_in_flight: int = 0  # this router process's own requests there
+    # those of them that have not answered a first byte yet: queued in the engine or in
+    # their prefill, what a new request's TTFT waits behind (the `pending` scorer)
+    num_pending: int = 0
     peer_in_flight: float = 0.0  # the pool's other router replicas' (exchange.py), fresh ones
     is_probe_healthy: bool = True  # last active /health probe
     is_removed: bool = False  # dropped from config; kept until its in-flight requests end

@@ -94,7 +94,7 @@ class Disaggregator:
             log.warning("prefill on %s returned a body without kv_transfer_params", e.name)
             return None
         finally:
-            self.dispatcher.release(e)
+            self.dispatcher.end(step.routed)
 
     async def serve(self, request: web.Request, raw: bytes, info: RequestInfo,
                     policy: str | None) -> web.StreamResponse:
@@ -120,7 +120,7 @@ class Disaggregator:
                 # without the KV (Dispatcher.serve): P/D never pairs revisions
                 info.revision = info.kv_revision = step.endpoint.revision
         except BaseException:
-            self.dispatcher.release(decode.decision.endpoint, decode.seat)  # type: ignore[arg-type]
+            self.dispatcher.end(decode)
             raise
         return await self.dispatcher.serve(request, raw, info, plan.role, policy, first=decode,
                                            headers=headers)

@@ -178,16 +178,20 @@ class Forwarder:
                       on_outcome: Callable[[Outcome], None],
                       headers: CIMultiDict[str] | None = None,
                       ledger: StreamLedger | None = None,
-                      strip_ids: bool = False) -> web.StreamResponse:
+                      strip_ids: bool = False,
+                      on_first_byte: Callable[[], None] | None = None) -> web.StreamResponse:
         """`ledger`: migration is on for this request (see the module's docstring);
-        `strip_ids`: the router asked for token ids the client did not. The revision's
-        TTFT: to the first chunk of a stream, to the whole answer otherwise."""
+        `strip_ids`: the router asked for token ids the client did not; `on_first_byte`:
+        told once the backend's first bytes are here. The revision's TTFT: to the first
+        chunk of a stream, to the whole answer otherwise."""
         counts = self.counts_of(e)
         start = time.perf_counter()
         resp, first, is_sse = await self._open(
             e, request.path, raw, headers if headers is not None else
             forward_headers(request.headers), counts)
         ttft = time.perf_counter() - start
+        if on_first_byte is not None:
+            on_first_byte()
         kept = _kept_headers(resp.headers)
         if not is_sse:
             resp.release()

@@ -65,6 +65,7 @@ class Routed:
     precise: dict[int, tuple[list[int], dict[str, int]]] = field(default_factory=dict)
     num_hinted_blocks: int = 0  # blocks named in an attached peer hint
     seat: Seat | None = None  # the dispatcher's record of the seat taken (flow/seats.py)
+    is_pending: bool = False  # started and no first byte yet (EndpointState.num_pending)
 
     @property
     def matched_fraction(self) -> float:
@@ -245,12 +246,25 @@ class RouterCore:
         self.num_matched_blocks += routed.matched_fraction * len(routed.hashes)
 
     def start(self, routed: Routed) -> EndpointState | None:
-        """Record the prompt on the chosen endpoint and count the request in flight there."""
+        """Record the prompt on the chosen endpoint and count the request in flight there,
+        and pending until `first_byte`."""
         e = routed.decision.endpoint
         if e is not None:
             self.record(routed)
             e.num_in_flight += 1
+            e.num_pending += 1
+            routed.is_pending = True
         return e
+
+    @staticmethod
+    def first_byte(routed: Routed) -> None:
+        """The exchange `routed` started has answered its first byte, or ended without one:
+        it no longer waits for a prefill there. Once per exchange; later calls are no-ops,
+        so every path may call it again when the exchange ends."""
+        e = routed.decision.endpoint
+        if routed.is_pending and e is not None:
+            routed.is_pending = False
+            e.num_pending -= 1
 
     @staticmethod
     def finish(e: EndpointState) -> None:

@@ -690,6 +690,7 @@ class FleetSim:
         computes the prompt itself, as pd.py does."""
         rid = f.request_id[2:]
         h, prefill, plan, leg, sent_at = self.prefilling.pop(rid)
+        self.router.core.first_byte(leg)
         self.router.core.finish(prefill)
         self.router.count(prefill, is_error=f.is_aborted)  # a side call: no TTFT
         if not f.is_aborted:  # the side call went well, and its latency is the prefill's
@@ -747,15 +748,29 @@ class FleetSim:
             outcome = Outcome(done.first_token - now, done.finished - now,
                               done.num_output_tokens, is_stream=True)  # fmt: skip
             self.router.feedback.exchange_done(ep, routed, outcome, done.finished)
+        if routed is not None:
+            self.router.core.first_byte(routed)
         if ep is not None:
             self.router.core.finish(ep)
             self.router.core.registry.prune_retired()
+
+    def first_byte(self, request_id: str) -> None:
+        """A request's first token, or a prefill leg's answer, as the router sees its first
+        byte: no longer pending where it was sent (`RouterCore.first_byte`)."""
+        if request_id.startswith("p:"):
+            leg = self.prefilling.get(request_id[2:])
+            if leg is not None:
+                self.router.core.first_byte(leg[3])
+        elif (routed := self.routed.get(request_id)) is not None:
+            self.router.core.first_byte(routed)
 
     def step(self, t: float, name: str) -> None:
         replica = self.runtime.by_name.get(name)
         if replica is None:
             return
         end, done = replica.step(t)
+        for rid in replica.first_tokens:
+            self.first_byte(rid)
         self.feed_kv_events(name, replica.engine.drain_kv_events())
         for f in done:
             if f.request_id.startswith("p:"):

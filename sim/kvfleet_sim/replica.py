@@ -100,6 +100,8 @@ class SimReplica:
         self.measure_from = measure_from  # requests arriving earlier are warm-up
         # every inter-token gap, told as it happens (the router's per-revision ITL)
         self.on_itl: Callable[[float], None] | None = None
+        # the requests whose first token the last step produced (the router's first byte)
+        self.first_tokens: list[str] = []
         self._arrival: dict[str, float] = {}
         self._first: dict[str, float] = {}
         self._last: dict[str, float] = {}
@@ -139,6 +141,7 @@ class SimReplica:
     def step(self, now: float) -> tuple[float, list[Finished]]:
         """Run one engine step starting at `now`; returns (end time, finished requests)."""
         self.clock.now_s = max(self.clock.now_s, now)
+        self.first_tokens = []
         outputs = self.engine.step()
         if self.clock.now_s <= now:
             self.clock.advance(MIN_STEP_S)
@@ -151,6 +154,7 @@ class SimReplica:
             if out.new_token_ids:
                 if rid not in self._first:
                     self._first[rid] = end
+                    self.first_tokens.append(rid)
                     self.ttft.observe(end - self._arrival[rid])
                 else:
                     gap = end - self._last[rid]

@@ -202,7 +202,7 @@ class PairingForwarder:
         return 200, json.dumps({contract.KV_TRANSFER_PARAMS: {"remote_handle": e.name}}).encode()
 
     async def forward(self, request, e, raw, on_outcome, headers=None, ledger=None,
-                      strip_ids=False):
+                      strip_ids=False, on_first_byte=None):
         kv = json.loads(raw).get(contract.KV_TRANSFER_PARAMS)
         self.legs.append(("decode", f"{e.name}<-{kv['remote_handle'] if kv else ''}"))
         if e.name in self.fail_decode:

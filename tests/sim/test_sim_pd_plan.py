@@ -45,7 +45,7 @@ class RecordingForwarder:
         return 200, json.dumps({contract.KV_TRANSFER_PARAMS: {"remote_handle": "h"}}).encode()
 
     async def forward(self, request, e, raw, on_outcome, headers=None, ledger=None,
-                      strip_ids=False):
+                      strip_ids=False, on_first_byte=None):
         self.sent.append((e.name, json.loads(raw)))
         return web.Response(text="ok")
 

@@ -225,6 +225,7 @@ class WeightsSpec:
 
     prefix: Weight | None = None
     queue: Weight | None = None
+    pending: Weight | None = None
     kv: Weight | None = None
     session: Weight | None = None
     latency: Weight | None = None

@@ -278,6 +278,9 @@ class Exchange:
         if self.active is not None:
             self.ttft_s = time.monotonic() - self.picked_at
             self._settle(served.split(",")[0].strip() if served else None)
+        if self.active is not None and self.routed is not None:
+            # the first byte, as far as the gateway shows it (its TTFT point above)
+            self.picker.core.first_byte(self.routed)
         mutation = gie.strip_served() if gie.SERVED in headers else None
         if req.response_headers.end_of_stream:
             self._finish()
@@ -297,7 +300,7 @@ class Exchange:
         if served == address(e.url):
             return
         p.feedback.failure(e, "connect", now)  # the gateway moved on to a fallback
-        p.dispatcher.release(e, routed.seat)
+        p.dispatcher.end(routed)
         p.dispatcher.metrics.retries.inc()
         self.active = None
         alt = p.endpoint_at(served)
@@ -326,4 +329,4 @@ class Exchange:
                               is_client_gone=self.status == 0,
                               is_client_fault=self.status >= 400)
             p.feedback.exchange_done(e, routed, outcome, now)
-        p.dispatcher.release(e, routed.seat)
+        p.dispatcher.end(routed)

@@ -8,6 +8,12 @@ min-max(x) below means (max - x) / (max - min) over the candidates, 1.0 for all 
            in-flight capacity. Capacity-relative, not min-max: an endpoint's score depends
            on its own load only, so one request more is worth 1/capacity (not the whole
            [0, 1] range) and adding an idle endpoint changes no other endpoint's score.
+* pending: max(0, 1 - p_i / capacity_i), p_i = this router's requests on endpoint i that
+           have not answered a first byte yet (queued in the engine or prefilling:
+           EndpointState.num_pending). A new prompt's TTFT waits behind those prefills, not
+           behind answers already streaming, which the queue scorer counts alike; weighted
+           beside it, a prompt goes where fewer prefills are ahead of it. Other router
+           replicas' and clients' requests are not in p_i (the queue scorer's are).
 * kv:      1 - kv_usage_i - k_seq_i * pending_i, pending_i = q_i (as the queue scorer's) -
            the engine's running at the last scrape (requests that hold no KV there yet),
            k_seq_i = the candidates' KV blocks per running sequence over endpoint i's
@@ -80,6 +86,13 @@ def queue(cfg: RouterConfig) -> Scorer:
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
         return [max(0.0, 1.0 - (e.in_flight_total + e.foreign_load if e.is_signals_fresh
                                 else e.in_flight_total) / e.capacity) for e in eps]  # fmt: skip
+
+    return score
+
+
+def pending(cfg: RouterConfig) -> Scorer:
+    def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
+        return [max(0.0, 1.0 - e.num_pending / e.capacity) for e in eps]
 
     return score
 
@@ -295,6 +308,7 @@ def slo(cfg: RouterConfig) -> Scorer:
 
 SCORERS: dict[str, Callable[[RouterConfig], Scorer]] = {
     "queue": queue,
+    "pending": pending,
     "kv": kv,
     "prefix": prefix,
     "session": session,
