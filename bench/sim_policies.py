@@ -57,16 +57,18 @@ EFFICIENCY_PLOT = RESULTS / "sim_efficiency.png"
 STARTUPS_S = (10, 120)
 
 
-def variant_pool(stem: str, what: str, edit: Callable[[dict], None]) -> Path:
-    """sim/pools/tuning/h100-llama3-8b-16-<stem>.yaml: the 16-replica pool with `edit`
-    applied to its manifest (written once; the files are committed)."""
+def variant_pool(stem: str, what: str, edit: Callable[[dict], None],
+                 base: str = UNIFIED) -> Path:
+    """sim/pools/tuning/<base>-<stem>.yaml: the pool `base` (the 16-replica one unless
+    said) with `edit` applied to its manifest (written once; the files are committed)."""
     import yaml
 
-    path = TUNING / f"h100-llama3-8b-16-{stem}.yaml"
-    pool = yaml.safe_load((ROOT / UNIFIED).read_text())
-    pool["metadata"]["name"] = f"h100-llama3-8b-16-{stem.replace('.', '')}"
+    name = Path(base).stem
+    path = TUNING / f"{name}-{stem}.yaml"
+    pool = yaml.safe_load((ROOT / base).read_text())
+    pool["metadata"]["name"] = f"{name}-{stem.replace('.', '')}"
     edit(pool)
-    text = (f"# bench/sim_policies.py writes this: h100-llama3-8b-16.yaml with {what}.\n"
+    text = (f"# bench/sim_policies.py writes this: {Path(base).name} with {what}.\n"
             + yaml.safe_dump(pool, sort_keys=False))  # fmt: skip
     if not path.exists() or path.read_text() != text:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +90,35 @@ def match_pool(least: float) -> Path:
     return variant_pool(f"match{least:g}", f"routing.minPrefixMatch {least:g}",
                         lambda pool: pool["spec"]["routing"].__setitem__("minPrefixMatch",
                                                                          least))
+
+
+# The pending scorer (requests not yet answered with a first byte) beside each preset's own
+# load term, at four times its weight, chosen before any run: one request waiting for its
+# prefill outweighs one more streaming its answer (router/README.md, `pending`).
+PENDING = {
+    "pending-cache-aware": ("cache-aware weights prefix 1 / queue 4 / kv 0 / pending 16",
+                            {"policy": "cache-aware",
+                             "weights": {"prefix": 1.0, "queue": 4.0, "kv": 0.0,
+                                         "pending": 16.0}}),
+    "pending-least-request": ("least-request's queue scorer plus pending at 4x its weight",
+                              {"policy": "pipeline",
+                               "pipeline": {"scorers": {"queue": 1.0, "pending": 4.0}}}),
+    "pending-slo": ("the slo preset (inside bounded-load, slo 1 / queue 1) plus pending 4",
+                    {"policy": "pipeline",
+                     "pipeline": {"filters": ["bounded-load"],
+                                  "scorers": {"slo": 1.0, "queue": 1.0, "pending": 4.0}}}),
+}
+
+
+def pending_pools(base: str) -> list[str]:
+    """`--pool` arguments: `base` as shipped, then `base` with each PENDING routing."""
+    def routing(spec: dict) -> Callable[[dict], None]:
+        return lambda pool: pool["spec"].__setitem__(
+            "routing", {**pool["spec"]["routing"], **spec})
+
+    paths = [base] + [str(variant_pool(stem, what, routing(spec), base).relative_to(ROOT))
+                      for stem, (what, spec) in PENDING.items()]
+    return sum((["--pool", p] for p in paths), [])
 
 
 def ceiling_note(trace: str, start_s: float, duration_s: float) -> str:
@@ -185,13 +216,52 @@ def azure_routing(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         "(`--replica-profile h100-llama3-8b --replica-profile "
         "sim/pools/profiles/h100-llama3-8b-half-speed.json`); the perf model learns each "
         "replica's own coefficients. `perf MAPE`: the router's predictions of TTFT and TPOT "
-        "against what each measured request got.", "compare",
+        "against what each measured request got." + SEEDS_NOTE * (not quick), "compare",
         ["--trace", conv, "--start-s", "900", "--warmup-s", "120", "--duration-s", dur,
          "--compress", "1", "--rate", AZURE_RATE, "--pool", "sim/pools/fidelity-4.yaml",
          "--scaler", "fixed-max", "--replica-profile", "h100-llama3-8b",
          "--replica-profile", "sim/pools/profiles/h100-llama3-8b-half-speed.json",
          *sum((["--policy", p] for p in ("slo", "least-request", "cache-aware", "latency",
-                                         "ucb", "round-robin")), [])],
+                                         "ucb", "round-robin")), []), *seeds(quick)],
+    ))  # fmt: skip
+    return out
+
+
+def pending_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
+    """The pending scorer beside the presets' load terms (PENDING) on the routing sections'
+    slices, training and held out, and on the pool of two speeds; each shipped pool first."""
+    moon = str(TRACES / "mooncake_conversation.jsonl")
+    conv = str(TRACES / "azure_llm_2023_conv.csv")
+    dur = "120" if quick else "300"
+    what = ("The pool as shipped (`cache-aware`) first, then the same pool with the routing "
+            "in each file's name (`sim/pools/tuning/`): `cache-aware` with the pending "
+            "scorer at 16 beside queue 4, `least-request` as a pipeline of queue 1 and "
+            "pending 4, the `slo` preset's pipeline plus pending 4. The presets' own rows "
+            "are in the sections above (same slice, same seeds).")
+    out = []
+    for start, which in (("900", "training"), ("2100", "held-out")):
+        out.append((
+            f"A pending-prefill load term on the Mooncake {which} slice (16 replicas)",
+            what + SEEDS_NOTE * (not quick), "compare",
+            ["--trace", moon, "--start-s", start, "--warmup-s", "300", "--duration-s", dur,
+             "--compress", "1", *pending_pools(UNIFIED), "--scaler", "fixed-max",
+             *seeds(quick)],
+        ))  # fmt: skip
+    azure = ["--warmup-s", "120", "--duration-s", dur, "--compress", "1", "--rate", AZURE_RATE,
+             *pending_pools("sim/pools/fidelity-4.yaml"), "--scaler", "fixed-max"]
+    for start, which in (("900", "training"), ("2400", "held-out")):
+        out.append((
+            f"A pending-prefill load term on the Azure conversation {which} slice (4 "
+            f"replicas, {AZURE_RATE}x rate)", what + SEEDS_NOTE * (not quick), "compare",
+            ["--trace", conv, "--start-s", start, *azure, *seeds(quick)],
+        ))  # fmt: skip
+    out.append((
+        "A pending-prefill load term on the pool of two speeds (Azure conversation)",
+        what + " Every other replica at half speed, as in the two-speed section above."
+        + SEEDS_NOTE * (not quick), "compare",
+        ["--trace", conv, "--start-s", "900", *azure, "--replica-profile", "h100-llama3-8b",
+         "--replica-profile", "sim/pools/profiles/h100-llama3-8b-half-speed.json",
+         *seeds(quick)],
     ))  # fmt: skip
     return out
 
@@ -238,7 +308,7 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         [*m_slice, "--pool", UNIFIED, *sum((["--pool", str(weight_pool(name).relative_to(
             ROOT))] for name in WEIGHTS), []), "--pool", str(match_pool(0.0).relative_to(ROOT)),
          "--scaler", "fixed-max", *seeds(quick)],
-    )]
+    ), *pending_sections(quick)]
     # 10 measured minutes (5 when quick) after 5 of warm-up: the oracle replays each minute
     # two to three times per role, so 30-minute slices took most of an hour per trace here
     a_dur = "300" if quick else "600"
