@@ -59,6 +59,19 @@ def test_pending_is_a_load_term_in_a_pipeline_and_a_weight_of_cache_aware():
         PipelineConfig(scorers={"pendin": 1.0})
 
 
+async def router_before(completions):  # type: ignore[no-untyped-def]
+    """(backend client, router app, router client): the real router in front of one
+    in-process backend whose /v1/completions is `completions`."""
+    upstream = TestClient(TestServer(in_process_backend(completions)))
+    await upstream.start_server()
+    app = RouterApp(RouterConfig.from_dict(
+        {"endpoints": [{"name": "b0", "url": str(upstream.make_url("")).rstrip("/")}]}),
+        "admin-token")
+    router = TestClient(TestServer(app.build()))
+    await router.start_server()
+    return upstream, app, router
+
+
 async def test_the_live_router_counts_pending_until_the_backends_first_byte():
     first, finish = asyncio.Event(), asyncio.Event()
 
@@ -72,13 +85,7 @@ async def test_the_live_router_counts_pending_until_the_backends_first_byte():
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    upstream = TestClient(TestServer(in_process_backend(completions)))
-    await upstream.start_server()
-    app = RouterApp(RouterConfig.from_dict(
-        {"endpoints": [{"name": "b0", "url": str(upstream.make_url("")).rstrip("/")}]}),
-        "admin-token")
-    router = TestClient(TestServer(app.build()))
-    await router.start_server()
+    upstream, app, router = await router_before(completions)
     try:
         e = app.core.registry.endpoints[0]
 
@@ -108,13 +115,7 @@ async def test_an_exchange_that_fails_before_its_first_byte_is_no_longer_pending
         await request.read()
         return web.Response(status=503, text="overloaded")
 
-    upstream = TestClient(TestServer(in_process_backend(completions)))
-    await upstream.start_server()
-    app = RouterApp(RouterConfig.from_dict(
-        {"endpoints": [{"name": "b0", "url": str(upstream.make_url("")).rstrip("/")}]}),
-        "admin-token")
-    router = TestClient(TestServer(app.build()))
-    await router.start_server()
+    upstream, app, router = await router_before(completions)
     try:
         resp = await router.post("/v1/completions", json={"model": "m", "prompt": "hi"})
         await resp.read()
