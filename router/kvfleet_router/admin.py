@@ -6,6 +6,7 @@ is 401.
 
 GET  /admin/config  -> {"version", "config": {...}, "endpoints": [{"name", "url", "role",
                         "revision", "state": active|draining|removed, "num_in_flight",
+                        "num_pending" (of those, no first byte yet),
                         "peer_in_flight" (other router replicas', exchange.py),
                         "is_healthy"}], "revisions": {"<revision>": {"requests", "errors",
                         "ttft", "itl"}}}  (revisions: what the router measured per engine
@@ -49,7 +50,8 @@ def config_status(store: ConfigStore, meter: RevisionMeter | None = None) -> dic
         "endpoints": [
             {"name": e.name, "url": e.url, "role": e.role, "revision": e.revision,
              "state": e.state_name(), "num_in_flight": e.num_in_flight,
-             "peer_in_flight": e.peer_in_flight, "is_healthy": e.is_healthy(now)}
+             "num_pending": e.num_pending, "peer_in_flight": e.peer_in_flight,
+             "is_healthy": e.is_healthy(now)}
             for e in store.endpoints()
         ],
         "revisions": meter.to_dict() if meter is not None else {},

@@ -65,9 +65,9 @@ def fleet(tmp_path_factory):
         yield fakes, epp, tls.cert.read_bytes()
 
 
-def in_flight(epp) -> dict[str, int]:
+def in_flight(epp, key: str = "num_in_flight") -> dict[str, int]:
     _, body = http_json(epp.url + "/admin/config", headers=admin_headers())
-    return {e["name"]: e["num_in_flight"] for e in body["endpoints"]}
+    return {e["name"]: e[key] for e in body["endpoints"]}
 
 
 async def test_a_good_stream_gets_the_pick_in_header_and_metadata(fleet):
@@ -163,12 +163,15 @@ async def test_in_flight_from_the_pick_to_the_stream_end_on_whoever_served(fleet
         primary, fallback = out.pick.split(",")
         name = {addr(f): f"b{i}" for i, f in enumerate(fakes)}
         assert in_flight(epp) == {name[primary]: 1, name[fallback]: 0}
-        # the gateway's retry landed on the fallback: the request moves there
+        assert in_flight(epp, "num_pending") == {name[primary]: 1, name[fallback]: 0}
+        # the gateway's retry landed on the fallback: the request moves there, and its
+        # response headers are the first byte the picker sees (pending no more)
         await call.write(response_headers_msg(200, served=fallback))
         reply = await call.read()
         assert list(reply.response_headers.response.header_mutation.remove_headers) == [
             "x-gateway-destination-endpoint-served"]
         assert in_flight(epp) == {name[primary]: 0, name[fallback]: 1}
+        assert in_flight(epp, "num_pending") == {name[primary]: 0, name[fallback]: 0}
         await call.done_writing()
         assert await call.read() is grpc.aio.EOF
         await asyncio.sleep(0.2)
