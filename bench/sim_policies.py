@@ -179,6 +179,9 @@ def run_section(section: tuple[str, str, str, list[str]], index: int) -> tuple[l
 
 
 AZURE_RATE = "8"  # 4 replicas at 8x the trace's rate: loaded, so routing decides
+# every other replica at half speed: the pool of two speeds the slo policy is shown on
+TWO_SPEEDS = ["--replica-profile", "h100-llama3-8b",
+              "--replica-profile", "sim/pools/profiles/h100-llama3-8b-half-speed.json"]
 # Routing verdicts are read over router seeds (tie-breaks, the weighted pickers' draws):
 # on the Mooncake slice one policy's SLO attainment spans most of a point over five seeds
 # (the tuning table's match0 row), more than the gaps between most policies there, so one
@@ -219,8 +222,7 @@ def azure_routing(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         "against what each measured request got." + SEEDS_NOTE * (not quick), "compare",
         ["--trace", conv, "--start-s", "900", "--warmup-s", "120", "--duration-s", dur,
          "--compress", "1", "--rate", AZURE_RATE, "--pool", "sim/pools/fidelity-4.yaml",
-         "--scaler", "fixed-max", "--replica-profile", "h100-llama3-8b",
-         "--replica-profile", "sim/pools/profiles/h100-llama3-8b-half-speed.json",
+         "--scaler", "fixed-max", *TWO_SPEEDS,
          *sum((["--policy", p] for p in ("slo", "least-request", "cache-aware", "latency",
                                          "ucb", "round-robin")), []), *seeds(quick)],
     ))  # fmt: skip
@@ -259,9 +261,7 @@ def pending_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         "A pending-prefill load term on the pool of two speeds (Azure conversation)",
         what + " Every other replica at half speed, as in the two-speed section above."
         + SEEDS_NOTE * (not quick), "compare",
-        ["--trace", conv, "--start-s", "900", *azure, "--replica-profile", "h100-llama3-8b",
-         "--replica-profile", "sim/pools/profiles/h100-llama3-8b-half-speed.json",
-         *seeds(quick)],
+        ["--trace", conv, "--start-s", "900", *azure, *TWO_SPEEDS, *seeds(quick)],
     ))  # fmt: skip
     return out
 

@@ -758,9 +758,9 @@ class FleetSim:
         """A request's first token, or a prefill leg's answer, as the router sees its first
         byte: no longer pending where it was sent (`RouterCore.first_byte`)."""
         if request_id.startswith("p:"):
-            leg = self.prefilling.get(request_id[2:])
-            if leg is not None:
-                self.router.core.first_byte(leg[3])
+            if (prefilling := self.prefilling.get(request_id[2:])) is not None:
+                _, _, _, leg, _ = prefilling
+                self.router.core.first_byte(leg)
         elif (routed := self.routed.get(request_id)) is not None:
             self.router.core.first_byte(routed)
 
