@@ -47,7 +47,8 @@ TUNING = ROOT / "sim" / "pools" / "tuning"
 # chosen among: (prefix, queue, kv, pending); the first is the default before pending
 WEIGHTS = {"p1-q4-kv0": (1.0, 4.0, 0.0, 0.0), "p1-q4-kv0.5": (1.0, 4.0, 0.5, 0.0),
            "p1-q32-pend32": (1.0, 32.0, 0.0, 32.0), "p1-q64-pend32": (1.0, 64.0, 0.0, 32.0),
-           "p1-q64-pend64": (1.0, 64.0, 0.0, 64.0), "p1-q100-kv0": (1.0, 100.0, 0.0, 0.0)}  # fmt: skip
+           "p1-q64-pend64": (1.0, 64.0, 0.0, 64.0),
+           "p1-q100-kv0": (1.0, 100.0, 0.0, 0.0)}  # fmt: skip
 ROUTING = ["cache-aware", "sgl-cache-aware", "prefix-cache", "least-request", "least-kv",
            "round-robin", "random", "session", "latency", "ucb", "slo"]  # fmt: skip
 
