@@ -43,12 +43,10 @@ PD_32 = "sim/pools/h100-llama3-8b-pd-32.yaml"
 SIZES_16 = "the unified pool (2-16 replicas) and the P/D pool (1-6 prefill, 2-10 decode)"
 SIZES_32 = "the unified pool (2-32 replicas) and the P/D pool (1-12 prefill, 2-20 decode)"
 TUNING = ROOT / "sim" / "pools" / "tuning"
-# cache-aware weight variants the default (prefix 1 / queue 4 / kv 0 / pending 16) was
-# chosen among: (prefix, queue, kv, pending); the first is the default before pending
-WEIGHTS = {"p1-q4-kv0": (1.0, 4.0, 0.0, 0.0), "p1-q4-kv0.5": (1.0, 4.0, 0.5, 0.0),
-           "p1-q32-pend32": (1.0, 32.0, 0.0, 32.0), "p1-q64-pend32": (1.0, 64.0, 0.0, 32.0),
-           "p1-q64-pend64": (1.0, 64.0, 0.0, 64.0),
-           "p1-q100-kv0": (1.0, 100.0, 0.0, 0.0)}  # fmt: skip
+# cache-aware weight variants the default (prefix 1 / queue 4 / kv 0) was chosen among
+WEIGHTS = {"p1-q1-kv0.5": (1.0, 1.0, 0.5), "p1-q2-kv0": (1.0, 2.0, 0.0),
+           "p1-q4-kv0.5": (1.0, 4.0, 0.5), "p1-q8-kv0": (1.0, 8.0, 0.0),
+           "p2-q4-kv0": (2.0, 4.0, 0.0)}  # fmt: skip
 ROUTING = ["cache-aware", "sgl-cache-aware", "prefix-cache", "least-request", "least-kv",
            "round-robin", "random", "session", "latency", "ucb", "slo"]  # fmt: skip
 
@@ -80,12 +78,10 @@ def variant_pool(stem: str, what: str, edit: Callable[[dict], None],
 
 def weight_pool(name: str) -> Path:
     """The 16-replica pool with one cache-aware weight variant."""
-    prefix, queue, kv, pending = WEIGHTS[name]
+    prefix, queue, kv = WEIGHTS[name]
     return variant_pool(name, f"cache-aware weights prefix {prefix:g} / queue {queue:g} / kv "
-                              f"{kv:g} / pending {pending:g}",
-                        lambda pool: pool["spec"]["routing"].__setitem__(
-                            "weights", {"prefix": prefix, "queue": queue, "kv": kv,
-                                        "pending": pending}))
+                              f"{kv:g}", lambda pool: pool["spec"]["routing"].__setitem__(
+                                  "weights", {"prefix": prefix, "queue": queue, "kv": kv}))
 
 
 def match_pool(least: float) -> Path:
@@ -96,20 +92,21 @@ def match_pool(least: float) -> Path:
                                                                          least))
 
 
-# The pending scorer (requests not yet answered with a first byte) is in the default's
-# weights and the slo preset at four times their queue weight, chosen before any run: one
-# request waiting for its prefill outweighs one more streaming its answer (router/README.md,
-# `pending`). These pools take it out again, for comparison.
+# The pending scorer (requests not yet answered with a first byte) beside each preset's own
+# load term, at four times its weight, chosen before any run: one request waiting for its
+# prefill outweighs one more streaming its answer (router/README.md, `pending`).
 PENDING = {
-    "previous-cache-aware": ("the cache-aware weights before pending: prefix 1 / queue 4 / "
-                             "kv 0 / pending 0",
-                             {"policy": "cache-aware",
-                              "weights": {"prefix": 1.0, "queue": 4.0, "kv": 0.0,
-                                          "pending": 0.0}}),
-    "previous-slo": ("the slo preset before pending (inside bounded-load, slo 1 / queue 1)",
-                     {"policy": "pipeline",
-                      "pipeline": {"filters": ["bounded-load"],
-                                   "scorers": {"slo": 1.0, "queue": 1.0}}}),
+    "pending-cache-aware": ("cache-aware weights prefix 1 / queue 4 / kv 0 / pending 16",
+                            {"policy": "cache-aware",
+                             "weights": {"prefix": 1.0, "queue": 4.0, "kv": 0.0,
+                                         "pending": 16.0}}),
+    "pending-least-request": ("least-request's queue scorer plus pending at 4x its weight",
+                              {"policy": "pipeline",
+                               "pipeline": {"scorers": {"queue": 1.0, "pending": 4.0}}}),
+    "pending-slo": ("the slo preset (inside bounded-load, slo 1 / queue 1) plus pending 4",
+                    {"policy": "pipeline",
+                     "pipeline": {"filters": ["bounded-load"],
+                                  "scorers": {"slo": 1.0, "queue": 1.0, "pending": 4.0}}}),
 }
 
 
@@ -238,11 +235,11 @@ def pending_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     moon = str(TRACES / "mooncake_conversation.jsonl")
     conv = str(TRACES / "azure_llm_2023_conv.csv")
     dur = "120" if quick else "300"
-    what = ("The pool as shipped (`cache-aware`, pending 16 beside queue 4) first, then the "
-            "same pool with the routing in each file's name (`sim/pools/tuning/`): the "
-            "`cache-aware` weights before pending (queue 4 alone), the `slo` preset before "
-            "pending (slo 1 / queue 1 inside bounded-load). The presets' own rows, pending "
-            "in `slo`'s, are in the sections above (same slice, same seeds).")
+    what = ("The pool as shipped (`cache-aware`) first, then the same pool with the routing "
+            "in each file's name (`sim/pools/tuning/`): `cache-aware` with the pending "
+            "scorer at 16 beside queue 4, `least-request` as a pipeline of queue 1 and "
+            "pending 4, the `slo` preset's pipeline plus pending 4. The presets' own rows "
+            "are in the sections above (same slice, same seeds).")
     out = []
     for start, which in (("900", "training"), ("2100", "held-out")):
         out.append((
@@ -303,11 +300,10 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         "Tuning the default weights (cache-aware, approximate index)",
         "The same slice, 16 replicas, the pool's own `cache-aware` policy with the weights "
         "in each pool file's name (`sim/pools/tuning/`, the 16-replica pool otherwise); the "
-        "first row is the shipped default, prefix 1 / queue 4 / kv 0 / pending 16 with a "
-        "prefix match under a tenth of the prompt counted as none (`routing.minPrefixMatch` "
-        "0.1), the second the default weights before pending, the last the default with "
-        "every match counted (`minPrefixMatch` 0, the rule before it)."
-        + SEEDS_NOTE * (not quick),
+        "first row is the shipped default, prefix 1 / queue 4 / kv 0 with a prefix match "
+        "under a tenth of the prompt counted as none (`routing.minPrefixMatch` 0.1), the "
+        "second the default weights before these, the last the default with every match "
+        "counted (`minPrefixMatch` 0, the rule before it)." + SEEDS_NOTE * (not quick),
         "compare",
         [*m_slice, "--pool", UNIFIED, *sum((["--pool", str(weight_pool(name).relative_to(
             ROOT))] for name in WEIGHTS), []), "--pool", str(match_pool(0.0).relative_to(ROOT)),

@@ -26,7 +26,7 @@ policy:
                                  # or a key of `pipelines`
   picker: max                    # max | power-of-two | weighted-random: the presets that rank
                                  # (round-robin, random and slo keep their own)
-  weights: {prefix: 1.0, queue: 4.0, pending: 16.0, kv: 0.0}   # scorer -> weight (cache-aware only)
+  weights: {prefix: 1.0, queue: 4.0, kv: 0.0}   # scorer -> weight (cache-aware only)
   allow_override: false          # honour the per-request header below?
   override_header: x-kvfleet-policy
   imbalance: {abs_threshold: 8, rel_threshold: 1.5}   # cache-aware's load guard
@@ -292,11 +292,7 @@ def _default_weights() -> dict[str, float]:
     # (1.0) outweighs a load gap of a quarter of capacity and load decides beyond that. The
     # kv score lags one scrape and mostly restates the queue; weighted in, it lowered both
     # hit rate and SLO attainment there, so it is off (the saturation filter still reads KV).
-    # pending (requests not yet answered with a first byte) at 4x the queue: a new prompt's
-    # TTFT waits behind prefills, not behind answers streaming ("A pending-prefill load
-    # term"). Heavier load weights (queue and pending 64) balanced the simulator's fleet
-    # better but spread prefixes live (router_cache_hits: 1.18 backends per prefix).
-    return {"prefix": 1.0, "queue": 4.0, "pending": 16.0, "kv": 0.0}
+    return {"prefix": 1.0, "queue": 4.0, "kv": 0.0}
 
 
 @config_type

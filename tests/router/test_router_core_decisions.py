@@ -155,23 +155,3 @@ def test_default_weights_keep_affinity_under_small_load_and_balance_fresh_prompt
     first.num_in_flight = 2
     fresh = route(c, "unrelated text " * 10)  # no prefix anywhere: the least loaded wins
     assert fresh.decision.endpoint is not first and fresh.decision.reason == "picked"
-
-
-@pytest.mark.parametrize(("in_flight", "picked"), [(4, "e0"), (6, "e1")])
-def test_default_weights_count_a_pending_request_as_five_in_flight(in_flight, picked):
-    # pending 16 beside queue 4 (capacity 10): e1's one request waiting for its first byte
-    # costs it 4 x 0.1 + 16 x 0.1 = 2.0, what 5 more streaming cost e0; 4 more lose to it
-    # and 6 more win (a pending weight of 0 or 8 picks e1 at 4).
-    c = core(n=2)
-    e0, e1 = c.registry.endpoints
-    e0.num_in_flight, e1.num_in_flight, e1.num_pending = in_flight, 1, 1
-    assert route(c, "a fresh prompt nobody sent").decision.endpoint.name == picked
-
-
-def test_the_slo_preset_prefers_the_endpoint_with_fewer_requests_before_their_first_byte():
-    c = core("slo", n=2)
-    e0, e1 = c.registry.endpoints
-    e0.num_in_flight = e1.num_in_flight = 1
-    e0.num_pending = 1  # same load and the same prior prediction: only pending tells them apart
-    # without pending the two tie and the picker draws: ten fresh prompts would split
-    assert {route(c, f"fresh prompt {i}").decision.endpoint.name for i in range(10)} == {"e1"}
