@@ -94,7 +94,8 @@ def match_pool(least: float) -> Path:
 
 # The pending scorer (requests not yet answered with a first byte) beside each preset's own
 # load term, at four times its weight, chosen before any run: one request waiting for its
-# prefill outweighs one more streaming its answer (router/README.md, `pending`).
+# prefill outweighs one more streaming its answer (router/README.md, `pending`). The slo
+# preset has it since these sections; its row without it is the last here.
 PENDING = {
     "pending-cache-aware": ("cache-aware weights prefix 1 / queue 4 / kv 0 / pending 16",
                             {"policy": "cache-aware",
@@ -103,21 +104,23 @@ PENDING = {
     "pending-least-request": ("least-request's queue scorer plus pending at 4x its weight",
                               {"policy": "pipeline",
                                "pipeline": {"scorers": {"queue": 1.0, "pending": 4.0}}}),
-    "pending-slo": ("the slo preset (inside bounded-load, slo 1 / queue 1) plus pending 4",
-                    {"policy": "pipeline",
-                     "pipeline": {"filters": ["bounded-load"],
-                                  "scorers": {"slo": 1.0, "queue": 1.0, "pending": 4.0}}}),
+    "previous-slo": ("the slo preset before pending (inside bounded-load, slo 1 / queue 1)",
+                     {"policy": "pipeline",
+                      "pipeline": {"filters": ["bounded-load"],
+                                   "scorers": {"slo": 1.0, "queue": 1.0}}}),
 }
+
+
+def pending_pool(stem: str, base: str) -> str:
+    """`base` with the routing of PENDING[stem], its path from the repository root."""
+    what, spec = PENDING[stem]
+    return str(variant_pool(stem, what, lambda pool: pool["spec"].__setitem__(
+        "routing", {**pool["spec"]["routing"], **spec}), base).relative_to(ROOT))
 
 
 def pending_pools(base: str) -> list[str]:
     """`--pool` arguments: `base` as shipped, then `base` with each PENDING routing."""
-    def routing(spec: dict) -> Callable[[dict], None]:
-        return lambda pool: pool["spec"].__setitem__(
-            "routing", {**pool["spec"]["routing"], **spec})
-
-    paths = [base] + [str(variant_pool(stem, what, routing(spec), base).relative_to(ROOT))
-                      for stem, (what, spec) in PENDING.items()]
+    paths = [base] + [pending_pool(stem, base) for stem in PENDING]
     return sum((["--pool", p] for p in paths), [])
 
 
@@ -238,8 +241,9 @@ def pending_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     what = ("The pool as shipped (`cache-aware`) first, then the same pool with the routing "
             "in each file's name (`sim/pools/tuning/`): `cache-aware` with the pending "
             "scorer at 16 beside queue 4, `least-request` as a pipeline of queue 1 and "
-            "pending 4, the `slo` preset's pipeline plus pending 4. The presets' own rows "
-            "are in the sections above (same slice, same seeds).")
+            "pending 4, the `slo` preset as it was before it had pending 4 (slo 1 / queue 1 "
+            "inside bounded-load). The presets' own rows, `slo` with pending, are in the "
+            "sections above (same slice, same seeds).")
     out = []
     for start, which in (("900", "training"), ("2100", "held-out")):
         out.append((
@@ -262,6 +266,19 @@ def pending_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         what + " Every other replica at half speed, as in the two-speed section above."
         + SEEDS_NOTE * (not quick), "compare",
         ["--trace", conv, "--start-s", "900", *azure, *TWO_SPEEDS, *seeds(quick)],
+    ))  # fmt: skip
+    # Under the autoscaler: why the term is not in the default's weights (it lost here).
+    out.append((
+        "A pending-prefill load term under the autoscaler (Azure code, unified pool, "
+        "start-up 10 s)",
+        "kvfleet's autoscaler on the unified pool (2-16 replicas) as in the Azure code "
+        "autoscaler section, its routing as shipped, then with the pending scorer at 16 "
+        "beside queue 4. Every miss on this slice is a slow token: a prompt sent where fewer "
+        "prefills wait lands among more decodes." + SEEDS_NOTE * (not quick), "compare",
+        ["--trace", str(TRACES / "azure_llm_2023_code.csv"), "--start-s", "900",
+         "--warmup-s", "300", "--duration-s", "300" if quick else "600", "--compress", "1",
+         "--startup-s", "10", "--pool", UNIFIED, "--pool",
+         pending_pool("pending-cache-aware", UNIFIED), "--scaler", "kvfleet", *seeds(quick)],
     ))  # fmt: skip
     return out
 

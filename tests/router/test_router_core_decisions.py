@@ -155,3 +155,12 @@ def test_default_weights_keep_affinity_under_small_load_and_balance_fresh_prompt
     first.num_in_flight = 2
     fresh = route(c, "unrelated text " * 10)  # no prefix anywhere: the least loaded wins
     assert fresh.decision.endpoint is not first and fresh.decision.reason == "picked"
+
+
+def test_the_slo_preset_prefers_the_endpoint_with_fewer_requests_before_their_first_byte():
+    c = core("slo", n=2)
+    e0, e1 = c.registry.endpoints
+    e0.num_in_flight = e1.num_in_flight = 1
+    e0.num_pending = 1  # same load and the same prior prediction: only pending tells them apart
+    # without pending the two tie and the picker draws: ten fresh prompts would split
+    assert {route(c, f"fresh prompt {i}").decision.endpoint.name for i in range(10)} == {"e1"}

@@ -17,7 +17,7 @@ named policies (PRESETS) are pipelines too; only `cache-aware` reads `policy.wei
 * session:       session + 0.01 queue (the session scorer bounds its own load).
 * latency:       latency + queue, inside bounded-load.
 * ucb:           ucb + queue, exploring inside bounded-load.
-* slo:           slo + queue, inside bounded-load (the config's picker). With the
+* slo:           slo + queue + 4 pending, inside bounded-load (the config's picker). With the
                  slo-tiered picker (weighted random among the endpoints predicted to meet
                  the SLO) it spread prefixes and lost to least-request on the simulator's
                  Mooncake slices and its two-speed pool (bench/sim_policies.md).
@@ -125,7 +125,7 @@ PRESETS: dict[str, Callable[[RouterConfig], PipelineConfig]] = {
     "session": _preset({"session": 1.0, "queue": 0.01}),
     "latency": _preset({"latency": 1.0, "queue": 1.0}, bounded=True),
     "ucb": _preset({"ucb": 1.0, "queue": 1.0}, bounded=True),
-    "slo": _preset({"slo": 1.0, "queue": 1.0}, bounded=True),
+    "slo": _preset({"slo": 1.0, "queue": 1.0, "pending": 4.0}, bounded=True),
     "cache-aware": lambda cfg: PipelineConfig(scorers=cfg.policy.weights,
                                               picker=cfg.policy.picker, guard=True),
 }
