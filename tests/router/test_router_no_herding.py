@@ -47,6 +47,7 @@ def skew(core: RouterCore, feedback: HealthFeedback) -> None:
             routed = core.route(info, "unified", now=float(i), allowed=frozenset({name}))
             e = core.start(routed)
             assert e is not None and e.name == name
+            core.first_byte(routed)  # answered: no longer pending
             ttft, tpot = (0.02, 0.005) if name == "hot" else (0.4, 0.1)
             feedback.exchange_done(e, routed, Outcome(ttft, ttft + 7 * tpot, 8, True),
                                    now=float(i))
