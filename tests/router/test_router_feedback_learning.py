@@ -4,7 +4,8 @@ and `slo` move traffic off a slow endpoint. Every test here fails when
 split traffic about evenly).
 
 The pure replays drive the same path the dispatcher uses: RouterCore.route/start, the
-first byte (RouterCore.first_byte), then HealthFeedback.exchange_done with the exchange's Outcome, then RouterCore.finish.
+first byte (RouterCore.first_byte), then HealthFeedback.exchange_done with the exchange's
+Outcome, then RouterCore.finish.
 """
 
 from __future__ import annotations
