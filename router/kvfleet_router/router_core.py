@@ -11,7 +11,8 @@ decision tests do; a replay or the simulator could):
     routed.decision.endpoint        # an EndpointState, or None (reason: no-endpoint/saturated)
     e = core.start(routed)          # record the prompt's blocks there and count it in flight
     routed.matched_fraction         # estimated prefix hit fraction on the chosen endpoint
-    core.finish(e)                  # when the request ends (in-flight drives the load scorers)
+    core.first_byte(routed)         # its first byte came back: no longer pending there
+    core.end(routed)                # when the request ends (in-flight drives the load scorers)
 
 `core.record(routed)` alone remembers the prompt without touching in-flight counts, and
 `core.apply(cfg)` swaps in a new config (what an admin push does). With
@@ -269,6 +270,14 @@ class RouterCore:
     @staticmethod
     def finish(e: EndpointState) -> None:
         e.num_in_flight -= 1
+
+    @staticmethod
+    def end(routed: Routed) -> None:
+        """The exchange `routed` started ended, with or without a first byte: neither
+        pending nor in flight on its endpoint any more."""
+        RouterCore.first_byte(routed)
+        if routed.decision.endpoint is not None:
+            RouterCore.finish(routed.decision.endpoint)
 
     @property
     def prefix_hit_ratio(self) -> float:

@@ -690,8 +690,7 @@ class FleetSim:
         computes the prompt itself, as pd.py does."""
         rid = f.request_id[2:]
         h, prefill, plan, leg, sent_at = self.prefilling.pop(rid)
-        self.router.core.first_byte(leg)
-        self.router.core.finish(prefill)
+        self.router.core.end(leg)  # the leg's endpoint is `prefill` (pd_plan.RunPrefill)
         self.router.count(prefill, is_error=f.is_aborted)  # a side call: no TTFT
         if not f.is_aborted:  # the side call went well, and its latency is the prefill's
             self.router.feedback.prefill_leg_done(prefill, leg, t - sent_at, t)

@@ -3,9 +3,8 @@ and `slo` move traffic off a slow endpoint. Every test here fails when
 `scorers_feedback.learn` learns nothing (all three then see two identical endpoints and
 split traffic about evenly).
 
-The pure replays drive the same path the dispatcher uses: RouterCore.route/start, the
-first byte (RouterCore.first_byte), then HealthFeedback.exchange_done with the exchange's
-Outcome, then RouterCore.finish.
+The pure replays drive the same path the dispatcher uses: RouterCore.route/start, then
+HealthFeedback.exchange_done with the exchange's Outcome, then RouterCore.end.
 """
 
 from __future__ import annotations
@@ -41,12 +40,11 @@ def replay(policy: str, num_requests: int, is_stream: bool = True) -> list[str]:
         routed = core.route(info, "unified", now=float(i))
         e = core.start(routed)
         assert e is not None
-        core.first_byte(routed)  # the proxy's first chunk: no longer pending
         ttft, per_token = SPEED[e.name]
         total = ttft + per_token * (MAX_TOKENS - 1) if is_stream else ttft
         feedback.exchange_done(e, routed, Outcome(ttft, total, MAX_TOKENS if is_stream else 0,
                                                   is_stream), now=float(i))
-        core.finish(e)
+        core.end(routed)  # neither pending nor in flight
         picks.append(e.name)
     return picks
 

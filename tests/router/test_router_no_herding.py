@@ -47,11 +47,10 @@ def skew(core: RouterCore, feedback: HealthFeedback) -> None:
             routed = core.route(info, "unified", now=float(i), allowed=frozenset({name}))
             e = core.start(routed)
             assert e is not None and e.name == name
-            core.first_byte(routed)  # answered: no longer pending
             ttft, tpot = (0.02, 0.005) if name == "hot" else (0.4, 0.1)
             feedback.exchange_done(e, routed, Outcome(ttft, ttft + 7 * tpot, 8, True),
                                    now=float(i))
-            core.finish(e)
+            core.end(routed)  # neither pending nor in flight
     for e in core.registry.endpoints:
         e.apply_scrape(Signals(kv_usage=0.0 if e.name == "hot" else 0.9, scraped_at=1.0))
         e.is_signals_fresh = True

@@ -109,12 +109,11 @@ def teach(core: RouterCore, feedback: HealthFeedback, n: int) -> None:
             info = RequestInfo(prompt_text=f"{i}{name}" + "x" * chars, max_tokens=32)
             routed = core.route(info, "unified", now=float(i), allowed=frozenset({name}))
             core.start(routed)
-            core.first_byte(routed)  # answered: no longer pending
             ttft = true_ttft(chars / 4, waiting, speed)
             tpot = speed * (0.006 + 0.0004 * (waiting + 1))
             feedback.exchange_done(e, routed, Outcome(ttft, ttft + 31 * tpot, 32, True),
                                    now=float(i))
-            core.finish(e)
+            core.end(routed)  # neither pending nor in flight
             e.num_in_flight -= waiting
 
 
