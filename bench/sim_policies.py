@@ -273,8 +273,9 @@ def pending_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         "start-up 10 s)",
         "kvfleet's autoscaler on the unified pool (2-16 replicas) as in the Azure code "
         "autoscaler section, its routing as shipped, then with the pending scorer at 16 "
-        "beside queue 4. Every miss on this slice is a slow token: a prompt sent where fewer "
-        "prefills wait lands among more decodes." + SEEDS_NOTE * (not quick), "compare",
+        "beside queue 4. The misses on this slice are mostly slow tokens (TTFT p99 is a "
+        "fraction of its target): a prompt sent where fewer prefills wait lands among more "
+        "decodes." + SEEDS_NOTE * (not quick), "compare",
         ["--trace", str(TRACES / "azure_llm_2023_code.csv"), "--start-s", "900",
          "--warmup-s", "300", "--duration-s", "300" if quick else "600", "--compress", "1",
          "--startup-s", "10", "--pool", UNIFIED, "--pool",
