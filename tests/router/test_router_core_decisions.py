@@ -157,8 +157,10 @@ def test_default_weights_keep_affinity_under_small_load_and_balance_fresh_prompt
     assert fresh.decision.endpoint is not first and fresh.decision.reason == "picked"
 
 
-def test_the_slo_preset_prefers_the_endpoint_with_fewer_requests_before_their_first_byte():
-    c = core("slo", n=2)
+@pytest.mark.parametrize("policy", ["slo", "latency"])
+def test_the_learned_presets_prefer_the_endpoint_with_fewer_requests_before_their_first_byte(
+        policy):
+    c = core(policy, n=2)
     e0, e1 = c.registry.endpoints
     e0.num_in_flight = e1.num_in_flight = 1
     e0.num_pending = 1  # same load and the same prior prediction: only pending tells them apart

@@ -1,6 +1,7 @@
 import math
 
 import pytest
+from kvfleet_router.perf_model import tpot_features, ttft_features
 from kvfleet_router.policies.scorers import (
     SCORERS,
     lower_is_better,
@@ -54,6 +55,32 @@ def test_scorer_table(scorer, endpoints, context, expected):
     got = SCORERS[scorer](cfg())(endpoints, ctx(**context))
     assert got == pytest.approx(expected, abs=1e-9)
     assert all(0.0 <= s <= 1.0 for s in got)
+
+
+def learned(name, ttft_s, tpot_s):
+    """An endpoint whose perf model learned a flat TTFT and TPOT (40 answers each)."""
+    e = ep(name)
+    for i in range(40):
+        e.perf.learn_ttft(ttft_features(100 * i, i % 3, i % 5, 0.01 * i), ttft_s)
+        e.perf.learn_tpot(tpot_features(i % 7, 0.01 * i), tpot_s)
+    return e
+
+
+def test_latency_scores_the_whole_request_decode_included():
+    # Same predicted TTFT, decode three times as slow on b (a half-speed replica holding as
+    # many requests): b is slower for the request, not just later to its first token.
+    c = cfg()
+    got = SCORERS["latency"](c)([learned("a", 0.1, 0.01), learned("b", 0.1, 0.03)], ctx())
+    out = c.policy.slo.output_tokens_prior  # no history yet: the prior, 256 tokens
+    ref = c.policy.ttft_ref_s + out * c.policy.slo.tpot_s
+    assert got == pytest.approx([ref / (ref + 0.1 + out * 0.01),
+                                 ref / (ref + 0.1 + out * 0.03)], rel=1e-3)
+    # a request that bounds its answer is scored on that many tokens
+    short = SCORERS["latency"](c)([learned("a", 0.1, 0.01), learned("b", 0.1, 0.03)],
+                                  ctx(request=RequestInfo(body={"max_tokens": 8},
+                                                          max_tokens=8)))
+    ref = c.policy.ttft_ref_s + 8 * c.policy.slo.tpot_s
+    assert short == pytest.approx([ref / (ref + 0.18), ref / (ref + 0.34)], rel=1e-3)
 
 
 def test_queue_score_keeps_its_meaning_as_the_fleet_grows():

@@ -15,7 +15,8 @@ named policies (PRESETS) are pipelines too; only `cache-aware` reads `policy.wei
                  current), inside bounded-load.
 * prefix-cache:  prefix + 0.01 queue (tie-break), behind the guard.
 * session:       session + 0.01 queue (the session scorer bounds its own load).
-* latency:       latency + queue, inside bounded-load.
+* latency:       latency + queue + 4 pending (the slo preset's load terms), inside
+                 bounded-load.
 * ucb:           ucb + queue, exploring inside bounded-load.
 * slo:           slo + queue + 4 pending, inside bounded-load (the config's picker). With the
                  slo-tiered picker (weighted random among the endpoints predicted to meet
@@ -123,7 +124,7 @@ PRESETS: dict[str, Callable[[RouterConfig], PipelineConfig]] = {
     # (bench/sim_policies.md).
     "prefix-cache": _preset({"prefix": 1.0, "queue": 0.01}, guard=True),
     "session": _preset({"session": 1.0, "queue": 0.01}),
-    "latency": _preset({"latency": 1.0, "queue": 1.0}, bounded=True),
+    "latency": _preset({"latency": 1.0, "queue": 1.0, "pending": 4.0}, bounded=True),
     "ucb": _preset({"ucb": 1.0, "queue": 1.0}, bounded=True),
     "slo": _preset({"slo": 1.0, "queue": 1.0, "pending": 4.0}, bounded=True),
     "cache-aware": lambda cfg: PipelineConfig(scorers=cfg.policy.weights,

@@ -29,13 +29,16 @@ min-max(x) below means (max - x) / (max - min) over the candidates, 1.0 for all 
            ceil(load_factor * (total in-flight + 1) / n) scores 1 (one already at the cap
            is skipped), the rest 0; all at the cap: the first. No session key: 0 for all
            (neutral).
-* latency: ttft_ref / (ttft_ref + predicted TTFT) of this request on endpoint i, from the
-           perf model (perf_model.py: TTFT as a linear function of uncached prompt
-           ktokens u, u x queued-ahead w, w, running r and KV usage, per endpoint once it
-           has `slo.min_samples` answers, the role's pooled fit otherwise; only streams
-           teach it, so before any the time-to-first-byte EWMA stands in); 1.0 while
-           nothing is known. The `latency` preset adds the queue scorer and the
-           bounded-load filter.
+* latency: ref / (ref + predicted latency of this request on endpoint i), the latency its
+           predicted TTFT + its output tokens x predicted TPOT, ref = ttft_ref + output
+           tokens x slo.tpot_s, from the perf model (perf_model.py: TTFT as a linear
+           function of uncached prompt ktokens u, u x queued-ahead w, w, running r and KV
+           usage, TPOT of in-flight and KV usage, per endpoint once it has
+           `slo.min_samples` answers, the role's pooled fit otherwise; output tokens as
+           the slo scorer predicts them). Only streams teach it, so before any the
+           time-to-first-byte EWMA stands in for the TTFT and there is no decode term;
+           1.0 while nothing is known. The `latency` preset adds the queue and pending
+           scorers (1 and 4, as `slo`) and the bounded-load filter.
 * ucb:     UCB1 over TTFT per unit of work: u_i = Q_i + c * sqrt(ln t / n_i), Q_i = mean
            reward, reward = ttft_ref / (ttft_ref + ttft / work), work = 1 + uncached
            ktokens + requests queued ahead at the decision; n_i = 0 -> 1.0; else
@@ -180,24 +183,34 @@ def role_model(cfg: RouterConfig) -> RoleModel:
     return RoleModel(min_samples=slo_cfg.min_samples, forget=slo_cfg.forget)
 
 
-def predict_ttft(model: RoleModel, e: EndpointState, ctx: RouteContext) -> float | None:
-    snap = load_snapshot(e, ctx.uncached_tokens(e.name))
-    return model.predict_ttft(e.perf, ttft_features(
-        snap.uncached_tokens, snap.num_waiting, snap.num_running, snap.kv_usage))
-
-
 def latency(cfg: RouterConfig) -> Scorer:
-    """ttft_ref / (ttft_ref + predicted TTFT of this request there); 1.0 while unknown."""
-    model, ref = role_model(cfg), cfg.policy.ttft_ref_s
+    """ref / (ref + predicted latency of this request there): its TTFT plus its output
+    tokens at the predicted TPOT, ref the same request at `ttft_ref_s` and the SLO's TPOT;
+    1.0 while nothing is known."""
+    model, s = role_model(cfg), cfg.policy.slo
+    ttft_ref = cfg.policy.ttft_ref_s
 
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
         model.refresh([e.perf for e in eps])
+        out_tokens = request_output_tokens(eps, ctx, s.output_tokens_prior)
         out = []
         for e in eps:
-            pred = predict_ttft(model, e, ctx)
-            if pred is None:  # no streamed answer anywhere: the first-byte EWMA
-                pred = e.ttft.value
-            out.append(1.0 if pred is None else ref / (ref + pred))
+            snap = load_snapshot(e, ctx.uncached_tokens(e.name))
+            ttft = model.predict_ttft(e.perf, ttft_features(
+                snap.uncached_tokens, snap.num_waiting, snap.num_running, snap.kv_usage))
+            if ttft is None:  # no streamed answer anywhere: the first-byte EWMA
+                ttft = e.ttft.value
+            if ttft is None:
+                out.append(1.0)
+                continue
+            ref, pred = ttft_ref, ttft
+            # decode: the role's TPOT is learned once any candidate has streamed, so all
+            # candidates of one call have it or none has
+            tpot = model.predict_tpot(e.perf, tpot_features(snap.num_in_flight + 1,
+                                                            snap.kv_usage))
+            if tpot is not None:
+                ref, pred = ref + out_tokens * s.tpot_s, pred + out_tokens * tpot
+            out.append(ref / (ref + pred))
         return out
 
     return score
