@@ -36,8 +36,9 @@ min-max(x) below means (max - x) / (max - min) over the candidates, 1.0 for all 
            usage, TPOT of in-flight and KV usage, per endpoint once it has
            `slo.min_samples` answers, the role's pooled fit otherwise; output tokens as
            the slo scorer predicts them). Only streams teach it, so before any the
-           time-to-first-byte EWMA stands in for the TTFT and there is no decode term;
-           1.0 while nothing is known. The `latency` preset adds the queue and pending
+           time-to-first-byte EWMA stands in for the TTFT; the decode term counts once
+           every candidate has a TPOT prediction (for all or for none); 1.0 while
+           nothing is known. The `latency` preset adds the queue and pending
            scorers (1 and 4, as `slo`) and the bounded-load filter.
 * ucb:     UCB1 over TTFT per unit of work: u_i = Q_i + c * sqrt(ln t / n_i), Q_i = mean
            reward, reward = ttft_ref / (ttft_ref + ttft / work), work = 1 + uncached
@@ -66,7 +67,7 @@ from collections.abc import Callable, Sequence
 from kvfleet_router.config import RouterConfig
 from kvfleet_router.endpoint import EndpointState, Signals
 from kvfleet_router.perf_model import RoleModel, tpot_features, ttft_features
-from kvfleet_router.policies.context import RouteContext, load_snapshot
+from kvfleet_router.policies.context import LoadSnapshot, RouteContext, load_snapshot
 
 Scorer = Callable[[list[EndpointState], RouteContext], list[float]]
 
@@ -183,6 +184,17 @@ def role_model(cfg: RouterConfig) -> RoleModel:
     return RoleModel(min_samples=slo_cfg.min_samples, forget=slo_cfg.forget)
 
 
+def predict_request(model: RoleModel, e: EndpointState, ctx: RouteContext
+                    ) -> tuple[LoadSnapshot, float | None, float | None]:
+    """This request's load snapshot on `e` and the perf model's TTFT and TPOT for it there
+    (None where the model has learned nothing yet)."""
+    snap = load_snapshot(e, ctx.uncached_tokens(e.name))
+    ttft = model.predict_ttft(e.perf, ttft_features(
+        snap.uncached_tokens, snap.num_waiting, snap.num_running, snap.kv_usage))
+    tpot = model.predict_tpot(e.perf, tpot_features(snap.num_in_flight + 1, snap.kv_usage))
+    return snap, ttft, tpot
+
+
 def latency(cfg: RouterConfig) -> Scorer:
     """ref / (ref + predicted latency of this request there): its TTFT plus its output
     tokens at the predicted TPOT, ref the same request at `ttft_ref_s` and the SLO's TPOT;
@@ -193,24 +205,18 @@ def latency(cfg: RouterConfig) -> Scorer:
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
         model.refresh([e.perf for e in eps])
         out_tokens = request_output_tokens(eps, ctx, s.output_tokens_prior)
+        predicted = [predict_request(model, e, ctx)[1:] for e in eps]
+        tpots = [tpot for _, tpot in predicted if tpot is not None]
+        # the decode term for every candidate or for none: one scored with it and one
+        # without (before the pooled fit first refits) would not be comparable
+        known = len(tpots) == len(eps)
+        decode = [out_tokens * t for t in tpots] if known else [0.0] * len(eps)
+        ref = ttft_ref + (out_tokens * s.tpot_s if known else 0.0)
         out = []
-        for e in eps:
-            snap = load_snapshot(e, ctx.uncached_tokens(e.name))
-            ttft = model.predict_ttft(e.perf, ttft_features(
-                snap.uncached_tokens, snap.num_waiting, snap.num_running, snap.kv_usage))
+        for e, (ttft, _), decode_s in zip(eps, predicted, decode, strict=True):
             if ttft is None:  # no streamed answer anywhere: the first-byte EWMA
                 ttft = e.ttft.value
-            if ttft is None:
-                out.append(1.0)
-                continue
-            ref, pred = ttft_ref, ttft
-            # decode: the role's TPOT is learned once any candidate has streamed, so all
-            # candidates of one call have it or none has
-            tpot = model.predict_tpot(e.perf, tpot_features(snap.num_in_flight + 1,
-                                                            snap.kv_usage))
-            if tpot is not None:
-                ref, pred = ref + out_tokens * s.tpot_s, pred + out_tokens * tpot
-            out.append(ref / (ref + pred))
+            out.append(1.0 if ttft is None else ref / (ref + ttft + decode_s))
         return out
 
     return score
@@ -297,13 +303,9 @@ def slo(cfg: RouterConfig) -> Scorer:
         out_tokens = request_output_tokens(eps, ctx, s.output_tokens_prior)
         scores = []
         for e in eps:
-            snap = load_snapshot(e, ctx.uncached_tokens(e.name))
-            ttft = model.predict_ttft(e.perf, ttft_features(
-                snap.uncached_tokens, snap.num_waiting, snap.num_running, snap.kv_usage))
+            snap, ttft, tpot = predict_request(model, e, ctx)
             if ttft is None:  # nothing learned anywhere yet: the priors, queue included
                 ttft = prior_a * snap.uncached_tokens * (1.0 + snap.num_waiting)
-            tpot = model.predict_tpot(e.perf, tpot_features(snap.num_in_flight + 1,
-                                                            snap.kv_usage))
             if tpot is None:
                 tpot = prior_b
             ctx.predictions[e.name] = (ttft, tpot)
