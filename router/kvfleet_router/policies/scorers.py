@@ -36,10 +36,11 @@ min-max(x) below means (max - x) / (max - min) over the candidates, 1.0 for all 
            usage, TPOT of in-flight and KV usage, per endpoint once it has
            `slo.min_samples` answers, the role's pooled fit otherwise; output tokens as
            the slo scorer predicts them). Only streams teach it, so before any the
-           time-to-first-byte EWMA stands in for the TTFT; the decode term counts once
-           every candidate has a TPOT prediction (for all or for none); 1.0 while
-           nothing is known. The `latency` preset adds the queue and pending
-           scorers (1 and 4, as `slo`) and the bounded-load filter.
+           time-to-first-byte EWMA stands in for the TTFT; an endpoint without a TPOT
+           prediction (its own or the pooled fit's, which refits every 16 answers) is
+           scored on the TTFT alone; 1.0 while nothing is known. The `latency` preset
+           adds the queue and pending scorers (1 and 4, as `slo`) and the bounded-load
+           filter.
 * ucb:     UCB1 over TTFT per unit of work: u_i = Q_i + c * sqrt(ln t / n_i), Q_i = mean
            reward, reward = ttft_ref / (ttft_ref + ttft / work), work = 1 + uncached
            ktokens + requests queued ahead at the decision; n_i = 0 -> 1.0; else
@@ -205,18 +206,18 @@ def latency(cfg: RouterConfig) -> Scorer:
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
         model.refresh([e.perf for e in eps])
         out_tokens = request_output_tokens(eps, ctx, s.output_tokens_prior)
-        predicted = [predict_request(model, e, ctx)[1:] for e in eps]
-        tpots = [tpot for _, tpot in predicted if tpot is not None]
-        # the decode term for every candidate or for none: one scored with it and one
-        # without (before the pooled fit first refits) would not be comparable
-        known = len(tpots) == len(eps)
-        decode = [out_tokens * t for t in tpots] if known else [0.0] * len(eps)
-        ref = ttft_ref + (out_tokens * s.tpot_s if known else 0.0)
         out = []
-        for e, (ttft, _), decode_s in zip(eps, predicted, decode, strict=True):
+        for e in eps:
+            _, ttft, tpot = predict_request(model, e, ctx)
             if ttft is None:  # no streamed answer anywhere: the first-byte EWMA
                 ttft = e.ttft.value
-            out.append(1.0 if ttft is None else ref / (ref + ttft + decode_s))
+            if ttft is None:
+                out.append(1.0)
+            elif tpot is None:  # nothing decoded here or in the pooled fit yet
+                out.append(ttft_ref / (ttft_ref + ttft))
+            else:
+                ref = ttft_ref + out_tokens * s.tpot_s
+                out.append(ref / (ref + ttft + out_tokens * tpot))
         return out
 
     return score
