@@ -287,6 +287,49 @@ def pending_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     return out
 
 
+# The `latency` scorer (the request's predicted TTFT and decode on each endpoint) added to
+# the default's weights, at the weight of one prefix hit and at the queue's, chosen before
+# any run: the `latency` preset alone had the best median on the Mooncake training slice.
+LATENCY_IN_DEFAULT = {f"latency{w:g}-cache-aware": w for w in (1.0, 4.0)}
+
+
+def latency_in_default_pools(base: str) -> list[str]:
+    """`--pool` arguments: `base` as shipped, then with each LATENCY_IN_DEFAULT weight."""
+    paths = [base]
+    for stem, w in LATENCY_IN_DEFAULT.items():
+        weights = {"prefix": 1.0, "queue": 4.0, "kv": 0.0, "latency": w}  # the default + latency
+        paths.append(str(variant_pool(
+            stem, f"cache-aware weights prefix 1 / queue 4 / kv 0 / latency {w:g}",
+            lambda pool, weights=weights: pool["spec"]["routing"].__setitem__(
+                "weights", weights), base).relative_to(ROOT)))
+    return sum((["--pool", p] for p in paths), [])
+
+
+def latency_in_default_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
+    """The latency scorer inside the default's weights, on the two training slices where
+    another policy beat the default (Mooncake, the pool of two speeds)."""
+    dur = "120" if quick else "300"
+    what = ("The pool as shipped (`cache-aware`, prefix 1 / queue 4 behind the imbalance "
+            "guard) first, then the same pool with the `latency` scorer added to its "
+            "weights at 1 and at 4 (`sim/pools/tuning/`).")
+    return [(
+        "The latency scorer inside the default on the Mooncake training slice (16 replicas)",
+        what + SEEDS_NOTE * (not quick), "compare",
+        ["--trace", str(TRACES / "mooncake_conversation.jsonl"), "--start-s", "900",
+         "--warmup-s", "300", "--duration-s", dur, "--compress", "1",
+         *latency_in_default_pools(UNIFIED), "--scaler", "fixed-max", *seeds(quick)],
+    ), (
+        "The latency scorer inside the default on the pool of two speeds (Azure "
+        "conversation)",
+        what + " Every other replica at half speed, as in the two-speed section above."
+        + SEEDS_NOTE * (not quick), "compare",
+        ["--trace", str(TRACES / "azure_llm_2023_conv.csv"), "--start-s", "900",
+         "--warmup-s", "120", "--duration-s", dur, "--compress", "1", "--rate", AZURE_RATE,
+         *latency_in_default_pools("sim/pools/fidelity-4.yaml"), "--scaler", "fixed-max",
+         *TWO_SPEEDS, *seeds(quick)],
+    )]  # fmt: skip
+
+
 def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     """(title, what it shows, `kvfleet sim` command, its arguments)."""
     moon = str(TRACES / "mooncake_conversation.jsonl")
@@ -329,7 +372,7 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         [*m_slice, "--pool", UNIFIED, *sum((["--pool", str(weight_pool(name).relative_to(
             ROOT))] for name in WEIGHTS), []), "--pool", str(match_pool(0.0).relative_to(ROOT)),
          "--scaler", "fixed-max", *seeds(quick)],
-    ), *pending_sections(quick)]
+    ), *pending_sections(quick), *latency_in_default_sections(quick)]
     # 10 measured minutes (5 when quick) after 5 of warm-up: the oracle replays each minute
     # two to three times per role, so 30-minute slices took most of an hour per trace here
     a_dur = "300" if quick else "600"
