@@ -54,11 +54,13 @@ beyond `--tolerance` (default 0.15, the issue's target).
 Both also report the router's performance model's error (perf_model.py): the MAPE of what
 it predicted for each finished stream's TTFT and TPOT against what the stream got, live
 from the router's `kvfleet_router_perf_model_mape` x `_samples` over the replay (the
-difference of two scrapes), simulated from the same trackers. `--policy slo` runs both
-sides with the predictive `slo` policy (whose own predictions are then the ones scored;
-under any other policy the chosen endpoint's own fit is):
+difference of two scrapes), simulated from the same trackers. `--policy slo` (or `latency`)
+runs both sides with that predictive policy (whose own predictions are then the ones
+scored; under any other policy the chosen endpoint's own fit is):
 
     .venv/bin/python bench/sim_fidelity.py --policy slo --json bench/results/sim_fidelity_slo.json
+    .venv/bin/python bench/sim_fidelity.py --policy latency --json \\
+        bench/results/sim_fidelity_latency.json
 
 Why this slice: four simulated H100s are loaded but not overloaded by it. The code trace
 is prefill-heavy (prompts ~2.3k tokens, outputs ~26) and bursty (10-second bursts at

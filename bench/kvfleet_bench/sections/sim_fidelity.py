@@ -9,9 +9,9 @@ from typing import Any
 
 from kvfleet_bench.sections._fmt import code, pct, table
 
-FILES = ("sim_fidelity", "sim_fidelity_slo", "sim_routing_fidelity",
+FILES = ("sim_fidelity", "sim_fidelity_slo", "sim_fidelity_latency", "sim_routing_fidelity",
          "sim_routing_fidelity_run1", "sim_scaling_fidelity")
-ROUTING_FILES = FILES[2:4]
+ROUTING_FILES = FILES[3:5]
 
 _ROWS = [("TTFT p50 (ms)", "ttft_p50_s", 1000), ("TTFT p90 (ms)", "ttft_p90_s", 1000),
          ("E2E p50 (ms)", "e2e_p50_s", 1000), ("E2E p90 (ms)", "e2e_p90_s", 1000),
@@ -24,7 +24,10 @@ def _gap(x: float) -> str:
 
 def render_sim_fidelity(results: dict[str, Any]) -> str:
     text = _render_latency(results["sim_fidelity"])
-    text += "\n\n" + render_mape(results["sim_fidelity"], results.get("sim_fidelity_slo"))
+    text += "\n\n" + render_mape(results["sim_fidelity"], results.get("sim_fidelity_slo"),
+                                results.get("sim_fidelity_latency"))
+    text += "\n\n" + render_policy_runs(results["sim_fidelity"], results.get("sim_fidelity_slo"),
+                                       results.get("sim_fidelity_latency"))
     routing = [stem for stem in ROUTING_FILES if stem in results]
     for i, stem in enumerate(routing):
         text += "\n\n" + render_routing(results[stem], stem, is_first=i == 0)
@@ -70,10 +73,12 @@ def render_scaling(r: dict[str, Any]) -> str:
         f"and attainment: {'exceeded on ' + ', '.join(over) if over else 'met'}."])
 
 
-def render_mape(default: dict[str, Any], slo: dict[str, Any] | None) -> str:
+def render_mape(default: dict[str, Any], slo: dict[str, Any] | None,
+                latency: dict[str, Any] | None = None) -> str:
     """The perf model's error, live and simulated, per run of the latency scenario."""
     rows = []
-    for name, r in (("pool's policy", default), ("`--policy slo`", slo)):
+    for name, r in (("pool's policy", default), ("`--policy slo`", slo),
+                    ("`--policy latency`", latency)):
         m = r and r.get("perf_model_mape")
         if not m:
             continue
@@ -87,11 +92,37 @@ def render_mape(default: dict[str, Any], slo: dict[str, Any] | None) -> str:
         return "(no perf-model error recorded in these results)"
     return "\n".join([
         "**The router's performance model, live and simulated** (same scenario; `--policy "
-        "slo` writes `bench/results/sim_fidelity_slo.json`): the mean absolute percentage "
-        "error of the TTFT and TPOT predicted for each finished stream.", "",
+        "slo --json bench/results/sim_fidelity_slo.json` and `--policy latency --json "
+        "bench/results/sim_fidelity_latency.json` run it under those policies, whose own "
+        "predictions are then the ones scored): the mean absolute percentage error of the "
+        "TTFT and TPOT predicted for each finished stream.", "",
         table(["run", "TTFT MAPE, live", "TTFT MAPE, sim (median)", "sim per seed",
                "TPOT MAPE, live", "TPOT MAPE, sim (median)", "live predictions TTFT / TPOT"],
               rows)])
+
+
+def render_policy_runs(default: dict[str, Any], slo: dict[str, Any] | None,
+                       latency: dict[str, Any] | None) -> str:
+    """TTFT live against the simulator per routing policy run of the scenario: does the
+    simulator's verdict on each policy hold live? (Each file is its own run, at the commit
+    and load it names: a fidelity check per policy, not a live ranking of the policies.)"""
+    rows = []
+    for name, r in (("pool's policy", default), ("`--policy slo`", slo),
+                    ("`--policy latency`", latency)):
+        if not r:
+            continue
+        live, sim, gap = r["live"], r["sim"], r["gap"]
+        rows.append([f"{name} (`{r['args'].get('policy') or 'cache-aware'}`)",
+                     *(f"{1000 * live[k]:.1f} / {1000 * sim[k]:.1f} ({_gap(gap[k])})"
+                       for k in ("ttft_p50_s", "ttft_p90_s")),
+                     f"{live['requests_per_replica']} / {sim['requests_per_replica']}",
+                     ", ".join(r.get("over_tolerance") or []) or "none",
+                     str(r.get("measured", {}).get("commit", "(not recorded)"))])
+    return "\n".join([
+        "**Each policy run, live against the simulator** (TTFT in ms, live / sim (gap); the "
+        "simulator with the run's client latency; requests per replica live / sim seed 0):",
+        "", table(["run", "TTFT p50", "TTFT p90", "requests per replica",
+                   "over the tolerance", "commit"], rows)])
 
 
 def _hit(d: dict[str, Any]) -> str:
