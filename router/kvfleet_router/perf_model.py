@@ -18,12 +18,16 @@ fades with a half-life of ln 2 / (1 - forget) samples):
   queue's own wait, the running set's and the KV pressure's.
 * TPOT (s) = v . [1, n, kv]                n   = requests in flight (the decode batch)
 
-Per endpoint where the evidence suffices (`min_samples`), per role otherwise: the role's
-model is the sum of its endpoints' statistics (`LinearStats.merged`), so it needs no state
-of its own, survives config pushes, and a slower replica keeps its own coefficients;
-in between, the two predictions are blended by the endpoint's evidence
-(n / (n + min_samples / 4) on its own fit), so a replica's own speed shows after a few
-answers.
+Per endpoint where the evidence suffices, per role otherwise: the role's model is the sum
+of its endpoints' statistics (`LinearStats.merged`), so it needs no state of its own and
+survives config pushes. Before an endpoint has `min_samples` answers the two predictions
+are blended by its evidence (n / (n + min_samples / 4) on its own fit), so a replica's
+own speed shows after a few answers; from then on its own fit is used only while it
+predicts the endpoint's answers better than the pooled fit does (`FitErrors`: both
+scored on each answer before it is learned). A slower replica keeps its own
+coefficients; on replicas that are alike the pooled fit wins, and an endpoint whose own
+fit came out fast by chance is not preferred for it (with own fits always, the `latency`
+policy sent one of four identical replicas 1.27x its share, bench/README.md).
 Predictions are clamped to at least `floor_s`.
 
 `OutputLengths` predicts a request's output tokens where the request does not bound it:
@@ -167,17 +171,60 @@ class LinearStats:
 
 
 @dataclass(slots=True)
+class FitErrors:
+    """How well the endpoint's own fit and the role's pooled fit predict the endpoint's
+    answers: an EWMA of each one's relative error, both scored on the same answers (before
+    each is learned), so the comparison is paired."""
+
+    alpha: float = 0.05  # about the last 20 answers
+    own: float | None = None
+    pooled: float | None = None
+
+    def add(self, own: float | None, pooled: float | None, actual: float) -> None:
+        if own is None or pooled is None or actual <= 0:
+            return
+        e_own, e_pooled = abs(own - actual) / actual, abs(pooled - actual) / actual
+        a = self.alpha
+        self.own = e_own if self.own is None else a * e_own + (1 - a) * self.own
+        self.pooled = e_pooled if self.pooled is None else a * e_pooled + (1 - a) * self.pooled
+
+    @property
+    def is_own_better(self) -> bool:
+        """True once the own fit has predicted better; also while nothing compared them
+        (no pooled fit was handed over: a router whose policies predict nothing)."""
+        return self.own is None or self.pooled is None or self.own < self.pooled
+
+
+@dataclass(slots=True)
 class EndpointPerf:
-    """One endpoint's learned TTFT and TPOT statistics (kept on its EndpointState)."""
+    """One endpoint's learned TTFT and TPOT statistics (kept on its EndpointState), the
+    role's pooled weights as last refitted (`RoleModel.refresh` hands them over) and how
+    the two fits have predicted this endpoint's answers."""
 
     ttft: LinearStats = field(default_factory=lambda: LinearStats(TTFT_DIM))
     tpot: LinearStats = field(default_factory=lambda: LinearStats(TPOT_DIM))
+    pooled_ttft: list[float] | None = None
+    pooled_tpot: list[float] | None = None
+    ttft_errors: FitErrors = field(default_factory=FitErrors)
+    tpot_errors: FitErrors = field(default_factory=FitErrors)
 
     def learn_ttft(self, x: Sequence[float], ttft_s: float) -> None:
+        _score(self.ttft, self.pooled_ttft, self.ttft_errors, x, ttft_s)
         self.ttft.add(x, ttft_s, relative_weight(ttft_s))
 
     def learn_tpot(self, x: Sequence[float], tpot_s: float) -> None:
+        _score(self.tpot, self.pooled_tpot, self.tpot_errors, x, tpot_s)
         self.tpot.add(x, tpot_s, relative_weight(tpot_s))
+
+
+SCORE_FIT_MAX_AGE = 8  # samples; a solve per answer would cost more than the learning
+
+
+def _score(own: LinearStats, pooled: list[float] | None, errors: FitErrors,
+           x: Sequence[float], y: float) -> None:
+    if pooled is None or own.num_samples == 0:
+        return
+    errors.add(own.predict_recent(x, SCORE_FIT_MAX_AGE), dot(pooled, x), y)
 
 
 def relative_weight(y: float, floor_s: float = 0.005) -> float:
@@ -208,29 +255,37 @@ class RoleModel:
                                         self.ridge)
         self._tpot = LinearStats.merged((p.tpot for p in perfs), TPOT_DIM, self.forget,
                                         self.ridge)
+        # Each endpoint scores the pooled fit against its own answers; a pool of one
+        # endpoint (a request allowed only one) is that endpoint's own fit: nothing to score.
+        if sum(1 for p in perfs if p.ttft.num_samples or p.tpot.num_samples) >= 2:
+            wt, wp = self._ttft.weights(), self._tpot.weights()
+            for p in perfs:
+                p.pooled_ttft, p.pooled_tpot = wt, wp
 
-    def _predict(self, own: LinearStats, pooled: LinearStats | None,
+    def _predict(self, own: LinearStats, pooled: LinearStats | None, errors: FitErrors,
                  x: Sequence[float]) -> float | None:
-        """The endpoint's own fit once it has `min_samples`; before that its own and the
-        role's pooled fit blended by evidence, n / (n + min_samples / 4) on its own."""
+        """Before `min_samples`: the endpoint's own fit and the role's pooled fit blended
+        by evidence, n / (n + min_samples / 4) on its own. From then on its own fit while
+        it has predicted this endpoint better (`FitErrors`), else the pooled fit."""
         n = own.num_samples
         mine = own.predict(x) if n else None
-        if n >= self.min_samples or pooled is None or pooled.num_samples == 0:
+        theirs = pooled.predict(x) if pooled is not None and pooled.num_samples else None
+        if theirs is None:
             y = mine
+        elif n >= self.min_samples:
+            y = mine if errors.is_own_better else theirs
+        elif mine is None:
+            y = theirs
         else:
-            theirs = pooled.predict(x)
-            if mine is None or theirs is None:
-                y = theirs if mine is None else mine
-            else:
-                k = self.min_samples / 4
-                y = (n * mine + k * theirs) / (n + k)
+            k = self.min_samples / 4
+            y = (n * mine + k * theirs) / (n + k)
         return None if y is None else max(self.floor_s, y)
 
     def predict_ttft(self, perf: EndpointPerf, x: Sequence[float]) -> float | None:
-        return self._predict(perf.ttft, self._ttft, x)
+        return self._predict(perf.ttft, self._ttft, perf.ttft_errors, x)
 
     def predict_tpot(self, perf: EndpointPerf, x: Sequence[float]) -> float | None:
-        return self._predict(perf.tpot, self._tpot, x)
+        return self._predict(perf.tpot, self._tpot, perf.tpot_errors, x)
 
 
 @dataclass(slots=True)

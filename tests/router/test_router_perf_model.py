@@ -17,6 +17,7 @@ from kvfleet_router.metrics import RouterMetrics
 from kvfleet_router.perf_model import (
     TTFT_DIM,
     EndpointPerf,
+    FitErrors,
     LinearStats,
     Mape,
     OutputLengths,
@@ -70,6 +71,48 @@ def test_role_model_blends_own_and_pooled_evidence():
     assert model.predict_ttft(slow, x) == pytest.approx((4 * 0.4 + k * pooled) / (4 + k),
                                                         rel=0.05)
     assert model.predict_ttft(fast, x) == pytest.approx(0.1, rel=0.01)  # its own fit
+
+
+def test_role_model_keeps_an_own_fit_only_where_it_predicts_better_than_the_pooled():
+    """Three alike replicas and one at half speed, answers with +-30% noise, learned as the
+    router learns them (the pooled fit refitted every 16 answers and handed to each
+    endpoint, which scores both fits on its next answers). The slow replica's own fit wins
+    and is used; an alike replica whose own fit did not predict better is predicted by the
+    pooled fit, so noise in its own fit makes it neither faster nor slower."""
+    rng = random.Random(7)
+    perfs = [EndpointPerf() for _ in range(4)]
+    speeds = [1.0, 1.0, 1.0, 2.0]
+    model = RoleModel(min_samples=32)
+    for _ in range(150):
+        for perf, speed in zip(perfs, speeds, strict=True):
+            model.refresh(perfs)
+            u, w = rng.uniform(0, 8000), rng.randint(0, 3)
+            y = true_ttft(u, w, speed) * rng.uniform(0.7, 1.3)
+            perf.learn_ttft(ttft_features(u, w, 2, 0.2), y)
+    model.refresh(perfs)
+    x = ttft_features(4000, 1, 2, 0.2)
+    pooled = model._ttft.predict(x)
+    slow = perfs[3]
+    assert slow.ttft_errors.is_own_better
+    assert model.predict_ttft(slow, x) == pytest.approx(slow.ttft.predict(x))
+    assert model.predict_ttft(slow, x) == pytest.approx(true_ttft(4000, 1, 2.0), rel=0.15)
+    alike = [p for p in perfs[:3] if not p.ttft_errors.is_own_better]
+    assert len(alike) >= 2  # the pooled fit predicted them better
+    for perf in alike:
+        assert perf.ttft.predict(x) != pytest.approx(pooled, rel=1e-3)  # own fits differ
+        assert model.predict_ttft(perf, x) == pytest.approx(pooled)
+
+
+def test_fit_errors_compare_on_the_same_answers():
+    errors = FitErrors(alpha=0.5)
+    assert errors.is_own_better  # nothing compared yet: the own fit, as before
+    errors.add(own=1.2, pooled=1.1, actual=1.0)
+    assert errors.own == pytest.approx(0.2) and errors.pooled == pytest.approx(0.1)
+    assert not errors.is_own_better
+    errors.add(own=1.0, pooled=1.3, actual=1.0)  # 0.1 vs 0.2 after the EWMA
+    assert errors.is_own_better
+    errors.add(own=None, pooled=2.0, actual=1.0)  # one side missing: not scored
+    assert errors.own == pytest.approx(0.1) and errors.pooled == pytest.approx(0.2)
 
 
 def test_output_lengths_and_mape():
