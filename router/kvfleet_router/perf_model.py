@@ -26,8 +26,8 @@ own speed shows after a few answers; from then on its own fit is used only while
 predicts the endpoint's answers better than the pooled fit does (`FitErrors`: both
 scored on each answer before it is learned). A slower replica keeps its own
 coefficients; on replicas that are alike the pooled fit wins, and an endpoint whose own
-fit came out fast by chance is not preferred for it (with own fits always, the `latency`
-policy sent one of four identical replicas 1.27x its share, bench/README.md).
+fit came out fast by chance is not preferred for it (with own fits always, such an
+endpoint drew the `latency` and `slo` policies to it).
 Predictions are clamped to at least `floor_s`.
 
 `OutputLengths` predicts a request's output tokens where the request does not bound it:
