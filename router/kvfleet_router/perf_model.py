@@ -183,10 +183,12 @@ class FitErrors:
     def add(self, own: float | None, pooled: float | None, actual: float) -> None:
         if own is None or pooled is None or actual <= 0:
             return
-        e_own, e_pooled = abs(own - actual) / actual, abs(pooled - actual) / actual
-        a = self.alpha
-        self.own = e_own if self.own is None else a * e_own + (1 - a) * self.own
-        self.pooled = e_pooled if self.pooled is None else a * e_pooled + (1 - a) * self.pooled
+        self.own = self._step(self.own, abs(own - actual) / actual)
+        self.pooled = self._step(self.pooled, abs(pooled - actual) / actual)
+
+    def _step(self, old: float | None, error: float) -> float:
+        # an EWMA written out: kvfleet_router.ewma is off limits here (standard library only)
+        return error if old is None else self.alpha * error + (1 - self.alpha) * old
 
     @property
     def is_own_better(self) -> bool:
@@ -217,14 +219,16 @@ class EndpointPerf:
         self.tpot.add(x, tpot_s, relative_weight(tpot_s))
 
 
-SCORE_FIT_MAX_AGE = 8  # samples; a solve per answer would cost more than the learning
+# A fit scored against an answer (here, and the MAPE in scorers_feedback) is at most this
+# many samples old: a solve per answer would cost more than all the rest of the learning.
+FIT_MAX_AGE = 8
 
 
 def _score(own: LinearStats, pooled: list[float] | None, errors: FitErrors,
            x: Sequence[float], y: float) -> None:
     if pooled is None or own.num_samples == 0:
         return
-    errors.add(own.predict_recent(x, SCORE_FIT_MAX_AGE), dot(pooled, x), y)
+    errors.add(own.predict_recent(x, FIT_MAX_AGE), dot(pooled, x), y)
 
 
 def relative_weight(y: float, floor_s: float = 0.005) -> float:
@@ -268,6 +272,9 @@ class RoleModel:
         by evidence, n / (n + min_samples / 4) on its own. From then on its own fit while
         it has predicted this endpoint better (`FitErrors`), else the pooled fit."""
         n = own.num_samples
+        # Both fits predict even where one is used: own.predict keeps the endpoint's last
+        # solve fresh, which FitErrors and the MAPE score with (predict_recent); predicting
+        # lazily changed the simulator's figures.
         mine = own.predict(x) if n else None
         theirs = pooled.predict(x) if pooled is not None and pooled.num_samples else None
         if theirs is None:

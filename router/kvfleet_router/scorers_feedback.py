@@ -19,14 +19,13 @@
 from __future__ import annotations
 
 from kvfleet_router.endpoint import EndpointState
-from kvfleet_router.perf_model import tpot_features, ttft_features
+from kvfleet_router.perf_model import FIT_MAX_AGE, tpot_features, ttft_features
 from kvfleet_router.policies.context import load_snapshot
 from kvfleet_router.policies.scorers import ucb_reward, ucb_work
 from kvfleet_router.proxy import Outcome
 from kvfleet_router.router_core import Routed
 
 MIN_OWN_SAMPLES_FOR_MAPE = 8  # the endpoint's own fit is scored once it has this many
-MAPE_FIT_MAX_AGE = 8  # the MAPE scores a fit at most this old (in samples): a solve is ~10 us
 
 
 def learn(e: EndpointState, routed: Routed, outcome: Outcome, ttft_ref_s: float) -> None:
@@ -48,7 +47,7 @@ def learn(e: EndpointState, routed: Routed, outcome: Outcome, ttft_ref_s: float)
         x = ttft_features(uncached, snap.num_waiting, snap.num_running, snap.kv_usage)
         predicted = ctx.predicted_ttft_s if routed.decision.endpoint is e else None
         if predicted is None and e.perf.ttft.num_samples >= MIN_OWN_SAMPLES_FOR_MAPE:
-            predicted = e.perf.ttft.predict_recent(x, MAPE_FIT_MAX_AGE)
+            predicted = e.perf.ttft.predict_recent(x, FIT_MAX_AGE)
         if predicted is not None:
             e.ttft_mape.add(max(predicted, 0.0), outcome.ttft_s)
         e.perf.learn_ttft(x, outcome.ttft_s)
@@ -59,7 +58,7 @@ def learn(e: EndpointState, routed: Routed, outcome: Outcome, ttft_ref_s: float)
         x = tpot_features(snap.num_in_flight + 1, snap.kv_usage)
         predicted = ctx.predicted_tpot_s if routed.decision.endpoint is e else None
         if predicted is None and e.perf.tpot.num_samples >= MIN_OWN_SAMPLES_FOR_MAPE:
-            predicted = e.perf.tpot.predict_recent(x, MAPE_FIT_MAX_AGE)
+            predicted = e.perf.tpot.predict_recent(x, FIT_MAX_AGE)
         if predicted is not None:
             e.tpot_mape.add(max(predicted, 0.0), tpot)
         e.perf.learn_tpot(x, tpot)

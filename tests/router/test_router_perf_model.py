@@ -22,6 +22,8 @@ from kvfleet_router.perf_model import (
     Mape,
     OutputLengths,
     RoleModel,
+    dot,
+    role_coefficients,
     ttft_features,
 )
 from kvfleet_router.policies.pickers import pick_slo_tiered
@@ -89,9 +91,13 @@ def test_role_model_keeps_an_own_fit_only_where_it_predicts_better_than_the_pool
             u, w = rng.uniform(0, 8000), rng.randint(0, 3)
             y = true_ttft(u, w, speed) * rng.uniform(0.7, 1.3)
             perf.learn_ttft(ttft_features(u, w, 2, 0.2), y)
+    # a fresh refit over everything learned (the fit errors live on the endpoints)
+    model = RoleModel(min_samples=32)
     model.refresh(perfs)
     x = ttft_features(4000, 1, 2, 0.2)
-    pooled = model._ttft.predict(x)
+    coefficients = role_coefficients(perfs)  # the role's pooled fit, as RoleModel pools it
+    assert coefficients is not None
+    pooled = dot(coefficients.ttft, x)
     slow = perfs[3]
     assert slow.ttft_errors.is_own_better
     assert model.predict_ttft(slow, x) == pytest.approx(slow.ttft.predict(x))

@@ -120,7 +120,9 @@ def render_policy_runs(default: dict[str, Any], slo: dict[str, Any] | None,
                      str(r.get("measured", {}).get("commit", "(not recorded)"))])
     return "\n".join([
         "**Each policy run, live against the simulator** (TTFT in ms, live / sim (gap); the "
-        "simulator with the run's client latency; requests per replica live / sim seed 0):",
+        "simulator with the run's client latency; requests per replica live / sim seed 0). "
+        "Each row is its own run, at the commit and machine load it names: whether the "
+        "simulator's figures for that policy hold live, not a live ranking of the policies.",
         "", table(["run", "TTFT p50", "TTFT p90", "requests per replica",
                    "over the tolerance", "commit"], rows)])
 
