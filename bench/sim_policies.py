@@ -48,7 +48,7 @@ WEIGHTS = {"p1-q1-kv0.5": (1.0, 1.0, 0.5), "p1-q2-kv0": (1.0, 2.0, 0.0),
            "p1-q4-kv0.5": (1.0, 4.0, 0.5), "p1-q8-kv0": (1.0, 8.0, 0.0),
            "p2-q4-kv0": (2.0, 4.0, 0.0)}  # fmt: skip
 ROUTING = ["cache-aware", "sgl-cache-aware", "prefix-cache", "least-request", "least-kv",
-           "round-robin", "random", "session", "latency", "ucb", "slo"]  # fmt: skip
+           "round-robin", "random", "session", "latency", "ucb", "slo", "backlog"]  # fmt: skip
 
 
 EFFICIENCY_PLOT = RESULTS / "sim_efficiency.png"
@@ -230,7 +230,8 @@ def azure_routing(quick: bool) -> list[tuple[str, str, str, list[str]]]:
          "--compress", "1", "--rate", AZURE_RATE, "--pool", "sim/pools/fidelity-4.yaml",
          "--scaler", "fixed-max", *TWO_SPEEDS,
          *sum((["--policy", p] for p in ("slo", "least-request", "cache-aware", "latency",
-                                         "ucb", "round-robin")), []), *seeds(quick)],
+                                         "ucb", "round-robin", "backlog")), []),
+         *seeds(quick)],
     ))  # fmt: skip
     return out
 

@@ -149,18 +149,20 @@ PREFIX_MODES = ("approximate", "precise")
 ENGINE_KINDS = ("unknown", "builtin", "vllm")  # what runs behind an endpoint
 POLICY_NAMES = (
     "round-robin", "random", "least-request", "least-kv", "prefix-cache",
-    "session", "latency", "ucb", "slo", "cache-aware",
+    "session", "latency", "ucb", "slo", "backlog", "cache-aware",
 )
 PICKER_NAMES = ("max", "power-of-two", "weighted-random")  # policy.picker (the presets')
 PIPELINE_PICKER_NAMES = (*PICKER_NAMES, "round-robin", "slo-tiered")
-SCORER_NAMES = ("prefix", "queue", "pending", "kv", "session", "latency", "ucb", "slo")
+SCORER_NAMES = ("prefix", "queue", "pending", "backlog", "kv", "session", "latency", "ucb",
+                "slo")
 # A pipeline lists only the filters that change what it trades: eligibility (healthy,
 # not-draining, role, model) and saturation run in every policy, so none can drop them.
 PIPELINE_FILTER_NAMES = ("bounded-load",)
 # Scorers that bound load themselves: queue is load; pending is the part of it still to be
 # prefilled (each request sent raises its endpoint's count at once, until its first byte);
 # session caps each endpoint's share. Any other (affinity, learned, scraped) herds without
-# the bounded-load filter or the guard.
+# the bounded-load filter or the guard; backlog too: a cached prompt adds little prefill
+# work, so requests sharing a prefix would all go where it is cached.
 LOAD_AWARE_SCORERS = frozenset({"queue", "pending", "session"})
 PIPELINE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 PD_DECIDER_NAMES = ("uncached-tokens",)

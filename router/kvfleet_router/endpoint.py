@@ -49,6 +49,9 @@ class EndpointState:
     # those of them that have not answered a first byte yet: queued in the engine or in
     # their prefill, what a new request's TTFT waits behind (the `pending` scorer)
     num_pending: int = 0
+    # their uncached prompt tokens, as the router estimated them when it sent each one
+    # (the `backlog` scorer)
+    pending_tokens: float = 0.0
     peer_in_flight: float = 0.0  # the pool's other router replicas' (exchange.py), fresh ones
     is_probe_healthy: bool = True  # last active /health probe
     is_removed: bool = False  # dropped from config; kept until its in-flight requests end

@@ -67,6 +67,7 @@ class Routed:
     num_hinted_blocks: int = 0  # blocks named in an attached peer hint
     seat: Seat | None = None  # the dispatcher's record of the seat taken (flow/seats.py)
     is_pending: bool = False  # started and no first byte yet (EndpointState.num_pending)
+    pending_tokens: float = 0.0  # its uncached prompt tokens there, while it is pending
 
     @property
     def matched_fraction(self) -> float:
@@ -248,12 +249,14 @@ class RouterCore:
 
     def start(self, routed: Routed) -> EndpointState | None:
         """Record the prompt on the chosen endpoint and count the request in flight there,
-        and pending until `first_byte`."""
+        and pending (with its uncached prompt tokens) until `first_byte`."""
         e = routed.decision.endpoint
         if e is not None:
             self.record(routed)
             e.num_in_flight += 1
             e.num_pending += 1
+            routed.pending_tokens = routed.ctx.uncached_tokens(e.name)
+            e.pending_tokens += routed.pending_tokens
             routed.is_pending = True
         return e
 
@@ -266,6 +269,8 @@ class RouterCore:
         if routed.is_pending and e is not None:
             routed.is_pending = False
             e.num_pending -= 1
+            # float sums need not come back to exactly zero: none pending, no tokens pending
+            e.pending_tokens = e.pending_tokens - routed.pending_tokens if e.num_pending else 0.0
 
     @staticmethod
     def finish(e: EndpointState) -> None:

@@ -27,7 +27,8 @@ def route(c, text, **kw):
 def test_every_named_policy_builds_and_picks():
     c = core()
     assert set(POLICIES) == {"round-robin", "random", "least-request", "least-kv",
-                             "prefix-cache", "session", "latency", "ucb", "slo", "cache-aware"}
+                             "prefix-cache", "session", "latency", "ucb", "slo", "backlog",
+                             "cache-aware"}
     for name in POLICIES:
         d = build_policy(name, c.cfg).choose(c.registry.endpoints, route(c, "x").ctx)
         assert d.endpoint is not None and d.reason == "picked", name

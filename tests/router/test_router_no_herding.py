@@ -1,7 +1,9 @@
 """No policy herds: with one endpoint that looks fast, idle or cached, a burst of requests
 routed through RouterCore (route + start, nothing finishing) still spreads; the busiest
 endpoint gets at most its fair share times `policy.load_factor` plus one request, or, for
-the guarded cache-aware policy, the guard's absolute allowance above the least loaded.
+the guarded cache-aware policy, the guard's absolute allowance above its fair share, and
+for the other guarded presets (`backlog`: a cached prompt costs it little prefill, so only
+the guard stops it) the guard's own bound above the least loaded.
 
 Each learned policy is first taught through the same path the dispatcher uses
 (`HealthFeedback.exchange_done`): the "hot" endpoint answered fast, the others slowly.
@@ -19,7 +21,7 @@ from kvfleet_router.config import RouterConfig
 from kvfleet_router.endpoint import Signals
 from kvfleet_router.feedback import HealthFeedback
 from kvfleet_router.metrics import RouterMetrics
-from kvfleet_router.policies.policy import POLICIES
+from kvfleet_router.policies.policy import POLICIES, pipeline_of
 from kvfleet_router.proxy import Outcome
 from kvfleet_router.request_info import RequestInfo
 from kvfleet_router.router_core import RouterCore
@@ -78,6 +80,9 @@ def test_no_policy_herds_onto_the_endpoint_that_looks_best(policy):
     cfg = core.cfg.policy
     if policy in ("cache-aware", "prefix-cache"):  # the guard: abs_threshold (+1) ahead
         allowed = fair + cfg.imbalance.abs_threshold + 1
+    elif pipeline_of(policy, core.cfg).guard:  # the guard's own bound above the least loaded
+        lo = min(counts.values())
+        allowed = max(lo + cfg.imbalance.abs_threshold, cfg.imbalance.rel_threshold * lo) + 1
     else:
         allowed = math.ceil(cfg.load_factor * (NUM_BURST + 1) / len(NAMES)) + 1
     assert max(counts.values()) <= allowed, (policy, counts)

@@ -34,7 +34,7 @@ RUNNERS = ("torch", "simulated")
 PIPELINE_POLICY = "pipeline"  # routing.policy that runs the pool's own routing.pipeline
 ROUTING_POLICIES = (
     "cache-aware", "prefix-cache", "least-kv", "least-request", "round-robin",
-    "random", "session", "latency", "ucb", "slo", PIPELINE_POLICY,
+    "random", "session", "latency", "ucb", "slo", "backlog", PIPELINE_POLICY,
 )
 ROLES = ("unified", "prefill", "decode")
 ROUTER_PLACEMENTS = ("deployment", "sidecar")
@@ -226,6 +226,7 @@ class WeightsSpec:
     prefix: Weight | None = None
     queue: Weight | None = None
     pending: Weight | None = None
+    backlog: Weight | None = None
     kv: Weight | None = None
     session: Weight | None = None
     latency: Weight | None = None

@@ -127,6 +127,10 @@ PRESETS: dict[str, Callable[[RouterConfig], PipelineConfig]] = {
     "latency": _preset({"latency": 1.0, "queue": 1.0, "pending": 4.0}, bounded=True),
     "ucb": _preset({"ucb": 1.0, "queue": 1.0}, bounded=True),
     "slo": _preset({"slo": 1.0, "queue": 1.0, "pending": 4.0}, bounded=True),
+    # The default's weights plus the prefill work queued in tokens, at the queue's weight
+    # (bench/sim_policies.md: higher SLO attainment on the Mooncake slices; live without
+    # prefill contention it spreads prefixes a little more, bench/README.md).
+    "backlog": _preset({"prefix": 1.0, "queue": 4.0, "backlog": 4.0}, guard=True),
     "cache-aware": lambda cfg: PipelineConfig(scorers=cfg.policy.weights,
                                               picker=cfg.policy.picker, guard=True),
 }

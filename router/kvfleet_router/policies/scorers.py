@@ -14,6 +14,15 @@ min-max(x) below means (max - x) / (max - min) over the candidates, 1.0 for all 
            behind answers already streaming, which the queue scorer counts alike; weighted
            beside it, a prompt goes where fewer prefills are ahead of it. Other router
            replicas' and clients' requests are not in p_i (the queue scorer's are).
+* backlog: ref / (ref + b_i + u_i), b_i = the uncached prompt tokens of this router's
+           pending requests on endpoint i (EndpointState.pending_tokens, each as estimated
+           when it was sent), u_i = this request's uncached tokens there, ref = its prompt
+           tokens: the prefill work in tokens that its first token waits for there (Dynamo's
+           KV router weighs the same two, in blocks). A cached prefix and a short queue of
+           prefills count in the same unit, so a match is worth what it saves, and a long
+           prompt avoids an endpoint already prefilling one where the pending scorer sees one
+           request like any other. Full match on an idle endpoint: 1; no match, idle: 0.5.
+           It does not know an endpoint's speed, only the work queued there.
 * kv:      1 - kv_usage_i - k_seq_i * pending_i, pending_i = q_i (as the queue scorer's) -
            the engine's running at the last scrape (requests that hold no KV there yet),
            k_seq_i = the candidates' KV blocks per running sequence over endpoint i's
@@ -98,6 +107,14 @@ def queue(cfg: RouterConfig) -> Scorer:
 def pending(cfg: RouterConfig) -> Scorer:
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
         return [max(0.0, 1.0 - e.num_pending / e.capacity) for e in eps]
+
+    return score
+
+
+def backlog(cfg: RouterConfig) -> Scorer:
+    def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
+        ref = max(1.0, float(ctx.num_prompt_tokens))
+        return [ref / (ref + e.pending_tokens + ctx.uncached_tokens(e.name)) for e in eps]
 
     return score
 
@@ -329,6 +346,7 @@ SCORERS: dict[str, Callable[[RouterConfig], Scorer]] = {
     "prefix": prefix,
     "session": session,
     "latency": latency,
+    "backlog": backlog,
     "ucb": ucb,
     "slo": slo,
 }
