@@ -22,8 +22,8 @@ revisions:                       # optional: split new requests between revision
                                  # a listed one can serve (revisions.py). Absent: no split.
 policy:
   name: cache-aware              # round-robin | random | least-request | least-kv | prefix-cache |
-                                 # session | latency | ucb | slo | cache-aware (the presets),
-                                 # or a key of `pipelines`
+                                 # session | latency | ucb | slo | backlog | cache-aware (the
+                                 # presets), or a key of `pipelines`
   picker: max                    # max | power-of-two | weighted-random: the presets that rank
                                  # (round-robin, random and slo keep their own)
   weights: {prefix: 1.0, queue: 4.0, kv: 0.0}   # scorer -> weight (cache-aware only)

@@ -15,8 +15,8 @@ Each factory takes the RouterConfig and returns `f(endpoints, ctx) -> endpoints`
 * bounded-load: consistent hashing with bounded loads, capacity-relative: keep e if
                 q_e + 1 <= ceil(load_factor * (Q + 1) * capacity_e / C), q = queue depth
                 (in-flight + foreign load), Q and C their sums over the candidates; none
-                kept: the least loaded (q / capacity). What the learned and affinity
-                policies (latency, ucb, slo, prefix-cache) choose among, so no score can
+                kept: the least loaded (q / capacity). What the learned and scraped
+                policies (latency, ucb, slo, least-kv) choose among, so no score can
                 send one endpoint more than load_factor x its fair share (+1 request).
 """
 
