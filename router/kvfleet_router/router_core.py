@@ -67,7 +67,6 @@ class Routed:
     num_hinted_blocks: int = 0  # blocks named in an attached peer hint
     seat: Seat | None = None  # the dispatcher's record of the seat taken (flow/seats.py)
     is_pending: bool = False  # started and no first byte yet (EndpointState.num_pending)
-    pending_tokens: float = 0.0  # its uncached prompt tokens there, while it is pending
 
     @property
     def matched_fraction(self) -> float:
@@ -255,8 +254,7 @@ class RouterCore:
             self.record(routed)
             e.num_in_flight += 1
             e.num_pending += 1
-            routed.pending_tokens = routed.ctx.uncached_tokens(e.name)
-            e.pending_tokens += routed.pending_tokens
+            e.pending_tokens += routed.ctx.uncached_tokens(e.name)
             routed.is_pending = True
         return e
 
@@ -269,8 +267,10 @@ class RouterCore:
         if routed.is_pending and e is not None:
             routed.is_pending = False
             e.num_pending -= 1
-            # float sums need not come back to exactly zero: none pending, no tokens pending
-            e.pending_tokens = e.pending_tokens - routed.pending_tokens if e.num_pending else 0.0
+            # the same figure start added (ctx is fixed once routed); float sums need not
+            # come back to exactly zero: none pending, no tokens pending
+            e.pending_tokens = (e.pending_tokens - routed.ctx.uncached_tokens(e.name)
+                                if e.num_pending else 0.0)
 
     @staticmethod
     def finish(e: EndpointState) -> None:
