@@ -195,6 +195,21 @@ def pooled_reference(requests: list[trace_mooncake.TraceRequest], args) -> float
     return num_hit / num_blocks if num_blocks else 0.0
 
 
+def hit_fraction_on_routes(routes: list[tuple[trace_mooncake.TraceRequest, str]],
+                           args) -> float:
+    """The hit fraction these routes give when every backend's cache sees its requests in
+    trace order: what the live counts would be without the arrival reordering that
+    concurrent sends bring (so a gap between the two is timing, not the cache model)."""
+    caches: dict[str, LRUPrefixCache] = {}
+    num_hit = num_blocks = 0
+    for req, backend in routes:
+        cache = caches.setdefault(backend, LRUPrefixCache(args.cache_blocks, args.block_chars))
+        lookup = cache.lookup_and_store(trace_mooncake.prompt_text(req.hash_ids, args.block_chars))
+        num_hit += lookup.num_hit_blocks
+        num_blocks += lookup.num_prompt_blocks
+    return num_hit / num_blocks if num_blocks else 0.0
+
+
 def run_target(target, requests, args, backend_urls, workdir) -> dict[str, Any]:
     for url in backend_urls:
         procs.http_post_json(f"{url}/bench/reset", {})
@@ -238,6 +253,8 @@ def run_target(target, requests, args, backend_urls, workdir) -> dict[str, Any]:
         "hit_fraction_from_responses": (
             sum(r["num_hit_blocks"] for r in ok) / client_blocks if client_blocks else 0.0
         ),
+        "hit_fraction_on_routes_in_trace_order": hit_fraction_on_routes(
+            [(req, r["backend"]) for req, r in served], args),
         "num_prompt_blocks": num_blocks,
         "requests_per_backend": {s["name"]: s["num_requests"] for s in stats},
         **load_stats.backends_per_prefix(routes),

@@ -176,6 +176,8 @@ def compare(live: dict[str, list[dict]], sim: dict[str, list[dict]],
                 "requests_per_backend": [sorted(r["requests_per_backend"].values(),
                                                 reverse=True) for r in runs],
             }
+        row["live"]["hit_fraction_on_routes_in_trace_order"] = _side(
+            [r["hit_fraction_on_routes_in_trace_order"] for r in reps])
         row["live"]["num_errors"] = sum(r["num_errors"] for r in reps)
         row["live"]["window_max_imbalance"] = _side(
             [r["imbalance"]["window_max"] for r in reps])
