@@ -19,6 +19,11 @@ blocks of prompt either way.
 Reported per policy: the hit fraction both ways (live: median and min-max over
 repetitions; sim: median and min-max over seeds), the relative gap (sim - live) / live,
 backends per shared prefix, and the ranking of the policies by hit fraction both ways.
+Live rows also carry `hit_fraction_on_routes_in_trace_order`: the LRU model replayed on the
+routes the router took, each backend seeing its requests in trace order. The backends'
+counts equal it; where the live hit fraction differs from the simulator's on a policy
+whose routes depend only on order (round-robin), the requests reached the router in
+another order than the trace's (concurrent sends a few ms apart swap), not the cache model.
 Rankings disagree when two policies are ordered differently by their medians and at
 least one side separates them (its min-max ranges do not overlap); two policies within
 each side's spread are a tie, whatever the order of their medians. Fails (exit 1) when a
