@@ -7,6 +7,7 @@ The bench scripts run as subprocesses; the pure helpers are imported from the to
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from kvfleet_bench import load_stats, prefix_cache
+from kvfleet_bench import cache_replay, load_stats, prefix_cache
 from kvfleet_bench import traces as trace_mooncake
 from kvfleet_bench.procs import free_port
 
@@ -55,6 +56,22 @@ def test_lru_prefix_cache_hits_only_leading_blocks_and_evicts_oldest():
     assert cache.lookup_and_store("aabbcc").num_hit_blocks == 0
     with pytest.raises(ValueError):
         prefix_cache.LRUPrefixCache(num_blocks=0, block_chars=2)
+
+
+def test_hit_fraction_on_routes_keeps_one_cache_per_backend_in_trace_order():
+    def req(*ids):
+        return trace_mooncake.TraceRequest(0.0, 0, 1, ids)
+
+    args = argparse.Namespace(cache_blocks=2, block_chars=8)
+    same = [(req(1, 2), "a"), (req(1, 2), "a")]
+    assert cache_replay.hit_fraction_on_routes(same, args) == 2 / 4
+    # the second request on another backend finds nothing there
+    assert cache_replay.hit_fraction_on_routes([same[0], (req(1, 2), "b")], args) == 0.0
+    # each backend's cache is bounded on its own: "a" evicts 1, 2 for 3, 4; "b" keeps them
+    routes = [(req(1, 2), "a"), (req(1, 2), "b"), (req(3, 4), "a"), (req(1, 2), "a"),
+              (req(1, 2), "b")]
+    assert cache_replay.hit_fraction_on_routes(routes, args) == 2 / 10
+    assert cache_replay.hit_fraction_on_routes([], args) == 0.0
 
 
 def test_trace_expansion_is_deterministic_and_keeps_prefix_sharing():
