@@ -186,13 +186,8 @@ async def replay(
 
 def pooled_reference(requests: list[trace_mooncake.TraceRequest], args) -> float:
     """Hit fraction of one cache as big as all backends' together: an upper bound on affinity."""
-    cache = LRUPrefixCache(args.cache_blocks * args.num_backends, args.block_chars)
-    num_hit = num_blocks = 0
-    for req in requests:
-        lookup = cache.lookup_and_store(trace_mooncake.prompt_text(req.hash_ids, args.block_chars))
-        num_hit += lookup.num_hit_blocks
-        num_blocks += lookup.num_prompt_blocks
-    return num_hit / num_blocks if num_blocks else 0.0
+    return lru_hit_fraction([(req, "pooled") for req in requests],
+                            args.cache_blocks * args.num_backends, args.block_chars)
 
 
 def hit_fraction_on_routes(routes: list[tuple[trace_mooncake.TraceRequest, str]],
@@ -200,11 +195,17 @@ def hit_fraction_on_routes(routes: list[tuple[trace_mooncake.TraceRequest, str]]
     """The hit fraction these routes give when every backend's cache sees its requests in
     trace order: what the live counts would be without the arrival reordering that
     concurrent sends bring (so a gap between the two is timing, not the cache model)."""
+    return lru_hit_fraction(routes, args.cache_blocks, args.block_chars)
+
+
+def lru_hit_fraction(routes: list[tuple[trace_mooncake.TraceRequest, str]],
+                     blocks_per_cache: int, block_chars: int) -> float:
+    """Each request looked up and stored, in order, in its backend's own LRU cache."""
     caches: dict[str, LRUPrefixCache] = {}
     num_hit = num_blocks = 0
     for req, backend in routes:
-        cache = caches.setdefault(backend, LRUPrefixCache(args.cache_blocks, args.block_chars))
-        lookup = cache.lookup_and_store(trace_mooncake.prompt_text(req.hash_ids, args.block_chars))
+        cache = caches.setdefault(backend, LRUPrefixCache(blocks_per_cache, block_chars))
+        lookup = cache.lookup_and_store(trace_mooncake.prompt_text(req.hash_ids, block_chars))
         num_hit += lookup.num_hit_blocks
         num_blocks += lookup.num_prompt_blocks
     return num_hit / num_blocks if num_blocks else 0.0

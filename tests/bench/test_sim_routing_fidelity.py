@@ -54,7 +54,9 @@ def test_routing_fidelity_quick(tmp_path):
         assert row["live"]["hit_fraction"]["median"] == pytest.approx(on_routes, rel=0.03)
     args = argparse.Namespace(cache_blocks=result["meta"]["cache_blocks_per_backend"],
                               block_chars=result["meta"]["block_chars"])
-    requests = traces.load(TRACE, 400, result["meta"]["speedup"], result["meta"]["skip"])
+    meta = result["meta"]
+    requests = traces.load(TRACE, meta["trace_shape"]["num_requests"], meta["speedup"],
+                           meta["skip"])
     num_backends = result["meta"]["num_backends"]
     in_trace_order = cache_replay.hit_fraction_on_routes(
         [(req, str(i % num_backends)) for i, req in enumerate(requests)], args)
