@@ -56,6 +56,11 @@ def add_scenario_args(p: argparse.ArgumentParser, reps_help: str) -> None:
     p.add_argument("--router-cpu", default="0")
     p.add_argument("--client-cpu", default="1")
     p.add_argument("--no-pin", action="store_true")
+    p.add_argument("--kvfleet-pipelines", type=pipelines_arg, default=None, metavar="JSON",
+                   help="routing pipelines for kvfleet's config (policy.pipelines, "
+                        "router/README.md), by name, e.g. '{\"heavy\": {\"scorers\": "
+                        "{\"prefix\": 1, \"queue\": 64}, \"guard\": true}}'; the target "
+                        "kvfleet:heavy runs one (every preset stays as shipped)")
     p.add_argument("--connections", choices=("auto", "reuse", "new"), default="auto",
                    help="new: a new TCP connection per request; auto (default): new for "
                         "targets behind the L4 balancer (router replicas), reuse otherwise")
@@ -86,22 +91,34 @@ def quick_scenario(args: argparse.Namespace) -> None:
     args.cache_blocks, args.window_s = 1500, 0.25
 
 
+def pipelines_arg(text: str) -> dict[str, dict]:
+    """--kvfleet-pipelines: a JSON object of pipeline name -> pipeline object (the router
+    checks each pipeline itself when it loads the config)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    if not isinstance(value, dict) or not value or not all(
+            isinstance(v, dict) for v in value.values()):
+        raise argparse.ArgumentTypeError("want a JSON object of name -> pipeline object")
+    return value
+
+
 def router_options(args: argparse.Namespace) -> dict[str, dict]:
     """Every router at its shipped defaults, unless --size-kvfleet-prefix sizes kvfleet's
-    prefix index like the backends' caches (an operator's tuning the peers do not get)."""
-    if not args.size_kvfleet_prefix:
-        return {}
-    block_bytes = 64
-    return {
-        "kvfleet": {
-            "sections": {
-                "prefix": {
-                    "block_bytes": block_bytes,
-                    "max_blocks_per_endpoint": args.cache_blocks * args.block_chars // block_bytes,
-                }
-            }
-        },
-    }
+    prefix index like the backends' caches (an operator's tuning the peers do not get);
+    --kvfleet-pipelines adds named pipelines beside kvfleet's presets, which stay as
+    shipped."""
+    sections: dict[str, dict] = {}
+    if args.size_kvfleet_prefix:
+        block_bytes = 64
+        sections["prefix"] = {
+            "block_bytes": block_bytes,
+            "max_blocks_per_endpoint": args.cache_blocks * args.block_chars // block_bytes,
+        }
+    if getattr(args, "kvfleet_pipelines", None):
+        sections["policy"] = {"pipelines": args.kvfleet_pipelines}
+    return {"kvfleet": {"sections": sections}} if sections else {}
 
 
 def git_state() -> dict[str, Any]:

@@ -297,3 +297,30 @@ def test_router_overhead_quick_streamed_level_and_workers(tmp_path):
         assert w["rps_ratio_to_one_worker"]["kvfleet-w2:cache-aware"]["median"] > 0
     md = (tmp_path / "router_overhead.md").read_text()
     assert "CPU µs/stream" in md
+
+
+def test_kvfleet_pipelines_reach_the_router_config_and_leave_presets_alone():
+    """--kvfleet-pipelines adds named pipelines to kvfleet's config: kvfleet:NAME runs the
+    pipeline given, and the shipped presets (the default's weights) are unchanged."""
+    from kvfleet_bench import cache_replay, routers
+    from kvfleet_router.config import RouterConfig
+    from kvfleet_router.policies.policy import build_policy
+
+    rch = load_bench_module("router_cache_hits")
+    pipeline = {"scorers": {"prefix": 1, "queue": 64, "backlog": 2}, "guard": True}
+    args = rch.parse_args(["--targets", "kvfleet:cache-aware,kvfleet:heavy",
+                           "--kvfleet-pipelines", json.dumps({"heavy": pipeline})])
+    options = cache_replay.router_options(args)
+    backends = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    for name, scorers in (("heavy", pipeline["scorers"]),
+                          ("cache-aware", RouterConfig().policy.weights)):
+        cfg = RouterConfig.from_dict(routers.kvfleet_config(backends, name, **options["kvfleet"]))
+        assert cfg.policy.name == name
+        policy = build_policy(name, cfg)
+        assert {k: v for k, v in policy.pipeline.scorers.items() if v} == {
+            k: v for k, v in scorers.items() if v}
+        assert policy.guard is not None
+    assert cache_replay.router_options(rch.parse_args([])) == {}  # defaults: nothing added
+    for bad in ("not json", "[1]", "{}", '{"heavy": 3}'):
+        with pytest.raises(SystemExit):
+            rch.parse_args(["--kvfleet-pipelines", bad])
