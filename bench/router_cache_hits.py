@@ -288,12 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    if not args.no_plot and results:
+    is_plotted = not args.no_plot and bool(results)
+    if is_plotted:
         plot(results, reference, out.with_suffix(".png"))
     text = results_markdown(result)
     out.with_suffix(".md").write_text(text + "\n")
     print(text)
-    print(f"wrote {out} (+ .md, .png)")
+    print(f"wrote {out} (+ .md{', .png' if is_plotted else ''})")
     refresh_section("router_cache_hits", out)
     return 0
 

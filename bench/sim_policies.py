@@ -291,19 +291,24 @@ def pending_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
 # The `latency` scorer (the request's predicted TTFT and decode on each endpoint) added to
 # the default's weights, at the weight of one prefix hit and at the queue's, chosen before
 # any run: the `latency` preset alone had the best median on the Mooncake training slice.
-LATENCY_IN_DEFAULT = {f"latency{w:g}-cache-aware": w for w in (1.0, 4.0)}
+LATENCY_IN_DEFAULT = {f"latency{w:g}-cache-aware": {"prefix": 1.0, "queue": 4.0, "kv": 0.0,
+                                                      "latency": w} for w in (1.0, 4.0)}
+
+
+def weights_pools(base: str, variants: dict[str, dict[str, float]]) -> list[str]:
+    """`--pool` arguments: `base` as shipped, then `base` with each variant's cache-aware
+    weights (sim/pools/tuning/<base>-<stem>.yaml)."""
+    paths = [base]
+    for stem, weights in variants.items():
+        what = "cache-aware weights " + " / ".join(f"{k} {v:g}" for k, v in weights.items())
+        paths.append(str(variant_pool(
+            stem, what, lambda pool, weights=weights: pool["spec"]["routing"].__setitem__(
+                "weights", weights), base).relative_to(ROOT)))
+    return sum((["--pool", p] for p in paths), [])
 
 
 def latency_in_default_pools(base: str) -> list[str]:
-    """`--pool` arguments: `base` as shipped, then with each LATENCY_IN_DEFAULT weight."""
-    paths = [base]
-    for stem, w in LATENCY_IN_DEFAULT.items():
-        weights = {"prefix": 1.0, "queue": 4.0, "kv": 0.0, "latency": w}  # the default + latency
-        paths.append(str(variant_pool(
-            stem, f"cache-aware weights prefix 1 / queue 4 / kv 0 / latency {w:g}",
-            lambda pool, weights=weights: pool["spec"]["routing"].__setitem__(
-                "weights", weights), base).relative_to(ROOT)))
-    return sum((["--pool", p] for p in paths), [])
+    return weights_pools(base, LATENCY_IN_DEFAULT)
 
 
 def latency_in_default_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
@@ -338,19 +343,12 @@ def latency_in_default_sections(quick: bool) -> list[tuple[str, str, str, list[s
 # two speeds (queue 4 to 100, backlog 1 to 4); the held-out rows (Mooncake 2,100 s, Azure
 # code 2,400 s) were run after the two were chosen. Live they spread shared prefixes
 # (bench/results/router_cache_hits_load_weights.md), which is why neither is the default.
-LOAD_WEIGHTS = {f"p1-q{q}-backlog2": q for q in (64, 100)}
+LOAD_WEIGHTS = {f"p1-q{q}-backlog2": {"prefix": 1.0, "queue": float(q), "kv": 0.0,
+                                       "backlog": 2.0} for q in (64, 100)}
 
 
 def load_weight_pools(base: str) -> list[str]:
-    """`--pool` arguments: `base` as shipped, then with each LOAD_WEIGHTS variant."""
-    paths = [base]
-    for stem, q in LOAD_WEIGHTS.items():
-        weights = {"prefix": 1.0, "queue": float(q), "kv": 0.0, "backlog": 2.0}
-        paths.append(str(variant_pool(
-            stem, f"cache-aware weights prefix 1 / queue {q} / kv 0 / backlog 2",
-            lambda pool, weights=weights: pool["spec"]["routing"].__setitem__(
-                "weights", weights), base).relative_to(ROOT)))
-    return sum((["--pool", p] for p in paths), [])
+    return weights_pools(base, LOAD_WEIGHTS)
 
 
 def load_weight_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:

@@ -181,6 +181,7 @@ async def replay(
                 row["backend"] = parsed["system_fingerprint"]
                 cached = parsed["usage"]["prompt_tokens_details"]["cached_tokens"]
                 row["num_hit_blocks"] = cached // args.block_chars
+                row["backend_seq"] = arrival_number(parsed.get("id"), row["backend"])
             except (ValueError, KeyError, TypeError):
                 row.update(is_ok=False, error="unparsable response")
         out[i] = row
@@ -205,6 +206,29 @@ def pooled_reference(requests: list[trace_mooncake.TraceRequest], args) -> float
     """Hit fraction of one cache as big as all backends' together: an upper bound on affinity."""
     return lru_hit_fraction([(req, "pooled") for req in requests],
                             args.cache_blocks * args.num_backends, args.block_chars)
+
+
+def arrival_number(response_id: Any, backend: str) -> int | None:
+    """The fake backend's arrival number of a request, from its response id
+    ("cmpl-<backend>-<n>", n counted from the backend's last reset, just before its cache
+    lookup); None where a router rewrote the id."""
+    prefix = f"cmpl-{backend}-"
+    if not isinstance(response_id, str) or not response_id.startswith(prefix):
+        return None
+    tail = response_id[len(prefix):]
+    return int(tail) if tail.isdigit() else None
+
+
+def hit_fraction_in_arrival_order(served: list[tuple[trace_mooncake.TraceRequest, dict]],
+                                  args) -> float | None:
+    """The LRU model replayed with each backend seeing its requests in the order they
+    reached it (their arrival numbers): what the backends' own counts must be, whatever
+    the timing; None when a response carried no arrival number."""
+    if any(r.get("backend_seq") is None for _, r in served):
+        return None
+    ordered = sorted(served, key=lambda pair: (pair[1]["backend"], pair[1]["backend_seq"]))
+    return lru_hit_fraction([(req, r["backend"]) for req, r in ordered], args.cache_blocks,
+                            args.block_chars)
 
 
 def hit_fraction_on_routes(routes: list[tuple[trace_mooncake.TraceRequest, str]],
@@ -273,6 +297,7 @@ def run_target(target, requests, args, backend_urls, workdir) -> dict[str, Any]:
         ),
         "hit_fraction_on_routes_in_trace_order": hit_fraction_on_routes(
             [(req, r["backend"]) for req, r in served], args),
+        "hit_fraction_on_routes_in_arrival_order": hit_fraction_in_arrival_order(served, args),
         "num_prompt_blocks": num_blocks,
         "requests_per_backend": {s["name"]: s["num_requests"] for s in stats},
         **load_stats.backends_per_prefix(routes),

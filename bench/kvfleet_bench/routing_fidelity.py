@@ -19,11 +19,14 @@ blocks of prompt either way.
 Reported per policy: the hit fraction both ways (live: median and min-max over
 repetitions; sim: median and min-max over seeds), the relative gap (sim - live) / live,
 backends per shared prefix, and the ranking of the policies by hit fraction both ways.
-Live rows also carry `hit_fraction_on_routes_in_trace_order`: the LRU model replayed on the
-routes the router took, each backend seeing its requests in trace order. The backends'
-counts equal it; where the live hit fraction differs from the simulator's on a policy
-whose routes depend only on order (round-robin), the requests reached the router in
-another order than the trace's (concurrent sends a few ms apart swap), not the cache model.
+Live rows also carry the LRU model replayed on the routes the router took:
+`hit_fraction_on_routes_in_arrival_order`, each backend seeing its requests in the order
+they reached it (the fake's response ids number them), which the backends' counts equal
+exactly (None where a router rewrote the ids), and `hit_fraction_on_routes_in_trace_order`,
+each backend seeing them in trace order. The two differ by the reordering concurrent sends
+bring (a few ms apart, they swap on a busy machine); where the live hit fraction differs
+from the simulator's on a policy whose routes depend only on order (round-robin), that
+reordering, not the cache model, is why.
 Rankings disagree when two policies are ordered differently by their medians and at
 least one side separates them (its min-max ranges do not overlap); two policies within
 each side's spread are a tie, whatever the order of their medians. Fails (exit 1) when a
@@ -183,6 +186,9 @@ def compare(live: dict[str, list[dict]], sim: dict[str, list[dict]],
             }
         row["live"]["hit_fraction_on_routes_in_trace_order"] = _side(
             [r["hit_fraction_on_routes_in_trace_order"] for r in reps])
+        in_arrival = [r.get("hit_fraction_on_routes_in_arrival_order") for r in reps]
+        row["live"]["hit_fraction_on_routes_in_arrival_order"] = (
+            None if None in in_arrival else _side(in_arrival))
         row["live"]["num_errors"] = sum(r["num_errors"] for r in reps)
         row["live"]["window_max_imbalance"] = _side(
             [r["imbalance"]["window_max"] for r in reps])

@@ -395,3 +395,26 @@ def test_router_memory_samples_the_routers_rss_over_unique_requests(tmp_path):
     assert summary["growth_second_half_mib"] == pytest.approx(
         result["samples"][-1]["rss_mib"] - result["samples"][2]["rss_mib"])
     assert "**Bound:**" in proc.stdout
+
+
+def test_hit_fraction_in_arrival_order_replays_each_backend_in_the_order_it_was_reached():
+    def req(*ids):
+        return trace_mooncake.TraceRequest(0.0, 0, 1, ids)
+
+    args = argparse.Namespace(cache_blocks=2, block_chars=8)
+    # in trace order 3, 4 evicts 1, 2 before they come again; backend "a" got the repeat
+    # second, so it hit
+    served = [(req(1, 2), {"backend": "a", "backend_seq": 1}),
+              (req(3, 4), {"backend": "a", "backend_seq": 3}),
+              (req(1, 2), {"backend": "a", "backend_seq": 2})]
+    assert cache_replay.hit_fraction_in_arrival_order(served, args) == 2 / 6
+    assert cache_replay.hit_fraction_on_routes([(q, "a") for q, _ in served], args) == 0.0
+    # one cache per backend, each in its own order
+    served.append((req(3, 4), {"backend": "b", "backend_seq": 1}))
+    assert cache_replay.hit_fraction_in_arrival_order(served, args) == 2 / 8
+    served[3][1]["backend_seq"] = None  # a router rewrote the response id
+    assert cache_replay.hit_fraction_in_arrival_order(served, args) is None
+    assert cache_replay.arrival_number("cmpl-b0-17", "b0") == 17
+    assert cache_replay.arrival_number("cmpl-b1-17", "b0") is None  # not that backend's
+    assert cache_replay.arrival_number("cmpl-4f3a9c01", "b0") is None
+    assert cache_replay.arrival_number(None, "b0") is None

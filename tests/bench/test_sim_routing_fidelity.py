@@ -43,15 +43,21 @@ def test_routing_fidelity_quick(tmp_path):
         assert len(live["values"]) == 1 and len(sim["values"]) == result["meta"]["sim_seeds"]
         assert 0.0 < live["median"] < 1.0 and 0.0 < sim["median"] < 1.0
         assert row["gap"] == pytest.approx((sim["median"] - live["median"]) / live["median"])
-    # the live backends count hits as the cache model does on the routes the router took
-    # (up to backends' own arrival order), and the simulator's round-robin hits are the
-    # cache model's on round-robin in trace order. The live round-robin figure itself is not
-    # bounded here: concurrent sends reach the router out of order by a few ms, and at
-    # --quick's 60x that reassigns enough requests to move it by 15 % or more on a busy
-    # machine (the full run holds the live gap to the 10 % verdict)
-    for row in result["rows"].values():
-        on_routes = row["live"]["hit_fraction_on_routes_in_trace_order"]["median"]
-        assert row["live"]["hit_fraction"]["median"] == pytest.approx(on_routes, rel=0.03)
+    # the live backends count hits as the cache model does on the routes the router took, in
+    # the order each backend received them (exactly: no timing in it), and the simulator's
+    # round-robin hits are the cache model's on round-robin in trace order. Neither the live
+    # round-robin figure nor the live count against the model in trace order is bounded:
+    # concurrent sends reach the router and the backends out of order by a few ms, and at
+    # --quick's 60x that moved the first by 16 % and the second by 4 % on a busy machine
+    # (the full run holds the live gap to the 10 % verdict)
+    for target, row in result["rows"].items():
+        in_arrival = row["live"]["hit_fraction_on_routes_in_arrival_order"]
+        if target.startswith("kvfleet"):  # its responses keep the backends' ids
+            assert in_arrival is not None, target
+        if in_arrival is not None:
+            assert row["live"]["hit_fraction"]["median"] == pytest.approx(
+                in_arrival["median"], rel=1e-9), target
+        assert 0.0 < row["live"]["hit_fraction_on_routes_in_trace_order"]["median"] < 1.0
     args = argparse.Namespace(cache_blocks=result["meta"]["cache_blocks_per_backend"],
                               block_chars=result["meta"]["block_chars"])
     meta = result["meta"]
