@@ -236,10 +236,22 @@ def azure_routing(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     return out
 
 
+def mooncake_sections(title: str, what: str, pools: list[str],
+                      quick: bool) -> list[tuple[str, str, str, list[str]]]:
+    """`title` (its {which} filled in) on the Mooncake training and held-out slices of the
+    routing sections, `pools` (`--pool` arguments) fixed at their maximum."""
+    dur = "120" if quick else "300"
+    return [(
+        title.format(which=which), what + SEEDS_NOTE * (not quick), "compare",
+        ["--trace", str(TRACES / "mooncake_conversation.jsonl"), "--start-s", start,
+         "--warmup-s", "300", "--duration-s", dur, "--compress", "1", *pools, "--scaler",
+         "fixed-max", *seeds(quick)],
+    ) for start, which in (("900", "training"), ("2100", "held-out"))]  # fmt: skip
+
+
 def pending_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     """The pending scorer beside the presets' load terms (PENDING) on the routing sections'
     slices, training and held out, and on the pool of two speeds; each shipped pool first."""
-    moon = str(TRACES / "mooncake_conversation.jsonl")
     conv = str(TRACES / "azure_llm_2023_conv.csv")
     dur = "120" if quick else "300"
     what = ("The pool as shipped (`cache-aware`) first, then the same pool with the routing "
@@ -248,15 +260,8 @@ def pending_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
             "pending 4, the `slo` preset as it was before it had pending 4 (slo 1 / queue 1 "
             "inside bounded-load). The presets' own rows, `slo` with pending, are in the "
             "sections above (same slice, same seeds).")
-    out = []
-    for start, which in (("900", "training"), ("2100", "held-out")):
-        out.append((
-            f"A pending-prefill load term on the Mooncake {which} slice (16 replicas)",
-            what + SEEDS_NOTE * (not quick), "compare",
-            ["--trace", moon, "--start-s", start, "--warmup-s", "300", "--duration-s", dur,
-             "--compress", "1", *pending_pools(UNIFIED), "--scaler", "fixed-max",
-             *seeds(quick)],
-        ))  # fmt: skip
+    out = mooncake_sections("A pending-prefill load term on the Mooncake {which} slice (16 "
+                            "replicas)", what, pending_pools(UNIFIED), quick)
     azure = ["--warmup-s", "120", "--duration-s", dur, "--compress", "1", "--rate", AZURE_RATE,
              *pending_pools("sim/pools/fidelity-4.yaml"), "--scaler", "fixed-max"]
     for start, which in (("900", "training"), ("2400", "held-out")):
@@ -307,10 +312,6 @@ def weights_pools(base: str, variants: dict[str, dict[str, float]]) -> list[str]
     return sum((["--pool", p] for p in paths), [])
 
 
-def latency_in_default_pools(base: str) -> list[str]:
-    return weights_pools(base, LATENCY_IN_DEFAULT)
-
-
 def latency_in_default_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     """The latency scorer inside the default's weights, on the two training slices where
     another policy beat the default (Mooncake, the pool of two speeds)."""
@@ -323,7 +324,7 @@ def latency_in_default_sections(quick: bool) -> list[tuple[str, str, str, list[s
         what + SEEDS_NOTE * (not quick), "compare",
         ["--trace", str(TRACES / "mooncake_conversation.jsonl"), "--start-s", "900",
          "--warmup-s", "300", "--duration-s", dur, "--compress", "1",
-         *latency_in_default_pools(UNIFIED), "--scaler", "fixed-max", *seeds(quick)],
+         *weights_pools(UNIFIED, LATENCY_IN_DEFAULT), "--scaler", "fixed-max", *seeds(quick)],
     ), (
         "The latency scorer inside the default on the pool of two speeds (Azure "
         "conversation)",
@@ -331,7 +332,7 @@ def latency_in_default_sections(quick: bool) -> list[tuple[str, str, str, list[s
         + SEEDS_NOTE * (not quick), "compare",
         ["--trace", str(TRACES / "azure_llm_2023_conv.csv"), "--start-s", "900",
          "--warmup-s", "120", "--duration-s", dur, "--compress", "1", "--rate", AZURE_RATE,
-         *latency_in_default_pools("sim/pools/fidelity-4.yaml"), "--scaler", "fixed-max",
+         *weights_pools("sim/pools/fidelity-4.yaml", LATENCY_IN_DEFAULT), "--scaler", "fixed-max",
          *TWO_SPEEDS, *seeds(quick)],
     )]  # fmt: skip
 
@@ -347,14 +348,9 @@ LOAD_WEIGHTS = {f"p1-q{q}-backlog2": {"prefix": 1.0, "queue": float(q), "kv": 0.
                                        "backlog": 2.0} for q in (64, 100)}
 
 
-def load_weight_pools(base: str) -> list[str]:
-    return weights_pools(base, LOAD_WEIGHTS)
-
-
 def load_weight_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     """LOAD_WEIGHTS on the Mooncake slices (fixed pool) and under the autoscaler on the
     Azure code slices (unified pool, start-up 10 s), training and held out."""
-    dur = "120" if quick else "300"
     what = ("The pool as shipped (`cache-aware`, prefix 1 / queue 4) first, then the same "
             "pool with the queue weight at 64 and at 100 and the backlog scorer at 2 "
             "(`sim/pools/tuning/`). Both were chosen on the training slices (Mooncake from "
@@ -362,15 +358,9 @@ def load_weight_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
             "backlog 1 to 4; the held-out slices were run after. Live, where the backends "
             "do not contend, both spread shared prefixes over more backends and find fewer "
             "hits than the default (`bench/results/router_cache_hits_load_weights.md`).")
-    out = []
-    for start, which in (("900", "training"), ("2100", "held-out")):
-        out.append((
-            f"A heavier load term in the default's weights on the Mooncake {which} slice "
-            "(16 replicas)", what + SEEDS_NOTE * (not quick), "compare",
-            ["--trace", str(TRACES / "mooncake_conversation.jsonl"), "--start-s", start,
-             "--warmup-s", "300", "--duration-s", dur, "--compress", "1",
-             *load_weight_pools(UNIFIED), "--scaler", "fixed-max", *seeds(quick)],
-        ))  # fmt: skip
+    out = mooncake_sections("A heavier load term in the default's weights on the Mooncake "
+                            "{which} slice (16 replicas)", what,
+                            weights_pools(UNIFIED, LOAD_WEIGHTS), quick)
     for start, which in (("900", "training"), ("2400", "held-out")):
         out.append((
             f"A heavier load term in the default's weights under the autoscaler (Azure code "
@@ -378,7 +368,7 @@ def load_weight_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
             "compare",
             ["--trace", str(TRACES / "azure_llm_2023_code.csv"), "--start-s", start,
              "--warmup-s", "300", "--duration-s", "300" if quick else "600", "--compress",
-             "1", "--startup-s", "10", *load_weight_pools(UNIFIED), "--scaler", "kvfleet",
+             "1", "--startup-s", "10", *weights_pools(UNIFIED, LOAD_WEIGHTS), "--scaler", "kvfleet",
              *seeds(quick)],
         ))  # fmt: skip
     return out

@@ -32,6 +32,7 @@ import aiohttp
 
 from kvfleet_bench import load_stats, loadgen, procs, routers
 from kvfleet_bench import traces as trace_mooncake
+from kvfleet_bench.fake_backend import arrival_number
 from kvfleet_bench.prefix_cache import LRUPrefixCache
 from kvfleet_bench.stats import percentile
 
@@ -116,7 +117,7 @@ def router_options(args: argparse.Namespace) -> dict[str, dict]:
             "block_bytes": block_bytes,
             "max_blocks_per_endpoint": args.cache_blocks * args.block_chars // block_bytes,
         }
-    if getattr(args, "kvfleet_pipelines", None):
+    if args.kvfleet_pipelines:
         sections["policy"] = {"pipelines": args.kvfleet_pipelines}
     return {"kvfleet": {"sections": sections}} if sections else {}
 
@@ -206,17 +207,6 @@ def pooled_reference(requests: list[trace_mooncake.TraceRequest], args) -> float
     """Hit fraction of one cache as big as all backends' together: an upper bound on affinity."""
     return lru_hit_fraction([(req, "pooled") for req in requests],
                             args.cache_blocks * args.num_backends, args.block_chars)
-
-
-def arrival_number(response_id: Any, backend: str) -> int | None:
-    """The fake backend's arrival number of a request, from its response id
-    ("cmpl-<backend>-<n>", n counted from the backend's last reset, just before its cache
-    lookup); None where a router rewrote the id."""
-    prefix = f"cmpl-{backend}-"
-    if not isinstance(response_id, str) or not response_id.startswith(prefix):
-        return None
-    tail = response_id[len(prefix):]
-    return int(tail) if tail.isdigit() else None
 
 
 def hit_fraction_in_arrival_order(served: list[tuple[trace_mooncake.TraceRequest, dict]],

@@ -51,6 +51,23 @@ MAX_TIMELINE = 500_000
 LEGACY_KV_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
 
 
+def response_id(backend: str, arrival: int, is_chat: bool) -> str:
+    """A response's id: it names the backend and numbers the request in the order it
+    arrived there (counted from the last reset, just before the cache lookup), so a replay
+    can put each backend's requests back in that order (`arrival_number`)."""
+    return f"{'chatcmpl' if is_chat else 'cmpl'}-{backend}-{arrival}"
+
+
+def arrival_number(rid: Any, backend: str) -> int | None:
+    """The arrival number in an id `response_id` made for `backend`; None for any other
+    id (a router that rewrote it)."""
+    for kind in ("cmpl", "chatcmpl"):
+        prefix = f"{kind}-{backend}-"
+        if isinstance(rid, str) and rid.startswith(prefix) and rid[len(prefix):].isdigit():
+            return int(rid[len(prefix):])
+    return None
+
+
 @dataclass(slots=True)
 class FakeBackendConfig:
     name: str = "b0"
@@ -239,7 +256,7 @@ class FakeBackend:
             "total_tokens": len(text) + num_tokens,
             "prompt_tokens_details": {"cached_tokens": num_hit_blocks * cfg.block_chars},
         }
-        rid = f"{'chatcmpl' if is_chat else 'cmpl'}-{cfg.name}-{self.request_seq}"
+        rid = response_id(cfg.name, self.request_seq, is_chat)
         reply = Reply(rid, str(model), is_chat, num_tokens, usage, entry)
         prefill_s = cfg.ttft_s + cfg.prefill_s_per_block * (num_prompt_blocks - num_hit_blocks)
         self._track(+1)

@@ -414,7 +414,10 @@ def test_hit_fraction_in_arrival_order_replays_each_backend_in_the_order_it_was_
     assert cache_replay.hit_fraction_in_arrival_order(served, args) == 2 / 8
     served[3][1]["backend_seq"] = None  # a router rewrote the response id
     assert cache_replay.hit_fraction_in_arrival_order(served, args) is None
-    assert cache_replay.arrival_number("cmpl-b0-17", "b0") == 17
-    assert cache_replay.arrival_number("cmpl-b1-17", "b0") is None  # not that backend's
-    assert cache_replay.arrival_number("cmpl-4f3a9c01", "b0") is None
-    assert cache_replay.arrival_number(None, "b0") is None
+    from kvfleet_bench.fake_backend import arrival_number, response_id
+
+    assert arrival_number(response_id("b0", 17, is_chat=False), "b0") == 17
+    assert arrival_number(response_id("b0", 17, is_chat=True), "b0") == 17
+    assert arrival_number(response_id("b1", 17, is_chat=False), "b0") is None  # not b0's
+    assert arrival_number("cmpl-4f3a9c01", "b0") is None
+    assert arrival_number(None, "b0") is None
