@@ -350,7 +350,8 @@ LOAD_WEIGHTS = {f"p1-q{q}-backlog2": {"prefix": 1.0, "queue": float(q), "kv": 0.
 
 def load_weight_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     """LOAD_WEIGHTS on the Mooncake slices (fixed pool) and under the autoscaler on the
-    Azure code slices (unified pool, start-up 10 s), training and held out."""
+    Azure code slices (unified pool, start-up 10 s), training and held out, and on the pool
+    of two speeds (a training slice)."""
     what = ("The pool as shipped (`cache-aware`, prefix 1 / queue 4) first, then the same "
             "pool with the queue weight at 64 and at 100 and the backlog scorer at 2 "
             "(`sim/pools/tuning/`). Both were chosen on the training slices (Mooncake from "
@@ -368,9 +369,19 @@ def load_weight_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
             "compare",
             ["--trace", str(TRACES / "azure_llm_2023_code.csv"), "--start-s", start,
              "--warmup-s", "300", "--duration-s", "300" if quick else "600", "--compress",
-             "1", "--startup-s", "10", *weights_pools(UNIFIED, LOAD_WEIGHTS), "--scaler", "kvfleet",
-             *seeds(quick)],
+             "1", "--startup-s", "10", *weights_pools(UNIFIED, LOAD_WEIGHTS), "--scaler",
+             "kvfleet", *seeds(quick)],
         ))  # fmt: skip
+    out.append((  # a training slice too: the choice was made on it
+        "A heavier load term in the default's weights on the pool of two speeds (Azure "
+        "conversation)",
+        what + " Every other replica at half speed, as in the two-speed section above."
+        + SEEDS_NOTE * (not quick), "compare",
+        ["--trace", str(TRACES / "azure_llm_2023_conv.csv"), "--start-s", "900",
+         "--warmup-s", "120", "--duration-s", "120" if quick else "300", "--compress", "1",
+         "--rate", AZURE_RATE, *weights_pools("sim/pools/fidelity-4.yaml", LOAD_WEIGHTS),
+         "--scaler", "fixed-max", *TWO_SPEEDS, *seeds(quick)],
+    ))  # fmt: skip
     return out
 
 
