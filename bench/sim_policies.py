@@ -474,6 +474,22 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
                  "--duration-s", a_dur, "--compress", "1", "--startup-s", str(startup_s),
                  "--pool", UNIFIED, "--pool", PD, *scalers, "--optimum"],
             ))  # fmt: skip
+    # A constant fleet chosen in hindsight is the baseline a causal scaler has to beat on
+    # ON/OFF traffic: it neither holds a spike's count nor meets a burst short.
+    for slice_name, start in (("training", "900"), ("held-out", "2400")):
+        out.append((
+            f"Constant fleets beside the autoscaler on the Azure code {slice_name} slice "
+            "(unified pool, start-up 10 s)",
+            "kvfleet's autoscaler on the unified pool (2-16 replicas) and the same pool "
+            "pinned at 3, 4, 5 and 6 replicas (`--pinned`), each read against the pool's "
+            "hindsight optimum; the slice of the Azure code autoscaler section "
+            f"(from {start} s). A count that meets the SLO here is chosen knowing the "
+            "trace: no scaler could have picked it in advance.", "compare",
+            ["--trace", str(TRACES / "azure_llm_2023_code.csv"), "--start-s", start,
+             "--warmup-s", "300", "--duration-s", a_dur, "--compress", "1",
+             "--startup-s", "10", "--pool", UNIFIED, "--scaler", "kvfleet",
+             *sum((["--pinned", str(n)] for n in (3, 4, 5, 6)), []), "--optimum"],
+        ))  # fmt: skip
     counts = [2**k for k in range(5 if quick else 9)]  # 1..16 or 1..256
     out.append((
         "Scaling efficiency on the Azure conversation trace (unified pool)",

@@ -162,6 +162,17 @@ def replica_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def pinned_count(text: str) -> int:
+    """A replica count to pin a pool at (argparse type): 1..1000."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 1 <= n <= 1000:
+        raise argparse.ArgumentTypeError(f"must be in 1..1000, got {n}")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="kvfleet sim", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -183,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="repeatable; default: every reactive one (all but oracle)")
     cmp.add_argument("--policy", action="append", choices=sorted(POLICIES),
                      help="repeatable; default: each pool's own")  # fmt: skip
+    cmp.add_argument("--pinned", action="append", type=pinned_count, default=None,
+                     metavar="N",
+                     help="repeatable: also each pool pinned at N replicas per role (rows "
+                          "'fixed at N'; with --optimum read against the pool's optimum)")
     cmp.add_argument("--seeds", type=int, default=1,
                      help="run everything with the router seeds --seed ... --seed + N - 1; "
                           "each column is its median over them, SLO met, prefix hit, "
@@ -234,8 +249,11 @@ def variants_of(args: argparse.Namespace) -> list[Variant]:
         return [Variant(args.baseline, args.scaler), Variant(args.candidate, args.scaler)]
     scalers = args.scaler or list(SCALERS)  # the oracle only when asked for: many replays
     policies: list[str | None] = list(args.policy) if args.policy else [None]
-    return [Variant(pool, scaler, policy)
-            for pool, policy, scaler in itertools.product(args.pool, policies, scalers)]
+    pinned = [Variant(pool, "fixed-max", policy, n) for pool, policy, n in
+              itertools.product(args.pool, policies, sorted(set(args.pinned or ())))]
+    return [*(Variant(pool, scaler, policy)
+              for pool, policy, scaler in itertools.product(args.pool, policies, scalers)),
+            *pinned]
 
 
 def _ms(*values: float) -> str:

@@ -77,10 +77,12 @@ class Variant:
     replicas: int | None = None  # every role pinned at min = max = this; None: the pool's
 
     def label(self, varying: set[str]) -> str:
-        """The fields that differ between the compared variants (else the scaler)."""
+        """The fields that differ between the compared variants (else the scaler); a fleet
+        pinned at N beside others reads "fixed at N" in place of its scaler."""
         parts = [self.pool_path] if "pool_path" in varying else []
         parts += [self.policy or "pool's policy"] if "policy" in varying else []
-        parts += [f"{self.replicas} replicas"] if "replicas" in varying else []
+        if self.replicas is not None and "replicas" in varying:
+            return " / ".join([*parts, f"fixed at {self.replicas}"])
         if "scaler" in varying or not parts:
             parts.append(self.scaler)
         return " / ".join(parts)
@@ -136,6 +138,8 @@ def check_variants(variants: list[Variant]) -> None:
             raise ValueError(f"unknown policy {v.policy!r}; known: {', '.join(POLICIES)}")
         if v.replicas is not None and not 1 <= v.replicas <= 1000:
             raise ValueError(f"replicas must be in 1..1000, got {v.replicas}")
+        if v.replicas is not None and v.scaler == oracle.ORACLE:
+            raise ValueError("the oracle chooses the replica count; it cannot be pinned")
 
 
 def build_sim(variant: Variant, pool: InferencePool, settings: SimSettings,
@@ -226,7 +230,7 @@ def run_variants(
     if optimum:
         for v in variants:
             if (key := _same_fleet(v)) not in optima:
-                hidden = dataclasses.replace(v, scaler=oracle.ORACLE)
+                hidden = dataclasses.replace(v, scaler=oracle.ORACLE, replicas=None)
                 optima[key] = summarize("", solve(hidden).result, ttft, itl, measure_from,
                                         measure_to).replica_seconds  # fmt: skip
     for r in runs:
@@ -235,9 +239,11 @@ def run_variants(
     return runs, ttft, itl
 
 
-def _same_fleet(v: Variant) -> tuple[str, str | None, int | None]:
-    """What the oracle is solved for: everything but the scaler."""
-    return v.pool_path, v.policy, v.replicas
+def _same_fleet(v: Variant) -> tuple[str, str | None]:
+    """What the oracle is solved for: the pool and its routing. A fleet pinned at N
+    replicas is read against its pool's optimum, which may use any count in the pool's
+    bounds (the question a pinned row answers: what would the best constant fleet cost)."""
+    return v.pool_path, v.policy
 
 
 __all__ = ["SimError", "SimRun", "Variant", "build_sim", "run_variants", "POLICIES"]

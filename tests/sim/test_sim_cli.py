@@ -176,6 +176,8 @@ def test_results_are_bit_for_bit_reproducible_across_processes(mooncake_trace, t
         (["run", "--pool", POOL, "--trace", "BAD"], "malformed"),
         (["run", "--pool", POOL, "--json", "FILE/out.json"], "cannot create its folder"),
         (["run", "--pool", POOL, "--plot", "FILE/x/out.png"], "cannot create its folder"),
+        (["compare", "--pool", POOL, "--pinned", "0"], "must be in 1..1000, got 0"),
+        (["compare", "--pool", POOL, "--pinned", "two"], "not an integer: 'two'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, match, mooncake_trace, tmp_path, capsys):

@@ -189,6 +189,32 @@ def test_cli_column_and_optimum_flag(pool_path, tmp_path, capsys):
     assert "--oracle-interval-s must be > 0" in capsys.readouterr().err
 
 
+def test_pinned_fleets_are_read_against_the_pools_own_optimum(pool_path, tmp_path, capsys):
+    """`--pinned N` adds the pool fixed at N ("fixed at N", once per N); its × optimum is
+    over the optimum of the pool free to choose its count (one replica meets this flat
+    load), not over an oracle pinned at N too, which would read 1.00x for every N."""
+    rows = [f"2023-11-16 18:00:{t:02d}.0000000,1000,20\n" for t in range(40)]
+    trace = tmp_path / "flat.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(rows))
+    args = ["compare", "--trace", str(trace), "--pool", pool_path, "--start-s", "5",
+            "--warmup-s", "5", "--duration-s", "20", "--compress", "1",
+            "--oracle-interval-s", "10", "--no-progress", "--scaler", "fixed-max"]
+    assert sim_cli([*args, "--pinned", "2", "--pinned", "1", "--pinned", "2",
+                    "--optimum"]) == 0
+    body = [row for row in capsys.readouterr().out.splitlines()[2:] if row.startswith("|")]
+    assert [row.split(" | ")[0] for row in body] == ["| fixed-max", "| fixed at 1",
+                                                     "| fixed at 2"]
+    assert [row.split(" | ")[8] for row in body] == ["3.00x", "1.00x", "2.00x"]
+    # pinned fleets alone: the optimum solved for them is the free pool's all the same
+    runs, _, _ = run_variants(str(trace), [Variant(pool_path, "fixed-max", replicas=n)
+                                           for n in (3, 2)], 5.0, 20.0, 5.0, 1.0,
+                              SimSettings(), optimum=True, oracle_interval_s=10.0)
+    assert [r.summary.x_optimum for r in runs] == [pytest.approx(3.0), pytest.approx(2.0)]
+    with pytest.raises(ValueError, match="the oracle chooses the replica count"):
+        run_variants(str(trace), [Variant(pool_path, "oracle", replicas=2)], 5.0, 20.0, 5.0,
+                     1.0, SimSettings())  # fmt: skip
+
+
 def test_bad_input_is_one_line(pool_path):
     with pytest.raises(ValueError, match="oracle interval must be > 0"):
         solve(lambda: load_pool(pool_path), burst_trace(), SimSettings(), 1.0, 1.0, 0.0, 10.0,
