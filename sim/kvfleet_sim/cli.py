@@ -19,7 +19,10 @@ replica-seconds that met the SLO knowing the future, found by many replays; abou
 times the slice's arrivals for a 5-minute window at the default 60 s
 `--oracle-interval-s` and a 120 s warm-up), and
 whenever it is solved the table gains "× optimum", each row's replica-seconds over the
-oracle's; `--optimum` solves it for that column without listing it as a row.
+oracle's; `--optimum` solves it for that column without listing it as a row, and
+`compare --pinned N` adds each pool fixed at N replicas, read against the same optimum.
+`--misses-every S` lists, per run, the S-second windows where requests missed the SLO
+(TTFT, ITL, failed) beside the replicas ready then (`report.miss_windows`).
 `efficiency` pins the pool at each N replicas and bisects the rate multiplier for the
 highest rate that still meets `--slo-attainment`, then prints rate(N) / (N x rate(1))
 (`efficiency.py`). `--plot-dir` writes replicas over time against load, TTFT/E2E CDFs
@@ -56,7 +59,7 @@ from kvfleet_operator.api.spec import ROLLOUT_STRATEGIES
 
 from kvfleet_sim import efficiency, oracle, plots
 from kvfleet_sim.fleet import SimError, SimSettings
-from kvfleet_sim.report import Summary, median_summary
+from kvfleet_sim.report import MissWindow, Summary, median_summary, miss_windows
 from kvfleet_sim.rollout import RolloutScenario, summary_line
 from kvfleet_sim.run import POLICIES, SimRun, Variant, run_variants
 from kvfleet_sim.scalers import SCALERS
@@ -112,6 +115,10 @@ def _outputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, help="write a replicas-over-time PNG here")
     p.add_argument("--plot-dir", default=None,
                    help="write replicas.png (against load), latency_cdf.png, hit_rate.png")
+    p.add_argument("--misses-every", type=float, default=None, metavar="SECONDS",
+                   help="after the table, per run, the windows of this length (virtual "
+                        "seconds from the end of warm-up) where requests missed the SLO: "
+                        "arrivals, TTFT and ITL misses, failures, replicas ready")
 
 
 def _optimum(p: argparse.ArgumentParser) -> None:
@@ -228,6 +235,27 @@ def build_parser() -> argparse.ArgumentParser:
     eff.add_argument("--json", default=None, help="write every point and probe here")
     eff.add_argument("--plot", default=None, help="write the efficiency-vs-N PNG here")
     return p
+
+
+def run_miss_windows(run: SimRun, ttft_slo: float, itl_slo: float, every_s: float
+                     ) -> list[MissWindow]:
+    return miss_windows(run.result, ttft_slo, itl_slo, run.start_s,
+                        run.start_s + run.summary.duration_s, every_s)
+
+
+def format_miss_windows(name: str, windows: list[MissWindow], every_s: float) -> str:
+    """The windows of one run where a request missed the SLO (the others left out), and
+    how many there were."""
+    missed = [w for w in windows if w.num_missed]
+    lines = [f"\n{name}: SLO misses by {every_s:g} s window from the end of warm-up "
+             f"({len(missed)} of {len(windows)} windows)"]
+    if missed:
+        lines += ["| window (s) | arrivals | TTFT missed | ITL missed | failed | "
+                  "replicas ready (most) |", "|---|---|---|---|---|---|"]
+        lines += [f"| {w.start_s:g}-{w.start_s + every_s:g} | {w.num_arrivals} | "
+                  f"{w.num_ttft_missed} | {w.num_itl_missed} | {w.num_failed} | "
+                  f"{w.max_ready} |" for w in missed]
+    return "\n".join(lines)
 
 
 def gate_verdict(base: Summary, cand: Summary, slo_tol: float, cost_tol: float) -> list[str]:
@@ -506,6 +534,8 @@ def main(argv: list[str]) -> int:
             raise CLIError("--slo-tolerance and --cost-tolerance must be >= 0")
         if not getattr(args, "oracle_interval_s", 1.0) > 0:
             raise CLIError("--oracle-interval-s must be > 0")
+        if getattr(args, "misses_every", None) is not None and not args.misses_every > 0:
+            raise CLIError(f"--misses-every must be > 0, got {args.misses_every:g}")
         check_seeds(args)
         make_output_dirs(args)
     except ERRORS as exc:
@@ -548,13 +578,20 @@ def main(argv: list[str]) -> int:
             print(f"note: {r.name}: intervals {[k + 1 for k in r.oracle.misses]} stay under "
                   "their target after the repairs; its × optimum is against a plan that "
                   "missed the SLO there")  # fmt: skip
+    windows = [run_miss_windows(r, ttft_slo, itl_slo, args.misses_every) for r in runs] \
+        if getattr(args, "misses_every", None) else []  # fmt: skip
+    for r, ws in zip(runs, windows, strict=False):
+        print(format_miss_windows(r.name, ws, args.misses_every))
     num_runs = sum(len(rs) for rs in by_seed)
     print(f"({num_runs} runs in {time.perf_counter() - started:.0f} s wall)")
     if args.json:
         skip = ("json", "plot", "plot_dir", "progress")
         settings = args_json(args, skip)
+        runs_out = [r.to_dict() for r in runs]
         out = {"args": settings, "ttft_slo_s": ttft_slo, "itl_slo_s": itl_slo,
-               "runs": [r.to_dict() for r in runs]}  # fmt: skip
+               "runs": runs_out}  # fmt: skip
+        for run_dict, ws in zip(runs_out, windows, strict=False):
+            run_dict["miss_windows"] = [w.to_dict() for w in ws]
         if len(by_seed) > 1:  # the first seed's runs stay in "runs", whole
             out["medians"] = [s.to_dict() for s in summaries]
             out["summaries_by_seed"] = [[r.summary.to_dict() for r in rs] for rs in by_seed]

@@ -170,6 +170,76 @@ def tenant_summaries(finished: Sequence[Finished], tenants: dict[str, str]
     return {name: tenant_summary(groups[name]) for name in sorted(groups)}
 
 
+MET, TTFT_MISSED, ITL_MISSED, FAILED = "met", "ttft", "itl", "failed"
+
+
+def slo_outcome(f: Finished, ttft_slo_s: float, itl_slo_s: float) -> str:
+    """How one request fared against the SLO: failed (aborted), TTFT missed, ITL missed
+    (first token in time, mean inter-token time above the target), or met."""
+    if f.is_aborted:
+        return FAILED
+    if f.first_token - f.arrival > ttft_slo_s:
+        return TTFT_MISSED
+    n_gaps = f.num_output_tokens - 1
+    tpot = (f.finished - f.first_token) / n_gaps if n_gaps > 0 else 0.0
+    return ITL_MISSED if tpot > itl_slo_s else MET
+
+
+@dataclass(frozen=True, slots=True)
+class MissWindow:
+    """The requests that arrived in one window of a run, by how they fared, and the
+    replicas ready then (the most any decision in the window saw; the last one before it
+    where none fell inside)."""
+
+    start_s: float  # from the measured window's start
+    num_arrivals: int
+    num_ttft_missed: int
+    num_itl_missed: int
+    num_failed: int
+    max_ready: int
+
+    @property
+    def num_missed(self) -> int:
+        return self.num_ttft_missed + self.num_itl_missed + self.num_failed
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def miss_windows(result: SimResult, ttft_slo_s: float, itl_slo_s: float, start_s: float,
+                 end_s: float, every_s: float) -> list[MissWindow]:
+    """[start_s, end_s) cut into windows of `every_s` (the last may be shorter): where in a
+    run its SLO misses fell, beside the replicas it had ready then."""
+    if not every_s > 0:
+        raise ValueError(f"the window must be > 0 s, got {every_s}")
+    num = max(1, math.ceil((end_s - start_s) / every_s - 1e-9))
+    counts = [[0, 0, 0, 0] for _ in range(num)]
+    slot = {TTFT_MISSED: 1, ITL_MISSED: 2, FAILED: 3}
+    for f in result.finished:
+        if start_s <= f.arrival < end_s:
+            c = counts[min(num - 1, int((f.arrival - start_s) // every_s))]
+            c[0] += 1
+            if (outcome := slo_outcome(f, ttft_slo_s, itl_slo_s)) != MET:
+                c[slot[outcome]] += 1
+    most: list[int | None] = [None] * num  # the most ready at a decision in each window
+    last: list[int | None] = [None] * num  # and at its last decision
+    before = 0  # ready at the last decision before the measured window
+    for t, _, num_ready in result.timeline:  # in time order
+        if t < start_s:
+            before = num_ready
+        elif t < end_s:
+            k = min(num - 1, int((t - start_s) // every_s))
+            most[k] = max(most[k] or 0, num_ready)
+            last[k] = num_ready
+    out = []
+    for k, (n, ttft, itl, failed) in enumerate(counts):
+        most_k, last_k = most[k], last[k]
+        out.append(MissWindow(k * every_s, n, ttft, itl, failed,
+                              before if most_k is None else most_k))
+        before = before if last_k is None else last_k
+    return out
+
+
 def replica_seconds(lifetimes: Sequence[tuple[float, float]], start: float, end: float) -> float:
     """Replica-seconds inside [start, end]; a replica counts from provisioning to stop."""
     return sum(max(0.0, min(b, end) - max(a, start)) for a, b in lifetimes)
@@ -191,11 +261,7 @@ def summarize(
     ttfts = sorted(f.first_token - f.arrival for f in done)
     e2es = sorted(f.finished - f.arrival for f in done)
     itls = sorted(result.itl_gaps)
-    met = 0
-    for f in done:
-        n_gaps = f.num_output_tokens - 1
-        tpot = (f.finished - f.first_token) / n_gaps if n_gaps > 0 else 0.0
-        met += f.first_token - f.arrival <= ttft_slo_s and tpot <= itl_slo_s
+    met = sum(1 for f in done if slo_outcome(f, ttft_slo_s, itl_slo_s) == MET)
     n = len(measured)
     seconds = replica_seconds(result.lifetimes, start_s, end_s)
     by_role: dict[str, float] = {}

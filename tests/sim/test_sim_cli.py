@@ -32,6 +32,27 @@ def test_small_run_writes_table_json_and_plot(small_trace, tmp_path, capsys):
     assert out_png.stat().st_size > 1000
 
 
+def test_misses_every_shows_where_a_run_missed_its_slo(small_trace, tmp_path, capsys):
+    """Every request misses a 1 ms TTFT target: each 5 s window is listed, its arrivals
+    all TTFT misses; a 60 s target leaves no window to list. The JSON has every window."""
+    out_json = tmp_path / "r.json"
+    args = ["sim", "run", "--trace", small_trace, "--pool", POOL, "--start-s", "5",
+            "--duration-s", "20", "--warmup-s", "5", "--compress", "1", "--scaler",
+            "fixed-max", "--misses-every", "5", "--no-progress"]
+    assert cli.main([*args, "--ttft-slo", "0.001", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "fixed-max: SLO misses by 5 s window from the end of warm-up (4 of 4 windows)" in out
+    run = json.loads(out_json.read_text())["runs"][0]
+    windows = run["miss_windows"]
+    assert [w["start_s"] for w in windows] == [0.0, 5.0, 10.0, 15.0]
+    assert sum(w["num_arrivals"] for w in windows) == run["summary"]["num_requests"] > 0
+    assert all(w["num_ttft_missed"] == w["num_arrivals"] > 0 for w in windows)
+    assert "| 0-5 | " in out and "| 15-20 | " in out
+    assert cli.main([*args, "--ttft-slo", "60", "--itl-slo", "60"]) == 0
+    out = capsys.readouterr().out
+    assert "(0 of 4 windows)" in out and "| window (s) |" not in out
+
+
 @pytest.mark.parametrize(
     "args,match",
     [
@@ -177,6 +198,7 @@ def test_results_are_bit_for_bit_reproducible_across_processes(mooncake_trace, t
         (["run", "--pool", POOL, "--json", "FILE/out.json"], "cannot create its folder"),
         (["run", "--pool", POOL, "--plot", "FILE/x/out.png"], "cannot create its folder"),
         (["compare", "--pool", POOL, "--pinned", "0"], "must be in 1..1000, got 0"),
+        (["run", "--pool", POOL, "--misses-every", "0"], "--misses-every must be > 0, got 0"),
         (["compare", "--pool", POOL, "--pinned", "two"], "not an integer: 'two'"),
     ],
 )

@@ -7,7 +7,7 @@ from array import array
 import pytest
 from kvfleet_sim.fleet import SimResult
 from kvfleet_sim.replica import Finished
-from kvfleet_sim.report import summarize
+from kvfleet_sim.report import miss_windows, summarize
 
 TTFT_SLO_S, ITL_SLO_S = 0.5, 0.1
 
@@ -51,3 +51,28 @@ def test_only_failures_in_the_window_count():
     assert s.num_requests == 2 and s.num_failed == 0 and s.slo_attainment == 1.0
     all_failed = summarize("x", result([FAILED]), TTFT_SLO_S, ITL_SLO_S)
     assert all_failed.slo_attainment == 0.0 and all_failed.num_failed == 1
+
+
+# first token in time (TTFT 0.1), mean inter-token time 1.1 / 10 = 0.11, past the ITL SLO
+SLOW = Finished("q4", "r0", 4.0, 4.1, 5.2, 11)
+
+
+def test_miss_windows_place_each_miss_where_it_arrived_beside_the_replicas_ready():
+    r = result([MET, AT_SLO, LATE, FAILED, SLOW])
+    # (t, provisioned, ready): one decision before the window, three in [0, 2) (the most
+    # ready 3, the last 1), none in [2, 4), one in [4, 5)
+    r.timeline = [(-1.0, 2, 1), (0.5, 2, 2), (1.5, 3, 3), (1.8, 3, 1), (4.5, 1, 2)]
+    rows = [(w.start_s, w.num_arrivals, w.num_ttft_missed, w.num_itl_missed, w.num_failed,
+             w.max_ready) for w in miss_windows(r, TTFT_SLO_S, ITL_SLO_S, 0.0, 5.0, 2.0)]
+    # the TTFT and ITL at their targets (AT_SLO) are met; a window without a decision
+    # carries the last one's count, not the most of the window before; the last window
+    # is the shorter remainder [4, 5)
+    assert rows == [(0.0, 2, 0, 0, 0, 3), (2.0, 2, 1, 0, 1, 1), (4.0, 1, 0, 1, 0, 2)]
+    missed = sum(w.num_missed for w in miss_windows(r, TTFT_SLO_S, ITL_SLO_S, 0.0, 5.0, 2.0))
+    attainment = summarize("x", r, TTFT_SLO_S, ITL_SLO_S, 0.0, 5.0).slo_attainment
+    assert attainment == pytest.approx(1 - missed / 5)  # the summary's rule, request by request
+    r.timeline = [(-1.0, 2, 1)]
+    assert [w.max_ready for w in miss_windows(r, TTFT_SLO_S, ITL_SLO_S, 0.0, 5.0, 2.0)] == [
+        1, 1, 1]
+    with pytest.raises(ValueError, match="the window must be > 0 s, got 0"):
+        miss_windows(r, TTFT_SLO_S, ITL_SLO_S, 0.0, 5.0, 0.0)
