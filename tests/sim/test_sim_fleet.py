@@ -40,6 +40,14 @@ def test_replica_runs_the_real_engine_in_virtual_time():
     s = r.sample()
     assert s.num_requests == 1 and s.num_generation_tokens == 5 and s.num_running == 0
     assert len(r.itl_gaps) == 4
+    # vllm:request_time_per_output_token_seconds: the request's mean over its 4 gaps, in
+    # the first bucket at or above it
+    mean = (f.finished - f.first_token) / 4
+    assert mean == pytest.approx(sum(r.itl_gaps) / 4)
+    tpot = dict(s.tpot)
+    assert tpot[math.inf] == 1
+    assert [n for le, n in sorted(tpot.items()) if le >= mean][0] == 1
+    assert all(n == 0 for le, n in tpot.items() if le < mean)
 
 
 def test_replica_exports_queue_time_as_the_server_does():

@@ -25,6 +25,7 @@ __all__ = [
     "KVEventType",
     "KV_CACHE_USAGE_PERC",
     "KV_TRANSFER_PARAMS",
+    "REQUEST_TIME_PER_OUTPUT_TOKEN",
     "LEGACY_NAMES",
     "MODEL_LABEL",
     "NUM_PREEMPTIONS",
@@ -54,7 +55,10 @@ NUM_PREEMPTIONS = "vllm:num_preemptions"  # counter
 PROMPT_TOKENS = "vllm:prompt_tokens"  # counter
 GENERATION_TOKENS = "vllm:generation_tokens"  # counter
 TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"  # histogram
-INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"  # histogram
+INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"  # histogram, one sample per gap
+# histogram, one sample per finished request: its mean time per output token after the
+# first, (last token - first token) / (output tokens - 1), 0 for a one-token answer
+REQUEST_TIME_PER_OUTPUT_TOKEN = "vllm:request_time_per_output_token_seconds"
 E2E_REQUEST_LATENCY = "vllm:e2e_request_latency_seconds"  # histogram
 REQUEST_QUEUE_TIME = "vllm:request_queue_time_seconds"  # histogram
 CACHE_CONFIG_INFO = "vllm:cache_config_info"  # gauge 1 with labels block_size, num_gpu_blocks

@@ -92,6 +92,9 @@ class ServerMetrics:
                               registry=reg, buckets=TTFT_BUCKETS).labels(model_name)
         self.itl = Histogram(contract.INTER_TOKEN_LATENCY, "Time between output tokens.", LABELS,
                              registry=reg, buckets=ITL_BUCKETS).labels(model_name)
+        self.tpot = Histogram(contract.REQUEST_TIME_PER_OUTPUT_TOKEN,
+                              "Mean time per output token after the first, per request.",
+                              LABELS, registry=reg, buckets=ITL_BUCKETS).labels(model_name)
         self.e2e = Histogram(contract.E2E_REQUEST_LATENCY, "Arrival to last token.", LABELS,
                              registry=reg, buckets=E2E_BUCKETS).labels(model_name)
         self.queue_time = Histogram(contract.REQUEST_QUEUE_TIME, "Time spent queued.", LABELS,
@@ -124,16 +127,24 @@ def queue_time_s(output: Any) -> float | None:
     return max(0.0, scheduled - timing.arrival_time)
 
 
+def mean_time_per_output_token(first_token_at: float, last_token_at: float,
+                                num_tokens: int) -> float:
+    """vllm:request_time_per_output_token_seconds of one request: its decode time over the
+    tokens after the first (vLLM's rule: 0 for a one-token answer)."""
+    return (last_token_at - first_token_at) / (num_tokens - 1) if num_tokens > 1 else 0.0
+
+
 class RequestTimer:
     """Feeds one request's latencies into the histograms as its outputs arrive."""
 
-    __slots__ = ("_metrics", "arrival", "first_token_at", "last_token_at")
+    __slots__ = ("_metrics", "arrival", "first_token_at", "last_token_at", "num_tokens")
 
     def __init__(self, metrics: ServerMetrics, arrival: float) -> None:
         self._metrics = metrics
         self.arrival = arrival
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
+        self.num_tokens = 0
 
     def on_output(self, output: Any, now: float) -> None:
         num_new = len(output.new_token_ids)
@@ -146,8 +157,12 @@ class RequestTimer:
                 for _ in range(num_new):
                     self._metrics.itl.observe(gap)
             self.last_token_at = now
+            self.num_tokens += num_new
         if output.is_finished:
             self._metrics.e2e.observe(now - self.arrival)
+            if self.first_token_at is not None and self.last_token_at is not None:
+                self._metrics.tpot.observe(mean_time_per_output_token(
+                    self.first_token_at, self.last_token_at, self.num_tokens))
             queued = queue_time_s(output)
             if queued is not None:
                 self._metrics.queue_time.observe(queued)

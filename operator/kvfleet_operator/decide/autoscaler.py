@@ -335,8 +335,11 @@ def latency_now(stable: RoleSignals, panic: RoleSignals) -> RoleSignals:
         return pick(long_p90, short_p90) if long_p90 is not None and short_p90 is not None \
             else long_p90
 
+    # a short window with no request finished has only the per-gap ITL: not comparable
+    panic_itl = panic.itl_p90_s if panic.is_itl_per_request == stable.is_itl_per_request \
+        else None  # fmt: skip
     ttft, itl, queue = (now(min, stable.ttft_p90_s, panic.ttft_p90_s),
-                        now(min, stable.itl_p90_s, panic.itl_p90_s),
+                        now(min, stable.itl_p90_s, panic_itl),
                         now(max, stable.queue_time_p90_s, panic.queue_time_p90_s))
     if (ttft, itl, queue) == (stable.ttft_p90_s, stable.itl_p90_s, stable.queue_time_p90_s):
         return stable
@@ -423,7 +426,8 @@ def scaled_on(rs: RoleSignals, targets: RoleTargets) -> list[str]:
     if targets.ttft_p90_s is not None:
         out.append("vllm:time_to_first_token_seconds p90")
     if targets.itl_p90_s is not None:
-        out.append("vllm:inter_token_latency_seconds p90")
+        out.append("vllm:request_time_per_output_token_seconds p90" if rs.is_itl_per_request
+                   else "vllm:inter_token_latency_seconds p90")
     return out
 
 

@@ -63,7 +63,8 @@ class ReplicaSample:
     num_prefix_queries: float = 0.0
     num_prefix_hits: float = 0.0
     ttft: Buckets = ()
-    itl: Buckets = ()
+    itl: Buckets = ()  # one sample per gap between tokens
+    tpot: Buckets = ()  # one sample per finished request: its mean time per output token
     queue_time: Buckets = ()  # arrival to first scheduling, observed as requests finish
     role: str | None = None  # from kvfleet:role, when the engine exposes it
     is_draining: bool = False
@@ -97,6 +98,7 @@ _COUNTERS = {
     c.PREFIX_CACHE_HITS: "num_prefix_hits",
 }
 _HISTOGRAMS = {c.TIME_TO_FIRST_TOKEN: "ttft", c.INTER_TOKEN_LATENCY: "itl",
+               c.REQUEST_TIME_PER_OUTPUT_TOKEN: "tpot",
                c.REQUEST_QUEUE_TIME: "queue_time"}
 
 
@@ -202,7 +204,12 @@ class RoleSignals:
     kv_usage_max: float = 0.0
     num_waiting_prompt_tokens: float | None = None  # None: unknown (see backlog_from)
     ttft_p90_s: float | None = None
+    # The p90 of each request's mean time per output token where the engines export it
+    # (vllm:request_time_per_output_token_seconds, what the SLO and the router's TPOT mean),
+    # else of the gaps between tokens (vllm:inter_token_latency_seconds): a short answer
+    # stalled by one long prefill step misses the SLO though most of its gaps are short.
     itl_p90_s: float | None = None
+    is_itl_per_request: bool = False  # which of the two itl_p90_s is
     # None: no replica exports vllm:request_queue_time_seconds (or none finished)
     queue_time_p90_s: float | None = None
     preemptions_per_s: float = 0.0
@@ -402,7 +409,10 @@ def aggregate(
                                else " + ".join(sorted(sources)))
         if role in hists:
             rs.ttft_p90_s = histogram_quantile(0.9, hists[role]["ttft"])
-            rs.itl_p90_s = histogram_quantile(0.9, hists[role]["itl"])
+            per_request = histogram_quantile(0.9, hists[role]["tpot"])
+            rs.is_itl_per_request = per_request is not None
+            rs.itl_p90_s = per_request if per_request is not None else histogram_quantile(
+                0.9, hists[role]["itl"])
             rs.queue_time_p90_s = histogram_quantile(0.9, hists[role]["queue_time"])
     return Signals(t=now, window_s=window_s, roles=out)
 
