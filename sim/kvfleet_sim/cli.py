@@ -580,8 +580,9 @@ def main(argv: list[str]) -> int:
                   "missed the SLO there")  # fmt: skip
     windows = [run_miss_windows(r, ttft_slo, itl_slo, args.misses_every) for r in runs] \
         if getattr(args, "misses_every", None) else []  # fmt: skip
+    first_seed = f" (seed {args.seed})" if len(by_seed) > 1 else ""  # the table's medians
     for r, ws in zip(runs, windows, strict=False):
-        print(format_miss_windows(r.name, ws, args.misses_every))
+        print(format_miss_windows(r.name + first_seed, ws, args.misses_every))
     num_runs = sum(len(rs) for rs in by_seed)
     print(f"({num_runs} runs in {time.perf_counter() - started:.0f} s wall)")
     if args.json:

@@ -51,6 +51,10 @@ def test_misses_every_shows_where_a_run_missed_its_slo(small_trace, tmp_path, ca
     assert cli.main([*args, "--ttft-slo", "60", "--itl-slo", "60"]) == 0
     out = capsys.readouterr().out
     assert "(0 of 4 windows)" in out and "| window (s) |" not in out
+    # the table has medians over the seeds; the windows are the first seed's, and say so
+    seeded = ["compare", *args[2:], "--seeds", "2", "--seed", "3", "--ttft-slo", "0.001"]
+    assert cli.main(["sim", *seeded]) == 0
+    assert "fixed-max (seed 3): SLO misses by 5 s window" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
