@@ -201,6 +201,24 @@ def seeds(quick: bool) -> list[str]:
     return [] if quick else ["--seeds", SEEDS]
 
 
+def two_speeds_args(pools: list[str], quick: bool, extra: tuple[str, ...] = ()) -> list[str]:
+    """`kvfleet sim compare` arguments for `pools` (`--pool` arguments) fixed at their
+    maximum on the Azure conversation training slice at AZURE_RATE, every other replica at
+    half speed (TWO_SPEEDS), then `extra`."""
+    return ["--trace", str(TRACES / "azure_llm_2023_conv.csv"), "--start-s", "900",
+            "--warmup-s", "120", "--duration-s", "120" if quick else "300", "--compress", "1",
+            "--rate", AZURE_RATE, *pools, "--scaler", "fixed-max", *TWO_SPEEDS, *extra,
+            *seeds(quick)]  # fmt: skip
+
+
+def azure_code_slice(start: str, quick: bool) -> list[str]:
+    """The Azure code slice of the autoscaler sections from `start` (5 minutes of warm-up,
+    10 measured, 5 when quick), with a 10 s start-up."""
+    return ["--trace", str(TRACES / "azure_llm_2023_code.csv"), "--start-s", start,
+            "--warmup-s", "300", "--duration-s", "300" if quick else "600", "--compress", "1",
+            "--startup-s", "10"]  # fmt: skip
+
+
 def azure_routing(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     """Every policy on two Azure conversation slices (the first tuned on, the second
     held out), and the latency-learning policies on a pool of two speeds."""
@@ -226,12 +244,9 @@ def azure_routing(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         "sim/pools/profiles/h100-llama3-8b-half-speed.json`); the perf model learns each "
         "replica's own coefficients. `perf MAPE`: the router's predictions of TTFT and TPOT "
         "against what each measured request got." + SEEDS_NOTE * (not quick), "compare",
-        ["--trace", conv, "--start-s", "900", "--warmup-s", "120", "--duration-s", dur,
-         "--compress", "1", "--rate", AZURE_RATE, "--pool", "sim/pools/fidelity-4.yaml",
-         "--scaler", "fixed-max", *TWO_SPEEDS,
-         *sum((["--policy", p] for p in ("slo", "least-request", "cache-aware", "latency",
-                                         "ucb", "round-robin", "backlog")), []),
-         *seeds(quick)],
+        two_speeds_args(["--pool", "sim/pools/fidelity-4.yaml"], quick, tuple(sum(
+            (["--policy", p] for p in ("slo", "least-request", "cache-aware", "latency", "ucb",
+                                       "round-robin", "backlog")), []))),
     ))  # fmt: skip
     return out
 
@@ -274,7 +289,7 @@ def pending_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         "A pending-prefill load term on the pool of two speeds (Azure conversation)",
         what + " Every other replica at half speed, as in the two-speed section above."
         + SEEDS_NOTE * (not quick), "compare",
-        ["--trace", conv, "--start-s", "900", *azure, *TWO_SPEEDS, *seeds(quick)],
+        two_speeds_args(pending_pools("sim/pools/fidelity-4.yaml"), quick),
     ))  # fmt: skip
     # Under the autoscaler: why the term is not in the default's weights (it lost here).
     out.append((
@@ -285,9 +300,7 @@ def pending_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
         "beside queue 4. The misses on this slice are mostly slow tokens (TTFT p99 is a "
         "fraction of its target): a prompt sent where fewer prefills wait lands among more "
         "decodes." + SEEDS_NOTE * (not quick), "compare",
-        ["--trace", str(TRACES / "azure_llm_2023_code.csv"), "--start-s", "900",
-         "--warmup-s", "300", "--duration-s", "300" if quick else "600", "--compress", "1",
-         "--startup-s", "10", "--pool", UNIFIED, "--pool",
+        [*azure_code_slice("900", quick), "--pool", UNIFIED, "--pool",
          pending_pool("pending-cache-aware", UNIFIED), "--scaler", "kvfleet", *seeds(quick)],
     ))  # fmt: skip
     return out
@@ -330,10 +343,7 @@ def latency_in_default_sections(quick: bool) -> list[tuple[str, str, str, list[s
         "conversation)",
         what + " Every other replica at half speed, as in the two-speed section above."
         + SEEDS_NOTE * (not quick), "compare",
-        ["--trace", str(TRACES / "azure_llm_2023_conv.csv"), "--start-s", "900",
-         "--warmup-s", "120", "--duration-s", dur, "--compress", "1", "--rate", AZURE_RATE,
-         *weights_pools("sim/pools/fidelity-4.yaml", LATENCY_IN_DEFAULT), "--scaler", "fixed-max",
-         *TWO_SPEEDS, *seeds(quick)],
+        two_speeds_args(weights_pools("sim/pools/fidelity-4.yaml", LATENCY_IN_DEFAULT), quick),
     )]  # fmt: skip
 
 
@@ -367,20 +377,15 @@ def load_weight_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
             f"A heavier load term in the default's weights under the autoscaler (Azure code "
             f"{which} slice, unified pool, start-up 10 s)", what + SEEDS_NOTE * (not quick),
             "compare",
-            ["--trace", str(TRACES / "azure_llm_2023_code.csv"), "--start-s", start,
-             "--warmup-s", "300", "--duration-s", "300" if quick else "600", "--compress",
-             "1", "--startup-s", "10", *weights_pools(UNIFIED, LOAD_WEIGHTS), "--scaler",
-             "kvfleet", *seeds(quick)],
+            [*azure_code_slice(start, quick), *weights_pools(UNIFIED, LOAD_WEIGHTS),
+             "--scaler", "kvfleet", *seeds(quick)],
         ))  # fmt: skip
     out.append((  # a training slice too: the choice was made on it
         "A heavier load term in the default's weights on the pool of two speeds (Azure "
         "conversation)",
         what + " Every other replica at half speed, as in the two-speed section above."
         + SEEDS_NOTE * (not quick), "compare",
-        ["--trace", str(TRACES / "azure_llm_2023_conv.csv"), "--start-s", "900",
-         "--warmup-s", "120", "--duration-s", "120" if quick else "300", "--compress", "1",
-         "--rate", AZURE_RATE, *weights_pools("sim/pools/fidelity-4.yaml", LOAD_WEIGHTS),
-         "--scaler", "fixed-max", *TWO_SPEEDS, *seeds(quick)],
+        two_speeds_args(weights_pools("sim/pools/fidelity-4.yaml", LOAD_WEIGHTS), quick),
     ))  # fmt: skip
     return out
 
@@ -485,9 +490,7 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
             "hindsight optimum; the slice of the Azure code autoscaler section "
             f"(from {start} s). A count that meets the SLO here is chosen knowing the "
             "trace: no scaler could have picked it in advance.", "compare",
-            ["--trace", str(TRACES / "azure_llm_2023_code.csv"), "--start-s", start,
-             "--warmup-s", "300", "--duration-s", a_dur, "--compress", "1",
-             "--startup-s", "10", "--pool", UNIFIED, "--scaler", "kvfleet",
+            [*azure_code_slice(start, quick), "--pool", UNIFIED, "--scaler", "kvfleet",
              *sum((["--pinned", str(n)] for n in (3, 4, 5, 6)), []), "--optimum"],
         ))  # fmt: skip
     counts = [2**k for k in range(5 if quick else 9)]  # 1..16 or 1..256
