@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvfleet_engine.server.metrics import mean_time_per_output_token
+
 from kvfleet_bench.fleet_replay import START_DELAY_S, Done, Fleet, load_requests, replay
 from kvfleet_bench.procs import RESULTS_DIR
 
@@ -89,8 +91,7 @@ def attainment(done: list[Done], num_failed: int, ttft_slo_s: float) -> float:
     """The simulator's rule: TTFT <= the SLO and mean ITL <= ITL_SLO_S; failures miss."""
     met = 0
     for d in done:
-        gaps = d.num_output_tokens - 1
-        tpot = (d.finished - d.first_token) / gaps if gaps > 0 else 0.0
+        tpot = mean_time_per_output_token(d.first_token, d.finished, d.num_output_tokens)
         met += d.first_token - d.arrival <= ttft_slo_s and tpot <= ITL_SLO_S
     n = len(done) + num_failed
     return met / n if n else float("nan")

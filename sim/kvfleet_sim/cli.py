@@ -61,7 +61,7 @@ from kvfleet_sim import efficiency, oracle, plots
 from kvfleet_sim.fleet import SimError, SimSettings
 from kvfleet_sim.report import MissWindow, Summary, median_summary, miss_windows
 from kvfleet_sim.rollout import RolloutScenario, summary_line
-from kvfleet_sim.run import POLICIES, SimRun, Variant, run_variants
+from kvfleet_sim.run import MAX_PINNED, POLICIES, SimRun, Variant, run_variants
 from kvfleet_sim.scalers import SCALERS
 from kvfleet_sim.trace import TraceError, TraceRequest
 
@@ -170,13 +170,13 @@ def replica_list(text: str) -> list[int]:
 
 
 def pinned_count(text: str) -> int:
-    """A replica count to pin a pool at (argparse type): 1..1000."""
+    """A replica count to pin a pool at (argparse type): 1..MAX_PINNED."""
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 1 <= n <= 1000:
-        raise argparse.ArgumentTypeError(f"must be in 1..1000, got {n}")
+    if not 1 <= n <= MAX_PINNED:
+        raise argparse.ArgumentTypeError(f"must be in 1..{MAX_PINNED}, got {n}")
     return n
 
 
@@ -579,9 +579,9 @@ def main(argv: list[str]) -> int:
                   "their target after the repairs; its × optimum is against a plan that "
                   "missed the SLO there")  # fmt: skip
     windows = [run_miss_windows(r, ttft_slo, itl_slo, args.misses_every) for r in runs] \
-        if getattr(args, "misses_every", None) else []  # fmt: skip
+        if args.misses_every else []  # fmt: skip
     first_seed = f" (seed {args.seed})" if len(by_seed) > 1 else ""  # the table's medians
-    for r, ws in zip(runs, windows, strict=False):
+    for r, ws in zip(runs, windows, strict=False):  # none without --misses-every
         print(format_miss_windows(r.name + first_seed, ws, args.misses_every))
     num_runs = sum(len(rs) for rs in by_seed)
     print(f"({num_runs} runs in {time.perf_counter() - started:.0f} s wall)")

@@ -36,7 +36,7 @@ from typing import Any
 
 from kvfleet_sim.fleet import SimSettings
 from kvfleet_sim.report import Summary
-from kvfleet_sim.run import Variant, run_variants
+from kvfleet_sim.run import MAX_PINNED, Variant, run_variants
 from kvfleet_sim.trace import MAX_RATE, TraceRequest
 
 MIN_RATE = 1e-3
@@ -121,8 +121,8 @@ def check_replicas(replicas: Sequence[int]) -> list[int]:
     """Sorted counts with 1 first (efficiency is relative to it); ValueError when bad."""
     if not replicas or len(set(replicas)) != len(replicas):
         raise ValueError("--replicas needs distinct counts, e.g. 1,2,4,8")
-    if any(not 1 <= n <= 1000 for n in replicas):
-        raise ValueError("--replicas counts must be in 1..1000 (a role's replicas.max)")
+    if any(not 1 <= n <= MAX_PINNED for n in replicas):
+        raise ValueError(f"--replicas counts must be in 1..{MAX_PINNED} (a role's replicas.max)")
     return sorted({1, *replicas})
 
 

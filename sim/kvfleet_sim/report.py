@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvfleet_engine.server.metrics import mean_time_per_output_token
+
 from kvfleet_sim.fleet import SimResult
 from kvfleet_sim.peer_fetch import PeerStats
 from kvfleet_sim.replica import Finished
@@ -180,8 +182,7 @@ def slo_outcome(f: Finished, ttft_slo_s: float, itl_slo_s: float) -> str:
         return FAILED
     if f.first_token - f.arrival > ttft_slo_s:
         return TTFT_MISSED
-    n_gaps = f.num_output_tokens - 1
-    tpot = (f.finished - f.first_token) / n_gaps if n_gaps > 0 else 0.0
+    tpot = mean_time_per_output_token(f.first_token, f.finished, f.num_output_tokens)
     return ITL_MISSED if tpot > itl_slo_s else MET
 
 

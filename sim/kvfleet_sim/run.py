@@ -129,6 +129,9 @@ class SimRun:
         }
 
 
+MAX_PINNED = 1000  # a role's replicas.max at most (the API's bound)
+
+
 def check_variants(variants: list[Variant]) -> None:
     for v in variants:
         if v.scaler not in SCALERS and v.scaler != oracle.ORACLE:
@@ -136,8 +139,8 @@ def check_variants(variants: list[Variant]) -> None:
             raise ValueError(f"unknown scaler {v.scaler!r}; known: {known}")
         if v.policy is not None and v.policy not in POLICIES:
             raise ValueError(f"unknown policy {v.policy!r}; known: {', '.join(POLICIES)}")
-        if v.replicas is not None and not 1 <= v.replicas <= 1000:
-            raise ValueError(f"replicas must be in 1..1000, got {v.replicas}")
+        if v.replicas is not None and not 1 <= v.replicas <= MAX_PINNED:
+            raise ValueError(f"replicas must be in 1..{MAX_PINNED}, got {v.replicas}")
         if v.replicas is not None and v.scaler == oracle.ORACLE:
             raise ValueError("the oracle chooses the replica count; it cannot be pinned")
 
