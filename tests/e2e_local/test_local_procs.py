@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from kvfleet_operator.runtimes.local import procs
 from kvfleet_operator.runtimes.local.backoff import Backoff
 
@@ -77,12 +78,32 @@ def test_children_lead_their_own_session(tmp_path):
         procs.stop([child], grace_s=1)
 
 
-def test_free_port_is_bindable():
+def test_free_port_is_bindable_and_below_the_ephemeral_range():
     import socket
 
-    port = procs.free_port()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))
+    for _ in range(20):
+        port = procs.free_port()
+        assert procs.PORT_FLOOR <= port < procs.ephemeral_floor()
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_free_port_passes_over_a_port_someone_holds(monkeypatch):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        picks = iter([taken, taken + 1 if taken < 65535 else taken - 1])
+        monkeypatch.setattr(procs._pick, "randrange", lambda *_: next(picks))
+        assert procs.free_port() != taken
+
+
+def test_free_port_asks_the_kernel_where_the_range_below_is_too_small(monkeypatch):
+    monkeypatch.setattr(procs, "ephemeral_floor", lambda: procs.PORT_FLOOR + 10)
+    monkeypatch.setattr(procs._pick, "randrange", lambda *_: pytest.fail("picked at random"))
+    assert procs.free_port() >= procs.PORT_FLOOR + 10  # the kernel's bind(0) range
 
 
 def test_backoff_doubles_caps_and_resets():

@@ -13,15 +13,18 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 
 import aiohttp
+import kopf
 import pytest
 import yaml
 from k8s_pools import ROOT, example
-from kmock_shim import eventually
+from kmock_shim import Operator, eventually
 from kvfleet_bench.procs import free_port
+from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl")
 NS, NAME = "inference", "llama3-8b"
@@ -54,9 +57,13 @@ async def test_kubectl_and_kvfleet_operator_run_as_a_user_would(cluster, user_en
         "--liveness", f"http://127.0.0.1:{port}/healthz", "--max-tick", "0.5",
         "--metrics-port", str(metrics_port), env=env,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    def deployments_made() -> bool:
+        assert operator.returncode is None, "the operator exited"  # say so now, not in 60 s
+        return len(cluster.objs("apps/v1/deployments", NS)) == 2
+
+    failure: AssertionError | None = None
     try:
-        await eventually(lambda: len(cluster.objs("apps/v1/deployments", NS)) == 2, 60,
-                         "the Deployments")
+        await eventually(deployments_made, 60, "the Deployments")
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
                 assert resp.status == 200
@@ -90,10 +97,50 @@ async def test_kubectl_and_kvfleet_operator_run_as_a_user_would(cluster, user_en
                       "--wait=false")
         await eventually(lambda: cluster.obj("kvfleet.io/v1alpha1/inferencepools", NS, NAME)
                          is None, 30, "the pool gone (the operator let its finalizer go)")
+    except AssertionError as error:
+        failure = error
     finally:
         if operator.returncode is None:
             operator.send_signal(signal.SIGTERM)
         out, _ = await asyncio.wait_for(operator.communicate(), 30)
     text = out.decode()
+    if failure is not None:  # what the operator printed says why, the requests what it did
+        sent = "\n".join(f"{r.method.value} {r.url.path_qs}" for r in cluster._requests[-30:])
+        raise AssertionError(f"{failure}\n--- the operator (exit {operator.returncode}):\n"
+                             f"{text[-4000:]}\n--- the last requests:\n{sent}") from failure
     assert operator.returncode == 0, text[-3000:]
     assert "Traceback" not in text, text[-3000:]
+
+
+@pytest.mark.parametrize("flag", ["--liveness", "--metrics-port"])
+async def test_a_port_someone_else_holds_is_one_line_and_exit_1(cluster, kubectl_env, flag):
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))  # noqa: S104 - the metrics server binds all addresses
+        holder.listen()
+        port = holder.getsockname()[1]
+        value = f"http://127.0.0.1:{port}/healthz" if flag == "--liveness" else str(port)
+        operator = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kvfleet_operator.cli.main", "operator", "run", "-A",
+            flag, value, env=kubectl_env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        out, err = await asyncio.wait_for(operator.communicate(), 60)
+    assert operator.returncode == 1, (out + err).decode()[-3000:]
+    line = err.decode().strip().splitlines()[-1]
+    assert line.startswith(f"kvfleet operator run: {flag} "), err.decode()[-3000:]
+    assert "in use" in line and "Traceback" not in err.decode(), err.decode()[-3000:]
+
+
+async def test_a_metrics_port_taken_after_the_check_ends_kopf_instead_of_retrying(cluster):
+    """The race `ports_taken` cannot close: the startup handler gives up at once (kopf
+    would retry an ordinary error forever, reconciling nothing)."""
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))  # noqa: S104 - the metrics server binds all addresses
+        holder.listen()
+        config = OperatorConfig(max_tick_s=0.3, retry_delay_s=0.3,
+                                metrics_port=holder.getsockname()[1])
+        operator = await Operator(str(cluster.url), config).start()
+        assert operator.task is not None
+        with pytest.raises(Exception) as caught:  # kopf's ActivityError is not public
+            await asyncio.wait_for(operator.task, 20)
+    assert isinstance(caught.value.__cause__, kopf.PermanentError), caught.value
+    assert "--metrics-port" in str(caught.value.__cause__)

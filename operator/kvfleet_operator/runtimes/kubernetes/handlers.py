@@ -156,8 +156,13 @@ def register(
         memo.admin_tokens = {}  # (namespace, pool) -> the admin token the last reconcile applied
         memo.wakeups = {}  # (namespace, pool) -> its daemon's wake-up (set after a reconcile)
         if memo.config.metrics_port is not None:
-            memo.metrics_runner, memo.metrics_port = await metrics_server.start(
-                memo.metrics, METRICS_HOST, memo.config.metrics_port)
+            try:
+                memo.metrics_runner, memo.metrics_port = await metrics_server.start(
+                    memo.metrics, METRICS_HOST, memo.config.metrics_port)
+            except OSError as exc:  # retrying cannot free a port someone else holds
+                raise kopf.PermanentError(
+                    f"--metrics-port {memo.config.metrics_port}: cannot listen on "
+                    f"{METRICS_HOST}: {exc.strerror or exc}") from None
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: Any, **_: Any) -> None:

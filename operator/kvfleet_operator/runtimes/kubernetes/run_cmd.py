@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import logging
 import os
+import socket
+import sys
 from typing import Any
+from urllib.parse import urlsplit
 
 from kvfleet_operator.runtimes.kubernetes.build.options import (
     KVFLEET_IMAGE,
@@ -20,6 +24,8 @@ from kvfleet_operator.runtimes.kubernetes.build.options import (
     BuildOptions,
 )
 from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
+
+BIND_ERRORS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 
 
 def add_build_options(parser: argparse.ArgumentParser) -> None:
@@ -96,13 +102,59 @@ async def operate(args: argparse.Namespace, stop_flag: asyncio.Event | None = No
     )  # fmt: skip
 
 
+def listen_error(host: str, port: int) -> str | None:
+    """Why a server could not listen on host:port now, or None if it could."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port,
+                                                             type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does
+            sock.bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+def ports_taken(args: argparse.Namespace) -> str | None:
+    """A one-line reason when --liveness or --metrics-port cannot be served: said before kopf
+    starts, where kopf would log a traceback (liveness) or retry forever (metrics)."""
+    from kvfleet_operator.runtimes.kubernetes.handlers import METRICS_HOST
+
+    if args.liveness:
+        url = urlsplit(args.liveness)
+        error = listen_error(url.hostname or "0.0.0.0", url.port or 80)  # noqa: S104 - kopf's default
+        if error:
+            return f"--liveness {args.liveness}: cannot listen: {error}"
+    if args.metrics_port is not None:
+        error = listen_error(METRICS_HOST, args.metrics_port)
+        if error:
+            return f"--metrics-port {args.metrics_port}: cannot listen on {METRICS_HOST}: {error}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     import kopf
 
+    taken = ports_taken(args)
+    if taken:
+        print(f"kvfleet operator run: {taken}", file=sys.stderr)
+        return 1
     kopf.configure(debug=args.verbose, verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
         asyncio.run(operate(args))
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:
+        if exc.errno not in BIND_ERRORS:
+            raise
+        # taken since ports_taken looked: kopf's liveness endpoint is the only socket kopf binds
+        print(f"kvfleet operator run: --liveness {args.liveness}: cannot listen: "
+              f"{os.strerror(exc.errno)}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # kopf's ActivityError (not public): a startup handler gave up
+        if not isinstance(exc.__cause__, kopf.PermanentError):
+            raise
+        print(f"kvfleet operator run: {exc.__cause__}", file=sys.stderr)  # --metrics-port taken
+        return 1
     return 0

@@ -6,13 +6,16 @@ dies with its parent; the fleet's router and engines are spawned with `outlive_p
 instead, so a SIGKILLed `up` leaves them serving and a restarted `up` adopts them
 (`adopt`: a pid is taken back only if it still runs and started when it was recorded to,
 `start_ticks`, so a reused pid is never mistaken for our child).
-Ports come from the kernel: bind port 0 on loopback, read it back, release it.
+Ports are picked at random below the kernel's ephemeral range and checked free by binding
+them (`free_port`): a port bound as port 0 lies inside that range, where the local end of any
+outgoing connection may take it before the child listens on it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -48,8 +51,32 @@ def die_with_parent(parent_pid: int) -> Callable[[], None]:
     return preexec
 
 
+PORT_FLOOR = 10000  # below: well-known services (Prometheus' 9090, ...)
+_pick = random.SystemRandom()  # two processes seeded alike never pick the same sequence
+
+
+def ephemeral_floor() -> int:
+    """The lowest port the kernel hands to outgoing connections (Linux; IANA's elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 49152
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """A port nothing listens on now, outside the ephemeral range so that no outgoing
+    connection's local end takes it before our child binds it (seen in CI: an operator's
+    liveness port taken while kopf opened its first connections)."""
+    ceiling = ephemeral_floor()
+    for _ in range(100 if ceiling - PORT_FLOOR >= 1000 else 0):
+        port = _pick.randrange(PORT_FLOOR, ceiling)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:  # no SO_REUSEADDR: a port still in TIME_WAIT is not offered either
+                sock.bind((host, port))
+            except OSError:
+                continue
+        return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded machine
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
