@@ -8,6 +8,8 @@ bench/operator_scale.py run `kvfleet`'s operator against it.
 - the namespace is filled in from the URL on create, a `generateName` becomes a name;
 - lists carry `kind: <Kind>List` and honour equality-based `labelSelector`s;
 - core discovery reports `v1`, not `/v1`;
+- a watch sees every write after its snapshot (kmock's loses those landing while it streams
+  the snapshot);
 - a CRD created through the API is served afterwards (for `kubectl apply -f crd.yaml`);
 - `fail(method, path, status, times, persist=...)` injects API errors: with `persist=True`
   the write still lands (a 409 on create after someone else created the object).
@@ -25,6 +27,7 @@ import itertools
 import json
 import re
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -149,6 +152,37 @@ class KubeShim(kmock.KubernetesEmulator):
         group, version = request.resource.group, request.resource.version
         result["apiVersion"] = f"{group}/{version}" if group else version
         return result
+
+    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+        """kmock's watch without its gap: kmock streams a snapshot of the objects and only
+        then marks the event bus, so a write landing in between reached no watcher (kopf,
+        which patches as soon as it lists, would wait for that event forever). Here the mark
+        and the snapshot are taken under the lock every write holds."""
+        yield b""  # the headers go out even if nothing happens
+        resource = request.resource
+        assert resource is not None
+        bus = self._buses[resource]
+
+        def watched(namespace: str | None, name: str | None) -> bool:
+            return ((request.namespace is None or namespace == request.namespace)
+                    and (request.name is None or name == request.name))  # fmt: skip
+
+        async with self._lock:
+            marker = await bus.mark()
+            snapshot = [
+                {"type": "ADDED", "object": obj.raw}
+                for (r, namespace, name), obj in self.objects.items()
+                if r == resource and not obj.deleted and watched(namespace, name)
+            ]
+        try:
+            for event in snapshot:
+                yield event
+            async for event in bus.stream(since=marker):
+                metadata = (event.get("object") or {}).get("metadata") or {}
+                if watched(metadata.get("namespace"), metadata.get("name")):
+                    yield event
+        finally:
+            await bus.unmark(marker)
 
     async def _serve_version(self, request: kmock.Request) -> Any:
         result = await super()._serve_version(request)
