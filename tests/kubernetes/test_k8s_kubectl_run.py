@@ -11,6 +11,7 @@ it (the shim's doing).
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import signal
 import socket
@@ -24,6 +25,7 @@ import yaml
 from k8s_pools import ROOT, example
 from kmock_shim import Operator, eventually
 from kvfleet_bench.procs import free_port
+from kvfleet_operator.runtimes.kubernetes import handlers
 from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl")
@@ -144,3 +146,38 @@ async def test_a_metrics_port_taken_after_the_check_ends_kopf_instead_of_retryin
             await asyncio.wait_for(operator.task, 20)
     assert isinstance(caught.value.__cause__, kopf.PermanentError), caught.value
     assert "--metrics-port" in str(caught.value.__cause__)
+
+
+@pytest.mark.parametrize("kubeconfig", ["missing", "malformed"])
+async def test_no_credentials_is_one_line_and_exit_1(tmp_path, kubeconfig):
+    path = tmp_path / "kubeconfig"
+    if kubeconfig == "malformed":
+        path.write_text("clusters: [")
+    env = {**os.environ, "KUBECONFIG": str(path), "HOME": str(tmp_path)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    operator = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvfleet_operator.cli.main", "operator", "run", "-A", env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    out, err = await asyncio.wait_for(operator.communicate(), 60)
+    text = err.decode()
+    assert operator.returncode == 1, (out + err).decode()[-3000:]
+    assert text.count("\n") == 1 and "Traceback" not in text, text[-3000:]
+    assert text.startswith("kvfleet operator run: no ") and str(path) in text, text
+
+
+@pytest.mark.filterwarnings("ignore:coroutine 'authenticator' was never awaited")  # kopf's
+async def test_the_startup_handler_gives_up_without_credentials(cluster, tmp_path, monkeypatch):
+    """Where the check in `run` is passed by (the tests' harness, a kubeconfig removed
+    since): kopf ends instead of retrying the startup every 60 s."""
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "gone"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    url = str(cluster.url).rstrip("/")
+    registry = handlers.register(
+        kopf.OperatorRegistry(), login=lambda **_: kopf.ConnectionInfo(server=url, insecure=True))
+    task = asyncio.create_task(kopf.operator(
+        registry=registry, clusterwide=True, standalone=True,
+        memo=kopf.Memo(config=OperatorConfig(max_tick_s=0.3, retry_delay_s=0.3))))  # fmt: skip
+    with pytest.raises(Exception) as caught:  # kopf's ActivityError is not public
+        await asyncio.wait_for(task, 20)
+    assert isinstance(caught.value.__cause__, kopf.PermanentError), caught.value
+    assert "no Kubernetes credentials" in str(caught.value.__cause__)

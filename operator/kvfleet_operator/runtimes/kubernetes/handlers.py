@@ -50,6 +50,7 @@ from kvfleet_operator.runtimes.kubernetes.ports.event_sink import post_event
 from kvfleet_operator.runtimes.kubernetes.ports.kube_client import (
     ApiError,
     KubeClient,
+    credentials_problem,
     load_configuration,
 )
 from kvfleet_operator.runtimes.kubernetes.ports.pool_children import apply_pool
@@ -150,6 +151,9 @@ def register(
         if memo.get("config") is None:
             memo.config = OperatorConfig()
         if memo.get("client") is None:
+            problem = await credentials_problem()
+            if problem:  # retrying cannot conjure credentials
+                raise kopf.PermanentError(problem)
             memo.client = KubeClient(await load_configuration())
             memo.owns_client = True
         memo.metrics = OperatorMetrics()

@@ -116,8 +116,8 @@ def listen_error(host: str, port: int) -> str | None:
 
 
 def ports_taken(args: argparse.Namespace) -> str | None:
-    """A one-line reason when --liveness or --metrics-port cannot be served: said before kopf
-    starts, where kopf would log a traceback (liveness) or retry forever (metrics)."""
+    """A one-line reason when --liveness or --metrics-port cannot be served (kopf would log
+    a traceback for the first and retry the second forever)."""
     from kvfleet_operator.runtimes.kubernetes.handlers import METRICS_HOST
 
     if args.liveness:
@@ -135,9 +135,11 @@ def ports_taken(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     import kopf
 
-    taken = ports_taken(args)
-    if taken:
-        print(f"kvfleet operator run: {taken}", file=sys.stderr)
+    from kvfleet_operator.runtimes.kubernetes.ports.kube_client import credentials_problem
+
+    problem = ports_taken(args) or asyncio.run(credentials_problem())
+    if problem:  # said before kopf starts, which would log tracebacks and retry forever
+        print(f"kvfleet operator run: {problem}", file=sys.stderr)
         return 1
     kopf.configure(debug=args.verbose, verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)

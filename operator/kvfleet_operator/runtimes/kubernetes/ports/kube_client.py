@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
+import yaml
 from kubernetes.aio import client as kclient
 from kubernetes.aio import config as kconfig
 
@@ -80,6 +81,24 @@ async def load_configuration() -> kclient.Configuration:
     except kconfig.ConfigException:
         await kconfig.load_kube_config(client_configuration=configuration)
     return configuration
+
+
+async def credentials_problem() -> str | None:
+    """Why `load_configuration` finds no credentials, in one line, or None when it does."""
+    paths = [os.path.expanduser(p) for p in
+             (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep) if p]
+    where = os.pathsep.join(paths) or "~/.kube/config"
+    if not os.environ.get("KUBERNETES_SERVICE_HOST") and not any(map(os.path.exists, paths)):
+        return (f"no Kubernetes credentials: not in a cluster, and no kubeconfig at {where} "
+                "(set KUBECONFIG)")
+    try:
+        await load_configuration()
+    except (kconfig.ConfigException, OSError, ValueError, TypeError, AttributeError,
+            yaml.YAMLError) as exc:  # fmt: skip
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        return (f"no usable Kubernetes credentials (the service account in a cluster, "
+                f"else the kubeconfig {where}): {reason}")
+    return None
 
 
 PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
