@@ -1,7 +1,8 @@
 """As a user would: `kubectl` (the real client) applies the CRD and a pool to kmock, and
 `kvfleet operator run` (the real console command, in its own process, with a kubeconfig)
 reconciles it, serves its liveness probe, follows a `kubectl apply` of a changed pool,
-lets `kubectl delete` finish, and exits 0 on SIGTERM.
+lets `kubectl delete` finish, and exits 0 on SIGTERM. Started wrong (a port someone holds,
+no credentials), it says so in one line and exits 1 instead of retrying its startup forever.
 
 kmock serves no OpenAPI documents, so kubectl runs with `--validate=false` (the manifests
 are validated with kubernetes-validate elsewhere); the CRD is served once kubectl created
