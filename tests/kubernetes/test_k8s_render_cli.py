@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 from k8s_pools import EXAMPLES, ROOT
+from kvfleet_bench.procs import free_port
 from kvfleet_operator.api import load_pool
 from kvfleet_operator.cli import main as kvfleet_cli
 from kvfleet_operator.cli.operator_cmd import (
@@ -114,7 +115,7 @@ def test_help():
         assert option in proc.stdout
 
 
-def test_run_starts_kopf_standalone_with_the_scope_asked_for(monkeypatch):
+def test_run_starts_kopf_standalone_with_the_scope_asked_for(monkeypatch, tmp_path):
     import kopf
 
     seen = {}
@@ -124,11 +125,20 @@ def test_run_starts_kopf_standalone_with_the_scope_asked_for(monkeypatch):
 
     monkeypatch.setattr(kopf, "operator", fake_operator)
     monkeypatch.setattr(kopf, "configure", lambda **_: None)  # leave the tests' logging be
-    assert main(["run", "-n", "a", "-n", "b", "--liveness", "http://0.0.0.0:8080/healthz",
-                 "--metrics-port", "9090"]) == 0
+    kubeconfig = tmp_path / "kubeconfig"  # `run` checks for credentials before kopf starts
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))  # fmt: skip
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    liveness, metrics = f"http://0.0.0.0:{free_port()}/healthz", free_port()  # and the ports
+    assert main(["run", "-n", "a", "-n", "b", "--liveness", liveness,
+                 "--metrics-port", str(metrics)]) == 0
     assert seen["standalone"] is True  # no peering: exactly one replica (Recreate) acts
     assert seen["clusterwide"] is False and seen["namespaces"] == ["a", "b"]
-    assert seen["liveness_endpoint"] == "http://0.0.0.0:8080/healthz"
-    assert seen["memo"].config.metrics_port == 9090
+    assert seen["liveness_endpoint"] == liveness
+    assert seen["memo"].config.metrics_port == metrics
     assert main(["run", "-A"]) == 0
     assert seen["clusterwide"] is True and seen["namespaces"] == []

@@ -73,20 +73,27 @@ def path_of(obj: Mapping[str, Any]) -> str:
     return object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
 
 
+def kubeconfig_paths() -> list[str]:
+    """The kubeconfig files kubectl would read: $KUBECONFIG's, else ~/.kube/config (read
+    now: the client library fixes its default when it is imported)."""
+    return [os.path.expanduser(p) for p in
+            (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep) if p]
+
+
 async def load_configuration() -> kclient.Configuration:
     """In-cluster service account when there is one, else kubeconfig (as kubectl does)."""
     configuration = kclient.Configuration()
     try:
         kconfig.load_incluster_config(client_configuration=configuration)
     except kconfig.ConfigException:
-        await kconfig.load_kube_config(client_configuration=configuration)
+        await kconfig.load_kube_config(config_file=os.pathsep.join(kubeconfig_paths()),
+                                       client_configuration=configuration)
     return configuration
 
 
 async def credentials_problem() -> str | None:
     """Why `load_configuration` finds no credentials, in one line, or None when it does."""
-    paths = [os.path.expanduser(p) for p in
-             (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep) if p]
+    paths = kubeconfig_paths()
     where = os.pathsep.join(paths) or "~/.kube/config"
     if not os.environ.get("KUBERNETES_SERVICE_HOST") and not any(map(os.path.exists, paths)):
         return (f"no Kubernetes credentials: not in a cluster, and no kubeconfig at {where} "
