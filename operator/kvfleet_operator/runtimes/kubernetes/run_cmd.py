@@ -13,7 +13,6 @@ import asyncio
 import errno
 import logging
 import os
-import socket
 import sys
 from typing import Any
 from urllib.parse import urlsplit
@@ -102,31 +101,19 @@ async def operate(args: argparse.Namespace, stop_flag: asyncio.Event | None = No
     )  # fmt: skip
 
 
-def listen_error(host: str, port: int) -> str | None:
-    """Why a server could not listen on host:port now, or None if it could."""
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, port,
-                                                             type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, kind, proto) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as aiohttp does
-            sock.bind(address)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
-
-
 def ports_taken(args: argparse.Namespace) -> str | None:
     """A one-line reason when --liveness or --metrics-port cannot be served (kopf would log
     a traceback for the first and retry the second forever)."""
     from kvfleet_operator.runtimes.kubernetes.handlers import METRICS_HOST
+    from kvfleet_operator.runtimes.local.procs import listen_error
 
     if args.liveness:
         url = urlsplit(args.liveness)
-        error = listen_error(url.hostname or "0.0.0.0", url.port or 80)  # noqa: S104 - kopf's default
+        error = listen_error(url.port or 80, url.hostname or "0.0.0.0")  # noqa: S104 - kopf's default
         if error:
             return f"--liveness {args.liveness}: cannot listen: {error}"
     if args.metrics_port is not None:
-        error = listen_error(METRICS_HOST, args.metrics_port)
+        error = listen_error(args.metrics_port, METRICS_HOST)
         if error:
             return f"--metrics-port {args.metrics_port}: cannot listen on {METRICS_HOST}: {error}"
     return None

@@ -70,25 +70,31 @@ def free_port(host: str = "127.0.0.1") -> int:
     ceiling = ephemeral_floor()
     for _ in range(100 if ceiling - PORT_FLOOR >= 1000 else 0):
         port = _pick.randrange(PORT_FLOOR, ceiling)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:  # no SO_REUSEADDR: a port still in TIME_WAIT is not offered either
-                sock.bind((host, port))
-            except OSError:
-                continue
-        return port
+        # no SO_REUSEADDR: a port still in TIME_WAIT is not offered either
+        if listen_error(port, host, reuse_address=False) is None:
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded machine
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
+def listen_error(port: int, host: str = "127.0.0.1", reuse_address: bool = True) -> str | None:
+    """Why a server could not listen on host:port now (the OS's words), or None if it could.
+    `reuse_address` as servers bind (aiohttp, uvicorn): a port in TIME_WAIT is free."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port,
+                                                             type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            if reuse_address:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def can_bind(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+    return listen_error(port, host) is None
 
 
 def spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None,
