@@ -49,8 +49,8 @@ from kvfleet_operator.runtimes.kubernetes.pool_loop import pool_from_body, run_p
 from kvfleet_operator.runtimes.kubernetes.ports.event_sink import post_event
 from kvfleet_operator.runtimes.kubernetes.ports.kube_client import (
     ApiError,
+    CredentialsError,
     KubeClient,
-    credentials_problem,
     load_configuration,
 )
 from kvfleet_operator.runtimes.kubernetes.ports.pool_children import apply_pool
@@ -151,10 +151,10 @@ def register(
         if memo.get("config") is None:
             memo.config = OperatorConfig()
         if memo.get("client") is None:
-            problem = await credentials_problem()
-            if problem:  # retrying cannot conjure credentials
-                raise kopf.PermanentError(problem)
-            memo.client = KubeClient(await load_configuration())
+            try:
+                memo.client = KubeClient(await load_configuration())
+            except CredentialsError as exc:
+                raise kopf.PermanentError(str(exc)) from None
             memo.owns_client = True
         memo.metrics = OperatorMetrics()
         memo.admin_tokens = {}  # (namespace, pool) -> the admin token the last reconcile applied

@@ -122,10 +122,18 @@ def ports_taken(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     import kopf
 
-    from kvfleet_operator.runtimes.kubernetes.ports.kube_client import credentials_problem
+    from kvfleet_operator.runtimes.kubernetes.ports.kube_client import (
+        CredentialsError,
+        load_configuration,
+    )
 
-    problem = ports_taken(args) or asyncio.run(credentials_problem())
-    if problem:  # said before kopf starts, which would log tracebacks and retry forever
+    try:  # said before kopf starts, which would log tracebacks and retry forever
+        problem = ports_taken(args)
+        if problem is None:
+            asyncio.run(load_configuration())
+    except CredentialsError as exc:
+        problem = str(exc)
+    if problem:
         print(f"kvfleet operator run: {problem}", file=sys.stderr)
         return 1
     kopf.configure(debug=args.verbose, verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)

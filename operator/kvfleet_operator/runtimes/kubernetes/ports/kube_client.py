@@ -80,32 +80,33 @@ def kubeconfig_paths() -> list[str]:
             (os.environ.get("KUBECONFIG") or "~/.kube/config").split(os.pathsep) if p]
 
 
+class CredentialsError(Exception):
+    """No usable credentials, in one line: retrying cannot conjure them."""
+
+
 async def load_configuration() -> kclient.Configuration:
-    """In-cluster service account when there is one, else kubeconfig (as kubectl does)."""
+    """In-cluster service account when there is one, else kubeconfig (as kubectl does);
+    CredentialsError when neither gives a configuration."""
     configuration = kclient.Configuration()
     try:
         kconfig.load_incluster_config(client_configuration=configuration)
+        return configuration
     except kconfig.ConfigException:
-        await kconfig.load_kube_config(config_file=os.pathsep.join(kubeconfig_paths()),
-                                       client_configuration=configuration)
-    return configuration
-
-
-async def credentials_problem() -> str | None:
-    """Why `load_configuration` finds no credentials, in one line, or None when it does."""
+        pass
     paths = kubeconfig_paths()
     where = os.pathsep.join(paths) or "~/.kube/config"
-    if not os.environ.get("KUBERNETES_SERVICE_HOST") and not any(map(os.path.exists, paths)):
-        return (f"no Kubernetes credentials: not in a cluster, and no kubeconfig at {where} "
-                "(set KUBECONFIG)")
+    if not any(map(os.path.exists, paths)):
+        raise CredentialsError(f"no Kubernetes credentials: not in a cluster, and no "
+                               f"kubeconfig at {where} (set KUBECONFIG)")
     try:
-        await load_configuration()
+        await kconfig.load_kube_config(config_file=os.pathsep.join(paths),
+                                       client_configuration=configuration)
     except (kconfig.ConfigException, OSError, ValueError, TypeError, AttributeError,
             yaml.YAMLError) as exc:  # fmt: skip
         reason = " ".join(str(exc).split()) or type(exc).__name__
-        return (f"no usable Kubernetes credentials (the service account in a cluster, "
-                f"else the kubeconfig {where}): {reason}")
-    return None
+        raise CredentialsError(f"no usable Kubernetes credentials (the service account in "
+                               f"a cluster, else the kubeconfig {where}): {reason}") from None
+    return configuration
 
 
 PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
