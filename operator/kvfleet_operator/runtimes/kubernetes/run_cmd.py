@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import logging
 import os
 import sys
@@ -23,8 +22,6 @@ from kvfleet_operator.runtimes.kubernetes.build.options import (
     BuildOptions,
 )
 from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
-
-BIND_ERRORS = (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
 
 
 def add_build_options(parser: argparse.ArgumentParser) -> None:
@@ -142,16 +139,11 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(operate(args))
     except KeyboardInterrupt:
         return 130
-    except OSError as exc:
-        if exc.errno not in BIND_ERRORS:
-            raise
-        # taken since ports_taken looked: kopf's liveness endpoint is the only socket kopf binds
-        print(f"kvfleet operator run: --liveness {args.liveness}: cannot listen: "
-              f"{os.strerror(exc.errno)}", file=sys.stderr)
-        return 1
-    except Exception as exc:  # kopf's ActivityError (not public): a startup handler gave up
+    # kopf's ActivityError (not public): a startup handler gave up, e.g. on the metrics
+    # port or the credentials, lost since the check above
+    except Exception as exc:
         if not isinstance(exc.__cause__, kopf.PermanentError):
             raise
-        print(f"kvfleet operator run: {exc.__cause__}", file=sys.stderr)  # --metrics-port taken
+        print(f"kvfleet operator run: {exc.__cause__}", file=sys.stderr)
         return 1
     return 0
