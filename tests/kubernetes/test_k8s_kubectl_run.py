@@ -149,6 +149,31 @@ async def test_a_metrics_port_taken_after_the_check_ends_kopf_instead_of_retryin
     assert "--metrics-port" in str(caught.value.__cause__)
 
 
+RACE = """
+import sys
+from kvfleet_operator.cli.main import main
+from kvfleet_operator.runtimes.kubernetes import run_cmd
+run_cmd.ports_taken = lambda args: None  # the port is taken after the check looked
+sys.argv = ["kvfleet", *sys.argv[1:]]
+sys.exit(main())
+"""
+
+
+async def test_run_ends_in_one_line_when_a_startup_handler_gives_up(cluster, kubectl_env):
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))  # noqa: S104 - the metrics server binds all addresses
+        holder.listen()
+        operator = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", RACE, "operator", "run", "-A", "--metrics-port",
+            str(holder.getsockname()[1]), env=kubectl_env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        out, err = await asyncio.wait_for(operator.communicate(), 60)
+    text = (out + err).decode()
+    assert operator.returncode == 1, text[-3000:]
+    assert err.decode().strip().splitlines()[-1].startswith(
+        "kvfleet operator run: --metrics-port "), text[-3000:]
+
+
 @pytest.mark.parametrize("kubeconfig", ["missing", "malformed"])
 async def test_no_credentials_is_one_line_and_exit_1(tmp_path, kubeconfig):
     path = tmp_path / "kubeconfig"
