@@ -2,8 +2,7 @@ import os
 
 import kmock
 import pytest
-import yaml
-from kmock_shim import KubeShim
+from kmock_shim import KubeShim, write_kubeconfig
 from kubernetes.aio import client as kclient
 from kvfleet_operator.runtimes.kubernetes.ports.kube_client import KubeClient
 
@@ -25,14 +24,7 @@ async def client(cluster):
 @pytest.fixture
 def kubectl_env(cluster, tmp_path):
     """The environment a real `kubectl` needs to talk to the kmock cluster as a user."""
-    config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": str(cluster.url).rstrip("/")}}],
-        "users": [{"name": "me", "user": {"token": "not-checked"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "me"}}],
-    }  # fmt: skip
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(config))
+    path = write_kubeconfig(tmp_path / "kubeconfig", str(cluster.url).rstrip("/"))
     home = tmp_path / "home"
     home.mkdir()
     return {**os.environ, "KUBECONFIG": str(path), "HOME": str(home)}

@@ -10,6 +10,7 @@ import sys
 import pytest
 import yaml
 from k8s_pools import EXAMPLES, ROOT
+from kmock_shim import write_kubeconfig
 from kvfleet_bench.procs import free_port
 from kvfleet_operator.api import load_pool
 from kvfleet_operator.cli import main as kvfleet_cli
@@ -125,12 +126,8 @@ def test_run_starts_kopf_standalone_with_the_scope_asked_for(monkeypatch, tmp_pa
 
     monkeypatch.setattr(kopf, "operator", fake_operator)
     monkeypatch.setattr(kopf, "configure", lambda **_: None)  # leave the tests' logging be
-    kubeconfig = tmp_path / "kubeconfig"  # `run` checks for credentials before kopf starts
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))  # fmt: skip
+    # `run` checks for credentials before kopf starts
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", "https://127.0.0.1:6443")
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     liveness, metrics = f"http://0.0.0.0:{free_port()}/healthz", free_port()  # and the ports
