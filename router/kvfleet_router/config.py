@@ -154,7 +154,7 @@ POLICY_NAMES = (
 PICKER_NAMES = ("max", "power-of-two", "weighted-random")  # policy.picker (the presets')
 PIPELINE_PICKER_NAMES = (*PICKER_NAMES, "round-robin", "slo-tiered")
 SCORER_NAMES = ("prefix", "queue", "pending", "backlog", "kv", "session", "latency", "ucb",
-                "slo")
+                "slo", "space")
 # A pipeline lists only the filters that change what it trades: eligibility (healthy,
 # not-draining, role, model) and saturation run in every policy, so none can drop them.
 PIPELINE_FILTER_NAMES = ("bounded-load",)

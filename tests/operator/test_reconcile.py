@@ -505,3 +505,10 @@ def test_the_pools_pipeline_is_the_routers_policy():
         ["bounded-load"], {"kv": 1.0, "queue": 2.0}, "power-of-two", False)
     assert "pipelines" not in reconcile(pool(), Observed(), now=0.0,
                                         wall=WALL).router_config["policy"]
+
+
+def test_the_space_weight_reaches_the_router_beside_the_defaults():
+    p = pool(routing={"weights": {"space": 0.01}})
+    config = reconcile(p, Observed(), now=0.0, wall=WALL).router_config
+    weights = RouterConfig.from_dict(config).policy.weights
+    assert weights["space"] == 0.01 and weights["prefix"] == 1.0 and weights["queue"] == 4.0

@@ -232,6 +232,7 @@ class WeightsSpec:
     latency: Weight | None = None
     ucb: Weight | None = None
     slo: Weight | None = None
+    space: Weight | None = None
 
 
 @spec_type

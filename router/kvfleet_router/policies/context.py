@@ -40,6 +40,9 @@ class RouteContext:
     prefix_fraction: dict[str, float] = field(default_factory=dict)  # endpoint -> matched/total
     # endpoint -> extra fraction a peer fetch is worth (kv_sharing; peer_hint.fetch_credit)
     peer_credit: dict[str, float] = field(default_factory=dict)
+    # endpoint -> blocks the approximate prefix index holds there (the space scorer's input;
+    # filled only for a policy that scores it)
+    index_blocks: dict[str, int] = field(default_factory=dict)
     # SLO targets the request carries (x-kvfleet-slo-ttft-ms / -tpot-ms); None: config's
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None

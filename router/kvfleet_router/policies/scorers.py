@@ -119,6 +119,17 @@ def backlog(cfg: RouterConfig) -> Scorer:
     return score
 
 
+def space(cfg: RouterConfig) -> Scorer:
+    """Most cache space: min-max of the prompt blocks the router's prefix index holds for each
+    endpoint, fewest 1 (sglang-router's smallest-tree rule). A prompt no endpoint holds
+    then goes where it evicts the least, instead of wherever a random tie-break lands it."""
+
+    def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
+        return lower_is_better([float(ctx.index_blocks.get(e.name, 0)) for e in eps])
+
+    return score
+
+
 def kv_per_sequence(fresh: list[Signals]) -> Callable[[Signals], float]:
     """The KV fraction one more running sequence takes on an endpoint, from the candidates'
     usage per running sequence. In blocks where every candidate exports its capacity
@@ -349,4 +360,5 @@ SCORERS: dict[str, Callable[[RouterConfig], Scorer]] = {
     "backlog": backlog,
     "ucb": ucb,
     "slo": slo,
+    "space": space,
 }
