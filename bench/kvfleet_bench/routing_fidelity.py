@@ -118,8 +118,9 @@ def sim_trace(requests: list[trace_mooncake.TraceRequest], args: argparse.Namesp
                          size) for r in requests]  # fmt: skip
 
 
-def run_sim(policy: str, trace: list, requests: list[trace_mooncake.TraceRequest],
-            args: argparse.Namespace, seed: int) -> dict[str, Any]:
+def run_sim(policy: str | None, trace: list, requests: list[trace_mooncake.TraceRequest],
+            args: argparse.Namespace, seed: int, pool: Path = POOL) -> dict[str, Any]:
+    """One simulated replay; `policy` None: the pool file's own routing."""
     from kvfleet_sim.fake_backend import FakeBackendModel
     from kvfleet_sim.fleet import SimSettings
     from kvfleet_sim.run import Variant, build_sim
@@ -130,7 +131,7 @@ def run_sim(policy: str, trace: list, requests: list[trace_mooncake.TraceRequest
         s_per_output_token=args.ms_per_output_token / 1000 / args.speedup,
         step_s=args.step_ms / 1000,
     )  # fmt: skip
-    variant = Variant(str(POOL), scaler="fixed-max", policy=policy, replicas=args.num_backends)
+    variant = Variant(str(pool), scaler="fixed-max", policy=policy, replicas=args.num_backends)
     settings = SimSettings(startup_s=0.0, seed=seed)
     result = build_sim(variant, variant.load(), settings, fake).run(trace)
     queried, hit = result.prefix_tokens
