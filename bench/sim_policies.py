@@ -390,6 +390,23 @@ def load_weight_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     return out
 
 
+# The space scorer (fewest prompt blocks in the prefix index) as a tie-break in the
+# default's weights: at 0.01 it is below one request's queue score (4 / 256), so it only
+# decides where a prompt no endpoint holds goes among equally loaded endpoints. Chosen on
+# the live bench's model (bench/sim_router_hits.py), where it narrows the spread over seeds;
+# these sections ask whether it costs the SLO where prefills contend.
+SPACE_IN_DEFAULT = {"p1-q4-space001": {"prefix": 1.0, "queue": 4.0, "kv": 0.0, "space": 0.01}}
+
+
+def space_in_default_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
+    what = ("The pool as shipped (`cache-aware`, prefix 1 / queue 4) first, then the same "
+            "pool with the `space` scorer at 0.01 in its weights (`sim/pools/tuning/`), a "
+            "tie-break by the fewest prompt blocks recorded per replica (router/README.md).")
+    return mooncake_sections("A cache-space tie-break in the default's weights on the "
+                             "Mooncake {which} slice (16 replicas)", what,
+                             weights_pools(UNIFIED, SPACE_IN_DEFAULT), quick)
+
+
 def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     """(title, what it shows, `kvfleet sim` command, its arguments)."""
     moon = str(TRACES / "mooncake_conversation.jsonl")
@@ -433,7 +450,7 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
             ROOT))] for name in WEIGHTS), []), "--pool", str(match_pool(0.0).relative_to(ROOT)),
          "--scaler", "fixed-max", *seeds(quick)],
     ), *pending_sections(quick), *latency_in_default_sections(quick),
-        *load_weight_sections(quick)]
+        *load_weight_sections(quick), *space_in_default_sections(quick)]
     # 10 measured minutes (5 when quick) after 5 of warm-up: the oracle replays each minute
     # two to three times per role, so 30-minute slices took most of an hour per trace here
     a_dur = "300" if quick else "600"
