@@ -7,8 +7,8 @@ is checked by `bench/sim_fidelity.py --routing`) takes about a second per seed. 
 candidates over many seeds and several slices, so a default can be chosen on one slice and
 checked on the others before it is measured live:
 
-    .venv/bin/python bench/sim_router_hits.py \\
-        --pipelines '{"space": {"scorers": {"prefix": 1, "queue": 4, "space": 0.01}, "guard": true}}'
+    .venv/bin/python bench/sim_router_hits.py --pipelines \\
+        '{"space": {"scorers": {"prefix": 1, "queue": 4, "space": 0.01}, "guard": true}}'
 
 Policies: `--policy` names (kvfleet's presets and `sgl-cache-aware`, the simulator's model
 of sglang-router's rule), plus each pipeline of `--pipelines` (a pool copy with
@@ -34,6 +34,8 @@ from kvfleet_bench import routing_fidelity
 from kvfleet_bench import traces as trace_mooncake
 from kvfleet_bench.cache_replay import add_scenario_args, git_state, pipelines_arg
 from kvfleet_bench.procs import RESULTS_DIR
+from kvfleet_bench.readme import refresh_section
+from kvfleet_bench.sections.sim_router_hits import results_markdown
 
 SLICES = ("0:4", "2000:4", "4000:4", "6000:4", "8000:4", "10500:4", "0:8", "6000:8")
 POLICIES = ("cache-aware", "sgl-cache-aware")
@@ -89,24 +91,6 @@ def run_slice(args: argparse.Namespace, skip: int, backends: int,
     return {"skip": skip, "num_backends": backends, "rows": rows}
 
 
-def markdown(out: dict[str, Any]) -> str:
-    labels = list(out["slices"][0]["rows"])
-    head = "| slice (skip, backends) | " + " | ".join(f"`{x}`" for x in labels) + " |"
-    lines = [f"Run: `{out['command']}` on commit {out['commit']}; {out['seeds']} seeds per "
-             "cell; hit fraction median (min–max), backends per shared prefix in brackets. "
-             "The first slice is the live bench's own; the rest are its held-out slices.",
-             "", head, "|---" * (len(labels) + 1) + "|"]
-    for s in out["slices"]:
-        cells = []
-        for label in labels:
-            r = s["rows"][label]
-            h = r["hit_fraction"]
-            cells.append(f"{statistics.median(h):.4f} ({min(h):.4f}–{max(h):.4f}) "
-                         f"[{r['backends_per_shared_prefix']:.3f}]")
-        lines.append(f"| {s['skip']}, {s['num_backends']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str]) -> int:
     args = parse(argv)
     started = time.time()
@@ -120,8 +104,9 @@ def main(argv: list[str]) -> int:
            "commit": git_state()["commit"][:10], "seeds": args.seeds,
            "wall_s": time.time() - started, "slices": slices}
     args.out.write_text(json.dumps(out, indent=1) + "\n")
-    args.out.with_suffix(".md").write_text(markdown(out))
+    args.out.with_suffix(".md").write_text(results_markdown(out))
     print(f"wrote {args.out} (+ .md)")
+    refresh_section("sim_router_hits", args.out)
     return 0
 
 
