@@ -158,11 +158,9 @@ class RouterCore:
                            num_prompt_tokens=info.estimated_prompt_tokens(
                                self.cfg.prefix.chars_per_token),
                            slo_ttft_s=info.slo_ttft_s, slo_tpot_s=info.slo_tpot_s,
-                           outranked=outranked or {})
+                           outranked=outranked or {}, prefix_index=self.approx)
         by_size: dict[int, tuple[list[int], dict[str, int]]] = {}
         ctx.prefix_fraction = self.prefix_fractions(info, hashes, endpoints, by_size)
-        if policy.scores_space:
-            ctx.index_blocks = {e.name: self.approx.num_blocks(e.name) for e in endpoints}
         if self.cfg.kv_sharing.enabled and by_size and policy.scores_prefix:
             ctx.peer_credit = self.peer_credits(endpoints, by_size, ctx)
         return Routed(policy.choose(endpoints, ctx), ctx, hashes, name, by_size)

@@ -53,7 +53,7 @@ class SglCacheAware(Policy):
     def __init__(self, name: str, cfg: RouterConfig, hasher: ApproxPrefixIndex,
                  tree: ChainIndex, sgl: SglDefaults) -> None:  # fmt: skip
         super().__init__(name, cfg, pipeline_of("cache-aware", cfg))  # for eligibility
-        self.scores_prefix = self.scores_space = False
+        self.scores_prefix = False
         self.hasher = hasher
         self.tree = tree
         self.sgl = sgl

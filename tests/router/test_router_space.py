@@ -11,6 +11,7 @@ import random
 import pytest
 from kvfleet_router.config import ConfigError, PipelineConfig, RouterConfig
 from kvfleet_router.policies.scorers import SCORERS
+from kvfleet_router.prefix_index import ChainIndex
 from kvfleet_router.request_info import RequestInfo
 from kvfleet_router.router_core import RouterCore
 from policy_fixtures import cfg, ctx, ep
@@ -21,7 +22,10 @@ LONG = "a conversation that fills this endpoint's cache with its many turns. " *
 
 def test_space_scores_the_endpoint_holding_the_fewest_blocks_highest():
     eps = [ep("a"), ep("b"), ep("c")]
-    c = ctx(index_blocks={"a": 100, "b": 10, "c": 55})
+    index = ChainIndex(1000)
+    for name, n in (("a", 100), ("b", 10), ("c", 55)):
+        index.record(name, [hash((name, k)) for k in range(n)])
+    c = ctx(prefix_index=index)
     assert SCORERS["space"](cfg())(eps, c) == pytest.approx([0.0, 1.0, 0.5])
     assert SCORERS["space"](cfg())(eps, ctx()) == [1.0, 1.0, 1.0]  # nothing recorded: a tie
 

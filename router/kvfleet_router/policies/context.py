@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass, field
 
 from kvfleet_router.endpoint import EndpointState
+from kvfleet_router.prefix_index import ChainIndex
 from kvfleet_router.request_info import RequestInfo
 
 
@@ -40,9 +41,8 @@ class RouteContext:
     prefix_fraction: dict[str, float] = field(default_factory=dict)  # endpoint -> matched/total
     # endpoint -> extra fraction a peer fetch is worth (kv_sharing; peer_hint.fetch_credit)
     peer_credit: dict[str, float] = field(default_factory=dict)
-    # endpoint -> blocks the approximate prefix index holds there (the space scorer's input;
-    # filled only for a policy that scores it)
-    index_blocks: dict[str, int] = field(default_factory=dict)
+    # the router's approximate prefix index, read-only (the space scorer counts its blocks)
+    prefix_index: ChainIndex = field(default_factory=lambda: ChainIndex(1))
     # SLO targets the request carries (x-kvfleet-slo-ttft-ms / -tpot-ms); None: config's
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None

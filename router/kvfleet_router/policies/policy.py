@@ -64,7 +64,6 @@ class Policy:
         self.scorers: list[tuple[float, Scorer]] = [
             (w, SCORERS[s](cfg)) for s, w in pipeline.scorers.items() if w > 0]
         self.scores_prefix = pipeline.scorers.get("prefix", 0) > 0  # reads ctx.peer_credit
-        self.scores_space = pipeline.scorers.get("space", 0) > 0  # reads ctx.index_blocks
         self.picker: Picker = PICKERS[pipeline.picker]()
         self.guard = cfg.policy.imbalance if pipeline.guard else None
         self.balance_scorer: Scorer = SCORERS["queue"](cfg)

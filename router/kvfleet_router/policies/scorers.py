@@ -125,7 +125,8 @@ def space(cfg: RouterConfig) -> Scorer:
     then goes where it evicts the least, instead of wherever a random tie-break lands it."""
 
     def score(eps: list[EndpointState], ctx: RouteContext) -> list[float]:
-        return lower_is_better([float(ctx.index_blocks.get(e.name, 0)) for e in eps])
+        blocks = ctx.prefix_index.num_blocks
+        return lower_is_better([float(blocks(e.name)) for e in eps])
 
     return score
 
