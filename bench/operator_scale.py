@@ -43,7 +43,7 @@ from typing import Any
 import aiohttp.web
 import kmock
 import yaml
-from kvfleet_bench.kmock_shim import KubeShim
+from kvfleet_bench.kmock_shim import KubeShim, write_kubeconfig
 from kvfleet_bench.procs import REPO_DIR as REPO
 from kvfleet_bench.procs import cpu_seconds, free_port
 from kvfleet_bench.readme import refresh_section
@@ -199,14 +199,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         shim.declare()
         url = str(server.url).rstrip("/")
         with tempfile.TemporaryDirectory() as tmp:
-            config = {
-                "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-                "clusters": [{"name": "kmock", "cluster": {"server": url}}],
-                "users": [{"name": "me", "user": {"token": "not-checked"}}],
-                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "me"}}],
-            }  # fmt: skip
-            (Path(tmp) / "kubeconfig").write_text(yaml.safe_dump(config))
-            env = {**os.environ, "KUBECONFIG": str(Path(tmp) / "kubeconfig"), "HOME": tmp}
+            kubeconfig = write_kubeconfig(Path(tmp) / "kubeconfig", url)
+            env = {**os.environ, "KUBECONFIG": str(kubeconfig), "HOME": tmp}
             profile = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []
             cmd = [sys.executable, *profile, "-m", "kvfleet_operator.cli.main", "operator", "run",
                    "--all-namespaces", "--liveness", f"http://127.0.0.1:{free_port()}/healthz",

@@ -17,7 +17,8 @@ bench/operator_scale.py run `kvfleet`'s operator against it.
 Still missing, so never asserted through it: server-side apply semantics (kmock merges
 dicts, replaces lists), `/scale`, validation, garbage collection.
 
-`api` sends one request to it as a user would. The tests' harness (kopf in-process) is in
+`api` sends one request to it as a user would; `write_kubeconfig` points a real client
+(kubectl, the operator) at it. The tests' harness (kopf in-process) is in
 tests/kubernetes/kmock_shim.py.
 """
 
@@ -30,10 +31,12 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import attrs
 import kmock
+import yaml
 from kmock._internal import references
 from kvfleet_operator.api.pool import GROUP, VERSION
 
@@ -237,3 +240,14 @@ async def api(shim: KubeShim, method: str, path: str, body: Any = None,
                                 headers={"Content-Type": content_type}) as resp:
             assert resp.status < 300, (method, path, resp.status, await resp.text())
             return await resp.json(content_type=None)
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    """A kubeconfig at `path` for `server`, as a user's would be (a token nobody checks)."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": server}}],
+        "users": [{"name": "me", "user": {"token": "not-checked"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "me"}}],
+    }))  # fmt: skip
+    return path

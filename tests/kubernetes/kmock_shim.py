@@ -12,13 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import kopf
-import yaml
 from kubernetes.aio import client as kclient
-from kvfleet_bench.kmock_shim import KubeShim, api
+from kvfleet_bench.kmock_shim import KubeShim, api, write_kubeconfig
 from kvfleet_operator.runtimes.kubernetes import handlers
 from kvfleet_operator.runtimes.kubernetes.operator_config import OperatorConfig
 from kvfleet_operator.runtimes.kubernetes.ports.kube_client import KubeClient
@@ -96,13 +94,3 @@ async def eventually(check: Callable[[], Any], timeout_s: float = 15.0, what: st
             raise AssertionError(f"timed out waiting for {what or check}")
         await asyncio.sleep(0.05)
 
-
-def write_kubeconfig(path: Path, server: str) -> Path:
-    """A kubeconfig at `path` for `server`, as a user's would be (a token nobody checks)."""
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": server}}],
-        "users": [{"name": "me", "user": {"token": "not-checked"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "me"}}],
-    }))  # fmt: skip
-    return path
