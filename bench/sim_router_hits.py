@@ -76,12 +76,12 @@ def pipeline_pool(name: str, pipeline: dict[str, Any], workdir: Path) -> Path:
 
 def run_slice(args: argparse.Namespace, skip: int, backends: int,
               runs: dict[str, tuple[str | None, Path]]) -> dict[str, Any]:
-    args.skip, args.num_backends = skip, backends
+    scenario = argparse.Namespace(**{**vars(args), "skip": skip, "num_backends": backends})
     requests = trace_mooncake.load(args.trace, args.num_requests, args.speedup, skip)
-    trace = routing_fidelity.sim_trace(requests, args)
+    trace = routing_fidelity.sim_trace(requests, scenario)
     rows = {}
     for label, (policy, pool) in runs.items():
-        seeds = [routing_fidelity.run_sim(policy, trace, requests, args, seed, pool)
+        seeds = [routing_fidelity.run_sim(policy, trace, requests, scenario, seed, pool)
                  for seed in range(args.seeds)]
         hits = [r["hit_fraction"] for r in seeds]
         rows[label] = {"hit_fraction": hits, "backends_per_shared_prefix": statistics.median(

@@ -13,7 +13,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "sim_router_hits.py"
 TRACE = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
-SPACE = '{"space": {"scorers": {"prefix": 1, "queue": 4, "space": 0.01}, "guard": true}}'
+# `spread` has no affinity at all: its rows show the pipeline, not the pool's own policy, ran
+PIPELINES = ('{"space": {"scorers": {"prefix": 1, "queue": 4, "space": 0.01}, "guard": true}, '
+             '"spread": {"picker": "round-robin"}}')
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -25,19 +27,21 @@ def run(*args: str) -> subprocess.CompletedProcess:
 def test_each_policy_and_pipeline_gets_a_row_per_slice(tmp_path):
     out = tmp_path / "hits.json"
     proc = run("--num-requests", "150", "--seeds", "2", "--slice", "0:2", "--slice", "300:3",
-               "--policy", "cache-aware", "--policy", "round-robin", "--pipelines", SPACE,
+               "--policy", "cache-aware", "--policy", "round-robin", "--pipelines", PIPELINES,
                "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads(out.read_text())
     assert [(s["skip"], s["num_backends"]) for s in result["slices"]] == [(0, 2), (300, 3)]
     for s in result["slices"]:
-        assert list(s["rows"]) == ["cache-aware", "round-robin", "space"]
+        assert list(s["rows"]) == ["cache-aware", "round-robin", "space", "spread"]
         for row in s["rows"].values():
             assert len(row["hit_fraction"]) == 2
             assert all(0 <= h <= 1 for h in row["hit_fraction"])
         # round-robin spreads every prefix; the affinity policies keep most on one backend
         assert s["rows"]["round-robin"]["backends_per_shared_prefix"] > \
             s["rows"]["space"]["backends_per_shared_prefix"]
+        assert s["rows"]["spread"]["backends_per_shared_prefix"] > \
+            s["rows"]["cache-aware"]["backends_per_shared_prefix"]
     assert "| 300, 3 |" in out.with_suffix(".md").read_text()
 
 
