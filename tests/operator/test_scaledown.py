@@ -16,6 +16,14 @@ from kvfleet_operator.decide.scaledown import choose_victims, is_drain_done
         ),
         # Not ready first, whatever its numbers.
         ([V("a"), V("b", is_ready=False, num_in_flight=9)], 1, ["b"]),
+        # Of those not ready, one stuck (failed, overdue) before one still starting,
+        # whatever their ages; among the starting, the newest.
+        ([V("starting", is_ready=False, started_at=1.0),
+          V("stuck", is_ready=False, is_stuck=True, started_at=5.0)], 1, ["stuck"]),
+        ([V("starting", is_ready=False, started_at=5.0),
+          V("stuck", is_ready=False, is_stuck=True, started_at=1.0)], 1, ["stuck"]),
+        ([V("old", is_ready=False, started_at=1.0), V("new", is_ready=False, started_at=5.0)],
+         1, ["new"]),
         # Tie on requests: the colder prefix cache (fewer hit tokens/s) goes first.
         (
             [
@@ -48,7 +56,14 @@ def test_bad_input():
 
 @pytest.mark.parametrize(
     "in_flight,started,now,timeout,done",
-    [(0, 0.0, 0.0, 30.0, True), (2, 0.0, 10.0, 30.0, False), (2, 0.0, 30.0, 30.0, True)],
+    [
+        (0, 0.0, 0.0, 30.0, True),
+        (1, 0.0, 29.9, 30.0, False),  # one request still in flight: not done
+        (2, 0.0, 10.0, 30.0, False),
+        (2, 0.0, 30.0, 30.0, True),  # at the timeout exactly
+        (2, 100.0, 129.9, 30.0, False),  # the timeout counts from the drain's start
+        (2, 100.0, 130.0, 30.0, True),
+    ],
 )
 def test_is_drain_done(in_flight, started, now, timeout, done):
     assert is_drain_done(in_flight, started, now, timeout) is done

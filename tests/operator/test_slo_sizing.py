@@ -18,6 +18,7 @@ from kvfleet_operator.decide.autoscaler import (
 )
 from kvfleet_operator.decide.autoscaler_spec import config_from_pool
 from kvfleet_operator.decide.load_forecast import (
+    MIN_POINTS,
     ForecastState,
     linear_forecast,
     record_rate,
@@ -260,6 +261,15 @@ def test_flat_stays_flat_and_a_fall_does_not_scale_down_ahead():
     assert linear_forecast(flat[:2], 8.0, at=100.0) == 8.0  # too few points: no trend
 
 
+def test_a_trend_takes_min_points_in_time():
+    ramp = [(0.0, 10.0), (1.0, 11.0), (2.0, 12.0)]
+    assert len(ramp) == MIN_POINTS
+    assert linear_forecast(ramp, 12.0, at=4.0) == pytest.approx(14.0)
+    assert linear_forecast(ramp[:MIN_POINTS - 1], 11.0, at=4.0) == 11.0
+    # Points that span no time have no slope (and divide by nothing).
+    assert linear_forecast([(5.0, 1.0), (5.0, 9.0), (5.0, 20.0)], 7.0, at=10.0) == 7.0
+
+
 def test_record_rate_keeps_one_window():
     state = ForecastState()
     for t in range(100):
@@ -283,8 +293,13 @@ def test_startup_is_measured_from_ask_to_ready_and_survives_a_restart():
     track_startup(state, "prefill", now=300.0, current=5, target=8, num_ready=5)
     track_startup(state, "prefill", now=310.0, current=8, target=6, num_ready=5)
     assert "prefill" not in state.pending_up
+    record_rate(state, "prefill", now=310.0, rate=12.5, window_s=20.0)
+    track_startup(state, "decode", now=310.0, current=2, target=3, num_ready=2)
     history = History(forecast=state)
-    assert History.from_dict(history.to_dict()).forecast == state
+    restored = History.from_dict(history.to_dict()).forecast
+    assert restored == state
+    assert restored.rates == {"prefill": [(300.0, 12.5)]}  # the trend survives too
+    assert restored.pending_up == {"decode": [(310.0, 3)]}
 
 
 # --- decide() with an SLO --------------------------------------------------------------------

@@ -44,3 +44,33 @@ def test_an_unreadable_key_file_is_a_config_error(tmp_path):
                                         (None, None), ("", None)])
 def test_the_bearer_key_is_read_from_the_authorization_header(header, key):
     assert bearer_key(header) == key
+
+
+@pytest.mark.parametrize("key,tenant,ok", [
+    ("k" * 16, "t", True), ("k" * 15, "t", False),  # the shortest key allowed, one less
+    ("k" * 16, "t" * 128, True), ("k" * 16, "t" * 129, False),  # the longest tenant, one more
+])
+def test_key_and_tenant_lengths_at_their_bounds(key, tenant, ok):
+    if ok:
+        assert list(parse_keys(f"{key}: {tenant}\n", "keys.yaml").values()) == [tenant]
+    else:
+        with pytest.raises(ConfigError, match="entry 1: the (key|tenant) must be"):
+            parse_keys(f"{key}: {tenant}\n", "keys.yaml")
+
+
+def test_a_yaml_error_names_its_line():
+    # the second entry's value holds a second colon: a YAML error on line 2
+    with pytest.raises(ConfigError, match=r"not valid YAML near line 2$"):
+        parse_keys(f"{SECRET}: a\nsk-live-fedcba9876543210: b: c\n{SECRET}x: d\n", "keys.yaml")
+
+
+def test_the_file_is_checked_again_after_reload_every_s(tmp_path):
+    path = tmp_path / "keys.yaml"
+    path.write_text(f"{SECRET}: team-a\n")
+    keys = ApiKeys(str(path), reload_every_s=2.0)
+    keys.maybe_reload(10.0)
+    path.write_text(f"{SECRET}: team-b\nsk-live-fedcba9876543210: team-c\n")  # size changes
+    keys.maybe_reload(11.9)
+    assert keys.tenant_of(SECRET) == "team-a"  # checked 1.9 s ago: not yet
+    keys.maybe_reload(12.0)
+    assert keys.tenant_of(SECRET) == "team-b"  # 2 s since the last check: read again

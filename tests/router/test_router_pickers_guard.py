@@ -29,6 +29,13 @@ def test_weighted_random_follows_weights():
     assert {pick([0.0, 0.0], rng) for _ in range(50)} == {0, 1}
 
 
+def test_weighted_random_follows_weights_that_sum_below_one():
+    rng = random.Random(4)
+    picks = [PICKERS["weighted-random"]()([0.0, 0.1, 0.3], rng) for _ in range(4000)]
+    assert picks.count(0) == 0
+    assert picks.count(2) / picks.count(1) == pytest.approx(3.0, rel=0.15)
+
+
 def test_round_robin_cycles():
     pick = PICKERS["round-robin"]()
     assert [pick([0, 0, 0], random.Random()) for _ in range(5)] == [0, 1, 2, 0, 1]
@@ -39,6 +46,10 @@ def test_round_robin_cycles():
     ([5, 10], 8, 1.5, False),     # spread 5 <= 8
     ([10, 19], 8, 1.5, True),     # 9 > 8 and 19 > 15
     ([20, 29], 8, 1.5, False),    # 29 <= 30
+    ([0, 8], 8, 1.5, False),      # spread exactly the absolute threshold: balanced
+    ([0, 8.5], 8, 1.5, True),     # just over it
+    ([18, 27], 8, 1.5, False),    # spread 9 > 8, but 27 is exactly 1.5 x 18: balanced
+    ([18, 27.5], 8, 1.5, True),   # just over both
     ([3], 0, 1.0, False),
     ([], 0, 1.0, False),
 ])
@@ -50,3 +61,4 @@ def test_imbalance_ratio():
     assert imbalance_ratio([0.5, 0.25, 0.75]) == pytest.approx((0.75 - 0.25) / 0.5)
     assert imbalance_ratio([0, 0]) == 0.0
     assert imbalance_ratio([1.0]) == 0.0
+    assert imbalance_ratio([1.0, 3.0]) == pytest.approx(1.0)  # two endpoints are a fleet

@@ -80,6 +80,12 @@ def test_precise_index_resets_on_a_sequence_gap_and_skips_orphans():
     assert idx.match(hash_tokens([7, 8], 2)) == {}
     idx.apply("e0", stored(6, [1], [1, 2], size=0))  # no block size: ignored, not a crash
     assert idx.match(hash_tokens([1, 2], 2)) == {}
+    # Fewer tokens than its blocks hold: the chain cannot be re-hashed, so it is skipped
+    # (not stored under hashes of partial blocks).
+    idx.apply("e0", stored(7, [1, 2], [1, 2, 3]))
+    assert idx.num_blocks("e0") == 0 and idx.match(hash_tokens([1, 2, 3, 4], 2)) == {}
+    idx.apply("e0", stored(8, [1, 2], [1, 2, 3, 4]))  # exactly enough: stored
+    assert idx.match(hash_tokens([1, 2, 3, 4], 2)) == {"e0": 2}
 
 
 def test_two_engines_same_tokens_match_both():
@@ -101,3 +107,26 @@ def test_apply_line_tolerates_garbage_and_long_events():
                        "token_ids": tokens, "block_size": 16}).encode()
     apply_line(idx, "e", line)
     assert idx.match(hash_tokens(tokens, 16)) == {"e": 2500}
+
+
+def test_a_shared_block_keeps_its_other_owners_when_one_drops_it():
+    idx = ChainIndex(max_blocks_per_endpoint=100)
+    for e in ("a", "b", "c"):
+        idx.record(e, [1, 2])
+    idx.remove("a", [1, 2])  # two owners left: both still hold the chain
+    assert idx.match([1, 2]) == {"b": 2, "c": 2}
+    idx.remove("b", [2])  # one owner left of block 2
+    assert idx.match([1, 2]) == {"b": 1, "c": 2}
+    idx.forget_endpoint("c")
+    assert idx.match([1, 2]) == {"b": 1}
+
+
+def test_evicting_a_shared_block_from_one_endpoint_leaves_it_with_the_other():
+    idx = ChainIndex(max_blocks_per_endpoint=2)
+    idx.record("a", [1, 2])
+    idx.record("b", [1, 2])
+    idx.record("a", [7])  # a is full: its oldest block, 2 (the chain's tail), goes
+    assert idx.match([1, 2]) == {"a": 1, "b": 2}
+    idx.record("a", [8, 9])  # and now block 1 too
+    assert idx.match([1, 2]) == {"b": 2}
+    assert idx.num_blocks("a") == 2 and idx.num_blocks("b") == 2
