@@ -21,9 +21,11 @@ from kvfleet_router.perf_model import (
     LinearStats,
     Mape,
     OutputLengths,
+    RoleCoefficients,
     RoleModel,
     dot,
     role_coefficients,
+    tpot_features,
     ttft_features,
 )
 from kvfleet_router.policies.pickers import pick_slo_tiered
@@ -112,13 +114,17 @@ def test_role_model_keeps_an_own_fit_only_where_it_predicts_better_than_the_pool
 def test_fit_errors_compare_on_the_same_answers():
     errors = FitErrors(alpha=0.5)
     assert errors.is_own_better  # nothing compared yet: the own fit, as before
-    errors.add(own=1.2, pooled=1.1, actual=1.0)
+    errors.add(own=2.4, pooled=2.2, actual=2.0)  # relative errors: 0.2 and 0.1
     assert errors.own == pytest.approx(0.2) and errors.pooled == pytest.approx(0.1)
     assert not errors.is_own_better
-    errors.add(own=1.0, pooled=1.3, actual=1.0)  # 0.1 vs 0.2 after the EWMA
+    errors.add(own=2.0, pooled=2.6, actual=2.0)  # 0.1 vs 0.2 after the EWMA
     assert errors.is_own_better
     errors.add(own=None, pooled=2.0, actual=1.0)  # one side missing: not scored
+    errors.add(own=5.0, pooled=1.0, actual=0.0)  # nothing to be relative to: not scored
     assert errors.own == pytest.approx(0.1) and errors.pooled == pytest.approx(0.2)
+    tie = FitErrors(alpha=0.5)
+    tie.add(own=2.5, pooled=1.5, actual=2.0)  # equally wrong: the pooled fit, not its own
+    assert not tie.is_own_better
 
 
 def test_output_lengths_and_mape():
@@ -129,9 +135,67 @@ def test_output_lengths_and_mape():
     lengths.learn("m", "s", 400)
     assert lengths.predict("m", "s") == 400 and lengths.predict("m", "t") == pytest.approx(120)
     mape = Mape()
-    mape.add(1.1, 1.0)
-    mape.add(0.5, 1.0)
-    assert mape.value == pytest.approx(0.3)
+    assert mape.value == 0.0
+    mape.add(2.2, 2.0)  # 10% over
+    mape.add(1.0, 2.0)  # 50% under
+    mape.add(1.0, 0.0)  # no actual to be relative to: not counted
+    assert mape.value == pytest.approx(0.3) and mape.num_samples == 2
+
+
+def test_output_lengths_keep_at_most_max_keys_dropping_the_oldest():
+    lengths = OutputLengths(prior=100, max_keys=2)
+    lengths.learn(None, "s1", 10)
+    lengths.learn(None, "s2", 20)
+    lengths.learn(None, "s1", 30)  # a key it holds: learned, nothing dropped
+    assert lengths.by_session == {"s1": pytest.approx(14.0), "s2": 20}
+    lengths.learn(None, "s3", 5)  # a new key at the cap: the oldest (s1) goes
+    assert lengths.by_session == {"s2": 20, "s3": 5}
+
+
+def test_features_clamp_what_cannot_be_negative_and_kv_to_one():
+    assert ttft_features(-100, -1, -2, 1.7) == (1.0, 0.0, 0.0, 0.0, 0.0, 1.0)
+    assert ttft_features(3000, 2, 5, -0.3) == (1.0, 3.0, 6.0, 2.0, 5.0, 0.0)
+    assert tpot_features(-4, 1.2) == (1.0, 0.0, 1.0)
+    assert tpot_features(7, 0.4) == (1.0, 7.0, 0.4)
+
+
+@pytest.mark.parametrize(("ttft", "tpot"), [(6, 2), (5, 3), (7, 3)])
+def test_role_coefficients_need_every_coefficient(ttft, tpot):
+    with pytest.raises(ValueError, match=f"need 6 TTFT and 3 TPOT coefficients, got {ttft} "):
+        RoleCoefficients((0.0,) * ttft, (0.0,) * tpot)
+
+
+def test_the_pooled_fit_is_refitted_every_refit_every_answers_and_shared_by_two():
+    a, b = EndpointPerf(), EndpointPerf()
+    x = ttft_features(2000, 0, 1, 0.1)
+    for _ in range(8):
+        a.learn_ttft(x, 0.1)
+    model = RoleModel(min_samples=32, refit_every=16)
+    model.refresh([a, b])
+    assert a.pooled_ttft is None  # one endpoint with answers: nothing to score a pool on
+    b.learn_ttft(x, 0.4)
+    model.refresh([a, b])  # 1 answer since the last fit: not refitted
+    assert a.pooled_ttft is None
+    for _ in range(15):
+        b.learn_ttft(x, 0.4)
+    model.refresh([a, b])  # 16 since: refitted, and now two endpoints share it
+    assert a.pooled_ttft is not None and a.pooled_ttft is b.pooled_ttft
+
+
+@pytest.mark.parametrize(("n", "blended"), [(31, True), (32, False)])
+def test_an_own_fit_replaces_the_blend_at_min_samples(n, blended):
+    mine, other = EndpointPerf(), EndpointPerf()
+    x = ttft_features(2000, 0, 1, 0.1)
+    for _ in range(n):
+        mine.learn_ttft(x, 0.1)
+    for _ in range(64):
+        other.learn_ttft(x, 0.4)
+    model = RoleModel(min_samples=32)
+    model.refresh([mine, other])
+    own = mine.ttft.predict(x)
+    got = model.predict_ttft(mine, x)
+    assert own == pytest.approx(0.1, rel=0.01)
+    assert (got != pytest.approx(own, rel=0.01)) is blended  # the pooled fit pulls it up
 
 
 def two_speed_core(ttft_s: float = 2.0, policy: str = "slo"
