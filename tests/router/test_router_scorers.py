@@ -231,3 +231,42 @@ def test_prefix_plus_peer_credit_is_capped_at_one():
         peer_credit={"a": 0.3, "b": 0.25, "c": 0.01, "d": 0.4}))
     assert got == pytest.approx([1.0, 0.75, 1.0, 0.4])
     assert all(0.0 <= s <= 1.0 for s in got)
+
+
+def test_ucb_work_counts_uncached_ktokens_and_requests_ahead():
+    from kvfleet_router.policies.scorers import ucb_work
+
+    assert ucb_work(2500, 3) == pytest.approx(1.0 + 2.5 + 3)
+    assert ucb_work(-10, -2) == 1.0  # nothing negative counts
+
+
+def slo_request(max_tokens=50):
+    return RequestInfo(max_tokens=max_tokens, body={"max_tokens": max_tokens})
+
+
+def test_slo_scores_by_the_formula_on_the_priors():
+    """Nothing learned: TTFT = 0.5 ms x 2,000 uncached tokens x (1 + queued ahead), TPOT
+    = 20 ms, against 2 s / 50 ms and a 0.2 headroom (lateness <= 0.8 meets). Idle: TTFT
+    1 s, lateness 0.5, decode share f = 50 x 0.02 / (1 + 1) = 0.5, h = 0.5 x 0.5 + 0.5 x
+    0.6 = 0.55, score 0.5 + 0.275. One queued: 2 s, lateness 1.0: 0.49 x 0.8 / 1.0. Three
+    queued: 4 s, lateness 2: half that."""
+    eps = [ep("idle"), ep("one", in_flight=1), ep("three", in_flight=3)]
+    c = ctx(request=slo_request(), num_prompt_tokens=2000)
+    scores = SCORERS["slo"](cfg())(eps, c)
+    assert scores == pytest.approx([0.775, 0.392, 0.196])
+    assert c.predictions["idle"] == pytest.approx((1.0, 0.02))
+    assert c.predictions["three"] == pytest.approx((4.0, 0.02))
+    # The request's own TTFT target (5 s): one queued now meets, lateness 0.4, f = 1 / 3,
+    # h = 2/3 x 0.6 + 1/3 x 0.6 = 0.6.
+    c = ctx(request=slo_request(), num_prompt_tokens=2000, slo_ttft_s=5.0)
+    assert SCORERS["slo"](cfg())(eps, c)[1] == pytest.approx(0.8)
+
+
+def test_slo_meets_at_exactly_the_margin():
+    # 3,200 tokens idle: TTFT 1.6 s, lateness exactly 0.8: it meets, by its headroom
+    # (f = 0.02 / 1.62, h = (1 - f) x 0.2 + f x 0.6); one token more and it is late.
+    f = 0.02 / 1.62
+    at, = SCORERS["slo"](cfg())([ep("a")], ctx(request=slo_request(1), num_prompt_tokens=3200))
+    assert at == pytest.approx(0.5 + 0.5 * ((1 - f) * 0.2 + f * 0.6))
+    late, = SCORERS["slo"](cfg())([ep("a")], ctx(request=slo_request(1), num_prompt_tokens=3201))
+    assert late == pytest.approx(0.49 * 0.8 / (0.0005 * 3201 / 2.0))
