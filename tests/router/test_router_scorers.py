@@ -270,3 +270,28 @@ def test_slo_meets_at_exactly_the_margin():
     assert at == pytest.approx(0.5 + 0.5 * ((1 - f) * 0.2 + f * 0.6))
     late, = SCORERS["slo"](cfg())([ep("a")], ctx(request=slo_request(1), num_prompt_tokens=3201))
     assert late == pytest.approx(0.49 * 0.8 / (0.0005 * 3201 / 2.0))
+
+
+def test_slo_lateness_is_the_later_of_ttft_and_tpot():
+    # A 10 ms TPOT target: the prior 20 ms TPOT is 2x late while the TTFT (1 s of 2 s) is
+    # not; the TPOT decides: 0.49 x 0.8 / 2.
+    c = ctx(request=slo_request(), num_prompt_tokens=2000, slo_tpot_s=0.01)
+    assert SCORERS["slo"](cfg())([ep("a")], c) == pytest.approx([0.49 * 0.8 / 2.0])
+
+
+def test_output_tokens_come_from_the_session_else_the_models_mean_else_the_prior():
+    from kvfleet_router.policies.scorers import request_output_tokens
+
+    a, b = ep("a"), ep("b")
+    a.output_lengths.by_model["m"] = 100.0
+    b.output_lengths.by_model["m"] = 300.0
+    b.output_lengths.by_session["s"] = 40.0
+    unbounded = {"model": "m"}  # no max_tokens in the body: the prediction stands
+    assert request_output_tokens([a, b], ctx(request=RequestInfo(
+        model="m", session_key="s", body=unbounded)), 256.0) == 40.0
+    assert request_output_tokens([a, b], ctx(request=RequestInfo(
+        model="m", body=unbounded)), 256.0) == pytest.approx(200.0)  # both endpoints' mean
+    assert request_output_tokens([a, b], ctx(request=RequestInfo(
+        model="other", body=unbounded)), 256.0) == 256.0
+    bounded = RequestInfo(model="m", max_tokens=150, body={"max_tokens": 150})
+    assert request_output_tokens([a, b], ctx(request=bounded), 256.0) == 150.0
