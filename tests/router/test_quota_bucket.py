@@ -167,3 +167,47 @@ def test_quotas_are_off_by_default():
     cfg = RouterConfig()
     assert not cfg.quotas.is_enabled
     assert RouterConfig.from_dict({"quotas": {"tenants": {"a": {"tpm": 10}}}}).quotas.is_enabled
+
+
+def test_a_drained_tenant_is_not_forgotten_when_new_names_flood_the_table():
+    # Forgetting a full bucket gives nothing away (it would come back full); forgetting a
+    # drained one would hand its tenant a fresh bucket. At the cap (4), the full buckets
+    # go first and every drained one stays, still refused.
+    book = QuotaBook(QuotasConfig(default=TenantQuota(rpm=60), burst_s=1.0), max_tenants=4)
+    for t in ("a", "b"):
+        assert book.admit(t, 1, 0.0).is_admitted  # depth 1: drained for a second
+    for t in ("c", "d"):
+        assert book.admit(t, 1, -10.0).is_admitted  # full again by now
+    assert book.admit("e", 1, 0.0).is_admitted  # past the cap: c and d go
+    assert len(book) == 3
+    assert not book.admit("a", 1, 0.5).is_admitted and not book.admit("b", 1, 0.5).is_admitted
+
+
+def test_past_the_cap_with_none_full_the_emptiest_three_quarters_stay():
+    book = QuotaBook(QuotasConfig(default=TenantQuota(rpm=60), burst_s=4.0), max_tenants=8)
+    for i in range(8):  # depth 4: tenant i asks i + 1 times at t = 0, t3 to t7 drain it
+        for _ in range(i + 1):
+            book.admit(f"t{i}", 1, 0.0)
+    book.admit("new", 1, 0.0)
+    assert len(book) == 6 + 1  # 3/4 of 8 kept, the emptiest, and the newcomer
+    for i in range(3, 8):
+        assert not book.admit(f"t{i}", 1, 0.0).is_admitted  # kept, still drained
+    assert book.admit("t2", 1, 0.0).is_admitted  # kept with its 1 left
+    assert not book.admit("t2", 1, 0.0).is_admitted
+    # t0 (3 left) went, the fullest: it comes back with a fresh bucket of 4
+    assert all(book.admit("t0", 1, 0.0).is_admitted for _ in range(4))
+
+
+def test_a_full_bucket_resets_in_no_time():
+    bucket = TokenBucket.full(per_min=60, burst=2, now=0.0)
+    assert bucket.full_in_s(5.0) == 0.0 and bucket.wait_s(1, 5.0) == 0.0
+    bucket.take(1, 5.0)
+    assert bucket.full_in_s(5.0) == pytest.approx(1.0) and bucket.wait_s(1, 5.0) == 0.0
+    assert duration_text(0.001) == "1ms" and duration_text(0.0004) == "1ms"
+
+
+def test_one_request_a_minute_is_a_limit():
+    book = _book(rpm=1)
+    assert book.is_limited("a") and _book(tpm=1).is_limited("a") and not _book().is_limited("a")
+    assert book.admit("a", 1, 0.0).is_admitted
+    assert not book.admit("a", 1, 30.0).is_admitted
