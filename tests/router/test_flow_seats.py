@@ -66,3 +66,19 @@ def test_worse_than_counts_only_worse_standings_and_give_back_undoes_take():
         seats.give_back(s)
     assert seats.num_held("e") == 0 and seats.worse_than("e", -5) == 0
     assert not seats.is_under_share("e", "a", 0, 1.0, _served(flood=1e6))  # nobody holds
+
+
+def test_a_tenant_holds_until_its_last_seat_is_given_back():
+    # The flood holds 3 seats; each one given back leaves it a holder (so a tenant under
+    # its share is still lifted) until the last, and counts exactly one seat fewer.
+    seats = Seats()
+    flood = _hold(seats, "flood", 3, standing_=0)
+    _hold(seats, "a", 1, standing_=0)
+    served = _served(flood=1e6, a=1.0)
+    for left in (2, 1):
+        seats.give_back(flood.pop())
+        assert seats.num_held("e") == left + 1 and seats.worse_than("e", -1) == left + 1
+        assert seats.is_under_share("e", "a", 0, 1.0, served)
+    seats.give_back(flood.pop())
+    assert seats.num_held("e") == 1
+    assert not seats.is_under_share("e", "a", 0, 1.0, served)  # alone in its band now
