@@ -120,6 +120,11 @@ def test_removing_an_unknown_ticket_is_a_no_op():
     q = _queue()
     t = _push(q, "a")
     assert q.remove(t) and not q.remove(t) and len(q) == 0 and q.head(0) is None
+    queued = _push(q, "a", band=0)
+    assert not q.remove(Ticket(tenant="b", band=0))  # its band is queued, its tenant not
+    assert not q.remove(Ticket(tenant="a", band=3))  # its band is not queued
+    assert not q.remove(Ticket(tenant="a", band=0))  # its tenant is, not this ticket
+    assert q.remove(queued) and len(q) == 0
 
 
 def test_service_decays_over_the_window():
@@ -143,3 +148,27 @@ def test_a_newcomer_at_the_floor_goes_before_the_tenant_at_the_floor():
     q.service.charge("quiet", 100, 11.9)
     head = q.head(11.9)
     assert head is not None and head.tenant == "flood"  # one request ahead, no more
+
+
+def test_a_newly_backlogged_tenant_starts_at_the_least_served_not_the_most():
+    # heavy (1,000 tokens) and light (100) are backlogged; a newcomer is lifted to just
+    # below light's service: it goes next, before light, and heavy stays last.
+    q = _queue()
+    _push(q, "heavy")
+    _push(q, "light")
+    q.service.charge("heavy", 1000, 0.0)
+    q.service.charge("light", 100, 0.0)
+    _push(q, "new")
+    assert q.head(0.0).tenant == "new"
+    assert q.service.value("new", 0.0) == pytest.approx(100.0)
+    q.remove(q.head(0.0))
+    assert q.head(0.0).tenant == "light"
+
+
+def test_a_new_band_leads_only_below_every_queued_band():
+    q = _queue()
+    assert q.would_lead(5)  # an empty queue: anything leads
+    _push(q, "a", band=0)
+    _push(q, "b", band=2)
+    assert q.would_lead(-1) and not q.would_lead(0) and not q.would_lead(1)
+
