@@ -139,3 +139,48 @@ def prefill_config():
 ])
 def test_prefill_capacity_learned_from_one_queued_request_per_replica(signals, learned):
     assert learn_prefill_capacity(signals, None, prefill_config()) == pytest.approx(learned)
+
+
+def test_a_steady_role_is_not_reported_as_held_back():
+    # Neither the pending-replica guard nor a scale-up cooldown holds back a decision that
+    # does not scale up: a steady role reports no ScalingLimited reason.
+    pending = role(2, num_waiting=4.0, num_pending_overdue=1, pending_for_s=400.0)
+    d = decide_once(unified(), pending, role(2), 2)
+    assert d.desired["unified"] == 2 and d.limited["unified"] is None
+    cooling = History(last_scale_up={"unified": 999.0})
+    d = decide_once(unified(scale_up_cooldown_s=30.0), role(2, num_waiting=4.0), role(2), 2,
+                    cooling)
+    assert d.desired["unified"] == 2 and d.limited["unified"] is None
+
+
+@pytest.mark.parametrize(("since", "desired"), [(29.9, 2), (30.0, 4)])
+def test_a_scale_up_waits_exactly_its_cooldown(since, desired):
+    history = History(last_scale_up={"unified": 1000.0 - since})
+    d = decide_once(unified(scale_up_cooldown_s=30.0), role(2, num_waiting=8.0), role(2), 2,
+                    history)
+    assert d.desired["unified"] == desired, d.reasons["unified"]
+
+
+@pytest.mark.parametrize(("since", "desired"), [(9.9, 3), (10.0, 2)])
+def test_a_scale_down_waits_exactly_its_cooldown(since, desired):
+    history = History(last_scale_up={"unified": 1000.0 - since})
+    d = decide_once(unified(scale_down_cooldown_s=10.0), role(3, num_waiting=4.0), role(3), 3,
+                    history)
+    assert d.desired["unified"] == desired, d.reasons["unified"]
+
+
+def test_one_step_down_exactly_and_a_step_short_of_the_maximum_say_so():
+    d = decide_once(unified(), role(3, num_waiting=4.0), role(3), 3)  # 2 wanted: one step
+    assert d.desired["unified"] == 2 and d.limited["unified"] is None
+    # 8 wanted, at most 5, one step up allowed: the step is what limits it, not the max
+    d = decide_once(unified(max_=5, max_step_up=1), role(2, num_waiting=16.0), role(2), 2)
+    assert d.desired["unified"] == 3 and d.limited["unified"] == Reason.STEP_LIMITED
+
+
+def test_requests_held_in_either_window_activate_a_role_at_zero():
+    config = AutoscalerConfig(roles={"unified": RoleLimits(0, 4)},
+                              targets={"unified": RoleTargets(num_waiting=2)})
+    d = decide_once(config, RoleSignals(), RoleSignals(num_held_requests=3), 0)
+    assert d.desired["unified"] >= 1 and d.reasons["unified"].startswith(
+        "scale up 0->"), d.reasons["unified"]
+    assert "3 held request(s)" in d.reasons["unified"]
