@@ -55,6 +55,9 @@ def test_saturation_on_waiting_only_when_enabled_and_fresh():
     stale.is_signals_fresh = False  # unknown: not proof of saturation
     eps = [ep("a", kv=0.1, waiting=5), ep("b", kv=0.1, waiting=4), stale]
     assert names(FILTERS["saturation"](c)(eps, ctx())) == ["b", "c"]
+    c.saturation.max_waiting = 1  # the smallest limit: one waiting request is saturated
+    assert names(FILTERS["saturation"](c)([ep("a", kv=0.1, waiting=1), ep("b", kv=0.1)],
+                                          ctx())) == ["b"]
 
 
 @pytest.mark.parametrize("max_kv_usage", [1.0, 0.98])
@@ -114,5 +117,7 @@ def test_saturation_does_not_count_the_seats_a_request_outranks():
     outranked = {"full": 1, "fuller": 1, "busy": 1}
     assert names(keep([full, fuller, busy], ctx(outranked=outranked))) == ["full", "busy"]
     # An endpoint where it outranks nothing is judged as without flow control.
-    assert names(keep([full, fuller, busy], ctx(outranked={"full": 1}))) == ["full"]
+    calm = ep("calm", in_flight=1, capacity=4, kv=0.1)
+    assert names(keep([full, fuller, busy, calm], ctx(outranked={"full": 1}))) == [
+        "full", "calm"]
     assert names(keep([full, fuller, busy], ctx())) == []
