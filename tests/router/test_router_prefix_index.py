@@ -1,5 +1,6 @@
 import json
 
+import pytest
 from kvfleet_engine.contract import KVEvent
 from kvfleet_router.prefix_index import ApproxPrefixIndex, ChainIndex, PreciseKVIndex, hash_tokens
 
@@ -86,6 +87,16 @@ def test_precise_index_resets_on_a_sequence_gap_and_skips_orphans():
     assert idx.num_blocks("e0") == 0 and idx.match(hash_tokens([1, 2, 3, 4], 2)) == {}
     idx.apply("e0", stored(8, [1, 2], [1, 2, 3, 4]))  # exactly enough: stored
     assert idx.match(hash_tokens([1, 2, 3, 4], 2)) == {"e0": 2}
+
+
+def test_blocks_of_one_token_and_one_byte_are_blocks():
+    idx = PreciseKVIndex()
+    idx.apply("e", stored(0, [7, 8], [5, 6], size=1))
+    assert idx.match(hash_tokens([5, 6], 1)) == {"e": 2}
+    text = ApproxPrefixIndex(block_bytes=1, max_blocks_per_endpoint=10)
+    assert len(text.hash_text("abc")) == 3
+    with pytest.raises(ValueError):
+        ApproxPrefixIndex(block_bytes=0)
 
 
 def test_two_engines_same_tokens_match_both():
