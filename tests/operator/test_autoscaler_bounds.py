@@ -184,3 +184,52 @@ def test_requests_held_in_either_window_activate_a_role_at_zero():
     assert d.desired["unified"] >= 1 and d.reasons["unified"].startswith(
         "scale up 0->"), d.reasons["unified"]
     assert "3 held request(s)" in d.reasons["unified"]
+
+
+@pytest.mark.parametrize(("made_at", "desired"), [(940.0, 5), (939.9, 4)])
+def test_a_recommendation_exactly_a_scale_down_window_old_still_holds(made_at, desired):
+    history = History(recommendations={"unified": [(made_at, 5)]})
+    d = decide_once(unified(scale_down_window_s=60.0), role(5, num_waiting=4.0), role(5), 5,
+                    history)
+    assert d.desired["unified"] == desired, d.reasons["unified"]
+
+
+@pytest.mark.parametrize(("made_at", "desired"), [(970.0, 3), (969.9, 6)])
+def test_a_recommendation_exactly_a_scale_up_window_old_still_counts(made_at, desired):
+    history = History(recommendations={"unified": [(made_at, 3)]})
+    d = decide_once(unified(scale_up_window_s=30.0), role(2, num_waiting=12.0), role(2), 2,
+                    history)
+    assert d.desired["unified"] == desired, d.reasons["unified"]
+
+
+def test_a_whole_panic_demand_is_not_rounded_up():
+    # The panic window asks for exactly 5 replicas (10 waiting over 2 each): 5, not 6.
+    d = decide_once(unified(), role(2), role(2, num_waiting=10.0), 2)
+    assert d.desired["unified"] == 5 and d.kinds["unified"] == DecisionReason.PANIC_SCALE_UP
+
+
+def test_a_role_at_zero_wakes_for_a_demand_of_one_replica():
+    config = AutoscalerConfig(roles={"unified": RoleLimits(0, 4)},
+                              targets={"unified": RoleTargets(num_waiting=2)})
+    d = decide_once(config, role(1, num_waiting=2.0), RoleSignals(), 0)
+    assert d.desired["unified"] == 1, d.reasons["unified"]
+    # A role the caller has no count for is at zero: with no demand it stays there.
+    d = decide(Signals(t=0.0, window_s=60.0, roles={}), Signals(t=0.0, window_s=6.0, roles={}),
+               {}, config, History(), 1000.0)
+    assert d.desired["unified"] == 0 and d.reasons["unified"] == "idle at zero"
+
+
+@pytest.mark.parametrize(("role_name", "utilization", "learns"), [
+    ("unified", 0.8, True), ("unified", None, False), ("decode", None, False)])
+def test_prefill_capacity_is_learned_by_a_role_sized_on_it(role_name, utilization, learns):
+    # a prefill role always; a unified one only when a prefill target sizes it
+    targets = RoleTargets(num_waiting=2, prefill_utilization=utilization)
+    config = AutoscalerConfig(roles={role_name: RoleLimits(1, 8)}, targets={role_name: targets},
+                              prefill_tokens_per_s_initial=10_000, prefill_capacity_alpha=0.5)
+    busy = role(2, uncached_prompt_tokens_per_s=8000, num_waiting=4.0)
+    d = decide(Signals(t=0.0, window_s=60.0, roles={role_name: busy}),
+               Signals(t=0.0, window_s=6.0, roles={role_name: busy}),
+               {role_name: 2}, config, History(), 1000.0)
+    assert (d.history.prefill_tokens_per_s == pytest.approx(7000.0)) is learns
+    if not learns:
+        assert d.history.prefill_tokens_per_s is None
