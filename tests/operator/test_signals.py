@@ -388,3 +388,25 @@ def test_itl_p90_is_per_request_where_the_engines_export_it():
             'vllm:request_time_per_output_token_seconds_bucket{le="0.05"} 3\n'
             'vllm:request_time_per_output_token_seconds_bucket{le="+Inf"} 4\n')
     assert parse_metrics(text).tpot == ((0.05, 3.0), (math.inf, 4.0))
+
+
+def test_rates_do_not_depend_on_when_the_clock_started():
+    # The same two scrapes, 20 s apart, at t = 1000 and 1020: rates over their 20 s.
+    log = ScrapeLog()
+    log.add("a", Scrape(1000.0, metrics(preempt=1, prompt=1000, hits=100, ttft=(1, 1, 1))))
+    log.add("a", Scrape(1020.0, metrics(preempt=5, prompt=3000, hits=600, ttft=(5, 10, 11))))
+    a = aggregate(log, {"a": "unified"}, now=1020.0, window_s=30.0,
+                  stale_after_s=5.0).roles["unified"]
+    assert a.request_rate == pytest.approx(10 / 20)
+    assert a.preemptions_per_s == pytest.approx(4 / 20)
+    assert a.prompt_tokens_per_s == pytest.approx(2000 / 20)
+    assert a.uncached_prompt_tokens_per_s == pytest.approx(1500 / 20)
+
+
+def test_a_scrape_exactly_stale_after_old_is_still_known():
+    log = ScrapeLog()
+    log.add("a", Scrape(95.0, metrics(waiting=3)))
+    at = aggregate(log, {"a": "unified"}, 100.0, 30.0, stale_after_s=5.0).roles["unified"]
+    assert (at.num_known, at.num_waiting) == (1, 3)
+    past = aggregate(log, {"a": "unified"}, 100.01, 30.0, stale_after_s=5.0).roles["unified"]
+    assert past.num_known == 0

@@ -68,6 +68,16 @@ def test_backlog_uses_the_windows_mean_when_requests_moved():
     rs = _signals(_with(VLLM, num_requests_waiting=2), later).roles["unified"]
     # 2 more requests brought 1000 prompt tokens, no new hits or queries counted
     assert rs.num_waiting_prompt_tokens == pytest.approx(2 * 1000 / 2)
+    # The window's own hit ratio, not the lifetime's: of its 1000 queried tokens 250 hit.
+    cached = later.replace('vllm:prefix_cache_queries_total{engine="0",model_name="smollm2-135m"}'
+                           ' 1077.0', 'vllm:prefix_cache_queries_total{engine="0",model_name='
+                           '"smollm2-135m"} 2077.0')
+    cached = cached.replace('vllm:prefix_cache_hits_total{engine="0",model_name="smollm2-135m"}'
+                            ' 800.0', 'vllm:prefix_cache_hits_total{engine="0",model_name='
+                            '"smollm2-135m"} 1050.0')
+    assert parse_metrics(cached).num_prefix_hits == 1050
+    rs = _signals(_with(VLLM, num_requests_waiting=2), cached).roles["unified"]
+    assert rs.num_waiting_prompt_tokens == pytest.approx(2 * 1000 / 2 * (1 - 250 / 1000))
 
 
 def test_no_waiting_means_a_known_zero_backlog():
