@@ -410,3 +410,34 @@ def test_a_scrape_exactly_stale_after_old_is_still_known():
     assert (at.num_known, at.num_waiting) == (1, 3)
     past = aggregate(log, {"a": "unified"}, 100.01, 30.0, stale_after_s=5.0).roles["unified"]
     assert past.num_known == 0
+
+
+def test_a_histogram_of_one_sample_has_quantiles():
+    assert histogram_quantile(0.9, {0.1: 1, math.inf: 1}) == pytest.approx(0.09)
+
+
+def test_window_edges_gauges_and_counters():
+    log = ScrapeLog()
+    # At the window's start exactly: the baseline, not a gauge inside the window.
+    log.add("a", Scrape(0.0, metrics(waiting=10, kv=0.9, prompt=0, hits=0, ttft=(0, 0, 0))))
+    log.add("a", Scrape(10.0, metrics(waiting=2, kv=0.2, prompt=100, hits=150,
+                                      ttft=(0, 10, 10))))
+    log.add("a", Scrape(20.0, metrics(waiting=2, kv=0.4, prompt=100, hits=150,
+                                      ttft=(0, 10, 10))))
+    a = aggregate(log, {"a": "unified"}, 20.0, 20.0, 5.0).roles["unified"]
+    assert a.num_waiting == pytest.approx(2.0)
+    assert a.kv_usage_max == pytest.approx(0.4) and a.kv_usage_mean == pytest.approx(0.3)
+    # more hits than prompt tokens (counters scraped a moment apart): no uncached work,
+    # never negative
+    assert a.prompt_tokens_per_s == pytest.approx(100 / 20)
+    assert a.uncached_prompt_tokens_per_s == 0.0
+    # 10 requests in (0.1, 1]: the p90 is linear inside that bucket, 0.1 + 0.9 x 9/10
+    assert a.ttft_p90_s == pytest.approx(0.91)
+    # Unchanged buckets since the window's baseline are no samples, not a restart.
+    quiet = aggregate(log, {"a": "unified"}, 25.0, 10.0, 10.0).roles["unified"]
+    assert quiet.ttft_p90_s is None
+
+
+def test_a_role_with_no_known_replica_has_no_kv_usage():
+    u = aggregate(ScrapeLog(), {"a": "unified"}, 10.0, 20.0, 5.0).roles["unified"]
+    assert (u.num_known, u.kv_usage_mean, u.kv_usage_max) == (0, 0.0, 0.0)
