@@ -4,7 +4,7 @@ and its limits, canary steps, blue-green, rolling, pause, promotion and rollback
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -290,3 +290,84 @@ def test_a_stable_spec_that_no_longer_parses_is_replaced() -> None:
     d = step(CANARY, state, present(**{revision_of(STABLE): (4, 4)}), {}, 0.0)
     assert d.state.stable == revision_of(CANARY) and d.weights is None
     assert [e[1] for e in d.events] == ["RolloutNotPossible"]
+
+
+# --- what status shows, step by step ----------------------------------------------------
+
+
+def test_a_canarys_status_counts_its_steps_and_the_final_growth() -> None:
+    """CANARY has two analysed steps and the growth to full size: 3 steps in all."""
+    from kvfleet_operator.api.status import rfc3339
+
+    old, new = revision_of(STABLE), revision_of(CANARY)
+    d = step(CANARY, started(), present(**{old: (4, 4)}), {}, 0.0)
+    s = d.status
+    assert (s.step, s.num_steps, s.weight) == (1, 3, 0)
+    assert s.message == "step 1: waiting for the new revision's replicas"
+    on = present(**{old: (3, 3), new: (1, 1)})
+    d = step(CANARY, d.state, on, {old: counts(100)}, 10.0)
+    d = step(CANARY, d.state, on, {old: counts(100)}, 40.0)
+    s = d.status
+    assert (s.step, s.num_steps, s.weight) == (1, 3, 5)
+    assert s.message == "step 1 at 5%: analysing"
+    assert s.step_started_at == rfc3339(WALL - timedelta(seconds=30))  # 30 s ago
+    d = step(CANARY, d.state, on, {old: counts(500), new: counts(30)}, 70.0)
+    s = d.status
+    assert (s.step, s.num_steps, s.weight) == (2, 3, 5)
+    assert s.message == "step 2 at 50%: starting its replicas"
+    d = step(CANARY, d.state, present(**{old: (2, 2), new: (2, 2)}), {}, 71.0)
+    d = step(CANARY, d.state, present(**{old: (2, 2), new: (2, 2)}),
+             {old: counts(700), new: counts(230)}, 131.0)
+    s = d.status
+    assert (s.step, s.num_steps, s.weight) == (3, 3, 50)
+    assert s.message == "scaling the new revision to the pool's size"
+
+
+def test_a_blue_green_status_is_three_steps_with_the_switch_in_the_middle() -> None:
+    spec = pool_spec("h100-llama3-8b", strategy="blueGreen", blueGreen={"holdSeconds": 30})
+    old, new = revision_of(STABLE), revision_of(spec)
+    d = step(spec, started(), present(**{old: (4, 4), new: (4, 3)}), {}, 0.0)
+    assert (d.status.step, d.status.num_steps, d.status.weight) == (1, 3, 0)
+    full = present(**{old: (4, 4), new: (4, 4)})
+    d = step(spec, d.state, full, {old: counts(100)}, 1.0)
+    assert (d.status.step, d.status.num_steps, d.status.weight) == (2, 3, 100)
+    # Promoted by hand before its replicas are up: the old revision keeps the traffic
+    # until they are.
+    d = step(spec, started(), present(**{old: (4, 4), new: (4, 1)}), {}, 0.0, promote=new)
+    assert d.weights == {old: 100, new: 0}
+    assert (d.status.step, d.status.num_steps, d.status.weight) == (3, 3, 0)
+
+
+def test_a_blue_green_hold_restarts_when_a_pause_after_the_switch_ends() -> None:
+    spec = pool_spec("h100-llama3-8b", strategy="blueGreen", blueGreen={"holdSeconds": 30})
+    old, new = revision_of(STABLE), revision_of(spec)
+    full = present(**{old: (4, 4), new: (4, 4)})
+    d = step(spec, started(), full, {old: counts(100)}, 0.0)  # switched at t = 0
+    paused = copy.deepcopy(spec)
+    paused.rollout.paused = True
+    d = step(paused, d.state, full, {old: counts(100), new: counts(50)}, 20.0)
+    assert d.status.phase == RolloutPhase.PAUSED and d.weights == {old: 0, new: 100}
+    d = step(spec, d.state, full, {old: counts(100), new: counts(50)}, 100.0)  # resumed
+    assert d.state.step_started == 100.0 and d.state.canary == new  # a fresh hold
+    d = step(spec, d.state, full, {old: counts(100), new: counts(100)}, 129.9)
+    assert d.state.canary == new
+    d = step(spec, d.state, full, {old: counts(100), new: counts(100)}, 130.0)
+    assert d.state.stable == new
+
+
+def test_going_back_to_the_stable_revision_abandons_the_canary_and_forgets_a_rollback() -> None:
+    old, new = revision_of(STABLE), revision_of(CANARY)
+    on = present(**{old: (3, 3), new: (1, 1)})
+    d = step(CANARY, started(), on, {}, 0.0)
+    back = step(STABLE, d.state, on, {}, 1.0)  # the spec names the stable revision again
+    assert back.state.canary == "" and back.state.stable == old
+    assert [e[:2] for e in back.events] == [("Warning", "RolloutAborted")]
+    assert new in back.events[0][2]
+    # A rollback is remembered while the spec names the failed revision...
+    failed = step(CANARY, d.state, on, {old: counts(100), new: counts(20, 2)}, 2.0)
+    assert failed.state.rolled_back == new
+    # ... and forgotten once it names another: applied again, it is tried again.
+    back = step(STABLE, failed.state, present(**{old: (4, 4)}), {}, 3.0)
+    assert back.state.rolled_back == "" and back.events == []
+    again = step(CANARY, back.state, present(**{old: (4, 4)}), {}, 4.0)
+    assert again.state.canary == new and again.status.phase == RolloutPhase.PROGRESSING

@@ -348,8 +348,12 @@ def _final(state: RolloutState, target: str, spec: PoolSpec,
     old = state.stable
     split = {target: dict(desired),
              old: {r: max(1, n - mine.get(r, Presence()).ready) for r, n in desired.items()}}
-    weight = 0 if strategy == "blueGreen" and state.step < 1 else (
-        100 if strategy == "blueGreen" else spec.rollout.steps[-1].weight)
+    # Blue-green serves from a whole revision only: a promotion by hand before the switch
+    # (or after a replica of the new one was lost) leaves the traffic with the old one
+    # until the new one is whole. (The step, already set to the last, cannot tell the two
+    # apart: checking it sent all traffic to 1 ready replica of 4.) A canary keeps its
+    # last step's weight while it grows.
+    weight = 0 if strategy == "blueGreen" else spec.rollout.steps[-1].weight
     status = RolloutStatus(strategy=strategy, phase=RolloutPhase.PROGRESSING,
                            stable_revision=old, canary_revision=target,
                            step=_final_step(spec) + 1, num_steps=_final_step(spec) + 1,
