@@ -153,19 +153,16 @@ def test_a_steady_role_is_not_reported_as_held_back():
     assert d.desired["unified"] == 2 and d.limited["unified"] is None
 
 
-@pytest.mark.parametrize(("since", "desired"), [(29.9, 2), (30.0, 4)])
-def test_a_scale_up_waits_exactly_its_cooldown(since, desired):
+@pytest.mark.parametrize(("cooldown", "since", "current", "waiting", "desired"), [
+    ({"scale_up_cooldown_s": 30.0}, 29.9, 2, 8.0, 2),  # 4 wanted, 0.1 s too soon
+    ({"scale_up_cooldown_s": 30.0}, 30.0, 2, 8.0, 4),
+    ({"scale_down_cooldown_s": 10.0}, 9.9, 3, 4.0, 3),  # 2 wanted
+    ({"scale_down_cooldown_s": 10.0}, 10.0, 3, 4.0, 2),
+])
+def test_a_scale_waits_exactly_its_cooldown(cooldown, since, current, waiting, desired):
     history = History(last_scale_up={"unified": 1000.0 - since})
-    d = decide_once(unified(scale_up_cooldown_s=30.0), role(2, num_waiting=8.0), role(2), 2,
-                    history)
-    assert d.desired["unified"] == desired, d.reasons["unified"]
-
-
-@pytest.mark.parametrize(("since", "desired"), [(9.9, 3), (10.0, 2)])
-def test_a_scale_down_waits_exactly_its_cooldown(since, desired):
-    history = History(last_scale_up={"unified": 1000.0 - since})
-    d = decide_once(unified(scale_down_cooldown_s=10.0), role(3, num_waiting=4.0), role(3), 3,
-                    history)
+    d = decide_once(unified(**cooldown), role(current, num_waiting=waiting), role(current),
+                    current, history)
     assert d.desired["unified"] == desired, d.reasons["unified"]
 
 
