@@ -172,6 +172,12 @@ def test_one_step_down_exactly_and_a_step_short_of_the_maximum_say_so():
     # 8 wanted, at most 5, one step up allowed: the step is what limits it, not the max
     d = decide_once(unified(max_=5, max_step_up=1), role(2, num_waiting=16.0), role(2), 2)
     assert d.desired["unified"] == 3 and d.limited["unified"] == Reason.STEP_LIMITED
+    # Exactly the minimum wanted: the minimum does not hold anything back.
+    at_min = AutoscalerConfig(roles={"unified": RoleLimits(2, 10)},
+                              targets={"unified": RoleTargets(num_waiting=2)},
+                              scale_down_window_s=0.0)
+    d = decide_once(at_min, role(2, num_waiting=4.0), role(2), 2)
+    assert d.desired["unified"] == 2 and d.limited["unified"] is None
 
 
 def test_requests_held_in_either_window_activate_a_role_at_zero():
