@@ -98,6 +98,12 @@ def test_kvfleet_engine_backlog_is_read_not_derived():
     rs = _signals(KVFLEET).roles["unified"]
     assert rs.backlog_from == BACKLOG_EXPORTED
     assert rs.num_waiting_prompt_tokens == parse_metrics(KVFLEET).num_waiting_prompt_tokens
+    # over the window: the mean of the gauge's samples
+    gauge = 'kvfleet:num_waiting_prompt_tokens{model_name="tiny"} '
+    assert gauge + "0.0" in KVFLEET
+    rs = _signals(KVFLEET.replace(gauge + "0.0", gauge + "640.0"),
+                  KVFLEET.replace(gauge + "0.0", gauge + "320.0")).roles["unified"]
+    assert rs.num_waiting_prompt_tokens == pytest.approx(480.0)
 
 
 def _decide(rs_signals, targets: RoleTargets, current: int = 1):

@@ -77,6 +77,16 @@ def test_a_role_missing_a_feature_is_left_out():
         for f in ("const", "u", "u_wq", "wq", "r"))  # no kv, no tpot
     assert parse_router_perf_models(text) == {}
 
+    def line(target: str, feature: str) -> str:
+        return (f'kvfleet_router_perf_model_coefficient{{role="unified",target="{target}",'
+                f'feature="{feature}"}} 1')
+
+    ttft = [line("ttft", f) for f in ("const", "u", "u_wq", "wq", "r", "kv")]
+    tpot = [line("tpot", f) for f in ("const", "n", "kv")]
+    assert set(parse_router_perf_models("\n".join(ttft + tpot))) == {"unified"}
+    assert parse_router_perf_models("\n".join(ttft + tpot[:2])) == {}  # TPOT short of kv
+    assert parse_router_perf_models("\n".join(ttft[1:] + tpot)) == {}  # TTFT short of const
+
 
 def test_several_routers_combine_by_evidence():
     a = RoleCoefficients((1, 1, 1, 1, 1, 1), (1, 1, 1), 300, 100)
