@@ -371,3 +371,28 @@ def test_going_back_to_the_stable_revision_abandons_the_canary_and_forgets_a_rol
     assert back.state.rolled_back == "" and back.events == []
     again = step(CANARY, back.state, present(**{old: (4, 4)}), {}, 4.0)
     assert again.state.canary == new and again.status.phase == RolloutPhase.PROGRESSING
+
+
+def test_the_old_revision_shrinks_as_the_new_one_readies_and_two_old_ones_share_the_rest():
+    old, new = revision_of(STABLE), revision_of(CANARY)
+    d = step(CANARY, started(), present(**{old: (4, 4), new: (1, 1)}), {}, 0.0, promote=new)
+    d = step(CANARY, d.state, present(**{old: (4, 4), new: (4, 3)}), {}, 1.0)
+    assert d.split == {new: {"unified": 4}, old: {"unified": 1}}  # 3 of 4 new are ready
+    # Rolling over two old revisions: those 3 seats left go to the first, then the next.
+    spec = pool_spec("h100-llama3-8b")
+    d = step(spec, started(), present(a=(1, 1), b=(3, 3), **{revision_of(spec): (1, 1)}),
+             None, 2.0)
+    assert d.split == {revision_of(spec): {"unified": 2}, "a": {"unified": 1},
+                       "b": {"unified": 2}}
+    assert d.status.message == "replacing revision(s) a, b"
+    # A revision with nothing in service is not being replaced.
+    d = step(spec, d.state, present(a=(0, 0), **{revision_of(spec): (4, 4)}), None, 3.0)
+    assert d.status.message == "" and d.status.phase == RolloutPhase.STABLE
+
+
+def test_a_blue_green_paused_before_its_switch_keeps_the_traffic_on_the_old_revision():
+    spec = pool_spec("h100-llama3-8b", strategy="blueGreen", blueGreen={"holdSeconds": 30})
+    spec.rollout.paused = True
+    old, new = revision_of(STABLE), revision_of(spec)
+    d = step(spec, started(), present(**{old: (4, 4), new: (4, 4)}), {}, 0.0)
+    assert d.weights == {old: 100, new: 0} and d.status.phase == RolloutPhase.PAUSED
