@@ -333,8 +333,9 @@ def test_a_blue_green_status_is_three_steps_with_the_switch_in_the_middle() -> N
     assert (d.status.step, d.status.num_steps, d.status.weight) == (2, 3, 100)
     # Promoted by hand before its replicas are up: the old revision keeps the traffic
     # until they are.
-    d = step(spec, started(), present(**{old: (4, 4), new: (4, 1)}), {}, 0.0, promote=new)
+    d = step(spec, started(), present(**{old: (4, 4), new: (4, 3)}), {}, 0.0, promote=new)
     assert d.weights == {old: 100, new: 0}
+    assert d.split == {new: {"unified": 4}, old: {"unified": 4}}  # and keeps all it has
     assert (d.status.step, d.status.num_steps, d.status.weight) == (3, 3, 0)
 
 

@@ -346,14 +346,15 @@ def _final(state: RolloutState, target: str, spec: PoolSpec,
         state.last_analysis = last
         return finish({target: dict(desired)}, None, status)
     old = state.stable
-    split = {target: dict(desired),
-             old: {r: max(1, n - mine.get(r, Presence()).ready) for r, n in desired.items()}}
-    # Blue-green serves from a whole revision only: a promotion by hand before the switch
-    # (or after a replica of the new one was lost) leaves the traffic with the old one
-    # until the new one is whole. (The step, already set to the last, cannot tell the two
-    # apart: checking it sent all traffic to 1 ready replica of 4.) A canary keeps its
-    # last step's weight while it grows.
-    weight = 0 if strategy == "blueGreen" else spec.rollout.steps[-1].weight
+    if strategy == "blueGreen":
+        # Served from a whole revision only, as at its switch: until the new one is whole
+        # (promoted by hand before the switch, or a replica lost since), the old one keeps
+        # every request and every replica.
+        split, weight = {target: dict(desired), old: dict(desired)}, 0
+    else:  # the canary keeps its last step's weight; the stable gives up what is ready
+        split = {target: dict(desired), old: {
+            r: max(1, n - mine.get(r, Presence()).ready) for r, n in desired.items()}}
+        weight = spec.rollout.steps[-1].weight
     status = RolloutStatus(strategy=strategy, phase=RolloutPhase.PROGRESSING,
                            stable_revision=old, canary_revision=target,
                            step=_final_step(spec) + 1, num_steps=_final_step(spec) + 1,
