@@ -12,17 +12,20 @@ import pytest
 from kvfleet_operator.decide.role_signals import RoleSignals
 from kvfleet_operator.decide.slo_sizing import (
     MIN_EVIDENCE,
+    QUEUEING_SHARE,
     Prediction,
     RoleLoad,
     SloTargets,
     choose_coefficients,
     describe,
+    idle_prediction,
     is_learned,
     meets,
     predict,
     predicted_curve,
     prefill_stall_s,
     queue_quantile,
+    reachable,
     role_load,
     seed_coefficients,
     size,
@@ -207,3 +210,49 @@ def test_a_decode_role_has_no_prompt_to_queue_behind():
     # Nothing served: no prompt per request whatever the role.
     none = RoleSignals(num_replicas=2, num_known=2, uncached_prompt_tokens_per_s=6000.0)
     assert role_load(none, 10.0, "unified").uncached_prompt_tokens == 0.0
+
+
+# The seed of a pool with prefillTokensPerSecondPerReplica 2000: 0.5 s per ktoken, no
+# queue or running terms. A 3.3k-token prompt takes 1.65 s alone, above 2 s x (1 - 0.2).
+SEED_2000 = seed_coefficients(prefill_tokens_per_s=2000.0)
+PROMPT_BOUND = RoleLoad(0.15, 3300.0, 1.0)
+
+
+def test_a_target_an_idle_replica_misses_does_not_size_a_role_to_its_max():
+    # Seen on Azure code, P/D, start-up 120 s: "over 6 prefill replicas: predicted TTFT p90
+    # 1669 ms > 1600 ms at 0.15 req/s even at 6", and six replicas held for 300 s. More
+    # replicas shorten the wait for a slot, not the prefill: one replica leaves the queue
+    # under its share of the target.
+    slo = SloTargets(ttft_p90_s=2.0)
+    n, why = size(SEED_2000, PROMPT_BOUND, slo, 6, "prefill")
+    assert n == 1
+    assert "an idle replica misses TTFT p90, TTFT p90 1650 ms > 1600 ms" in why
+
+
+def test_reachable_relaxes_exactly_the_targets_an_idle_replica_misses():
+    slo = SloTargets(ttft_p90_s=2.0, itl_p90_s=0.05)
+    keep = 1.0 - slo.headroom
+    at = Prediction(0, 2.0 * keep, 0.05 * keep, 0.0, 0.0, 0.0)
+    assert reachable(slo, at) == (slo, [])
+    above = Prediction(0, math.nextafter(2.0 * keep, 3), 0.05 * keep, 0.0, 0.0, 0.0)
+    relaxed, names = reachable(slo, above)
+    assert names == ["TTFT p90"] and relaxed.itl_p90_s == 0.05
+    assert relaxed.ttft_p90_s == pytest.approx((above.ttft_p90_s + QUEUEING_SHARE * 2.0) / keep)
+    both, names = reachable(slo, Prediction(0, 5.0, 0.1, 0.0, 0.0, 0.0))
+    assert names == ["TTFT p90", "ITL"]
+    assert both.itl_p90_s == pytest.approx((0.1 + QUEUEING_SHARE * 0.05) / keep)
+
+
+def test_a_prompt_bound_target_is_sized_for_the_queue_share_at_its_boundary():
+    # 60k-token prompts take 1.96 s alone by COEF (above 1.6 s) and queue at 1 req/s: the
+    # smallest count whose predicted TTFT p90 is within 10% of the target of the idle
+    # replica's, 2.16 s (6: 2.06 s; 5: 2.83 s).
+    slo = SloTargets(ttft_p90_s=2.0)
+    load = RoleLoad(1.0, 60000.0, 1.0)
+    idle = idle_prediction(COEF, load)
+    assert idle.ttft_p90_s == pytest.approx(0.01 + 0.0325 * 60)
+    bound = idle.ttft_p90_s + QUEUEING_SHARE * 2.0
+    n, why = size(COEF, load, slo, 16, "prefill")
+    assert predict(COEF, load, n).ttft_p90_s <= bound < predict(COEF, load, n - 1).ttft_p90_s
+    assert n == 6
+    assert why.startswith("6 prefill replicas: predicted TTFT p90 2055 ms <= 2160 ms")

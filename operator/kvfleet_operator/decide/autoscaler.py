@@ -81,6 +81,7 @@ from kvfleet_operator.decide.role_signals import (
     Signals,
 )
 from kvfleet_operator.decide.slo_sizing import (
+    QUEUEING_SHARE,
     SloTargets,
     choose_coefficients,
     is_learned,
@@ -308,15 +309,12 @@ def demand(
     return max(candidates, key=lambda c: c[0])
 
 
-# TTFT above target says "too few replicas" only while requests wait for a slot at least
-# this share of the target (queue time p90, vllm:request_queue_time_seconds).
-QUEUEING_SHARE = 0.1
-
-
 def is_queueing(rs: RoleSignals, ttft_target_s: float) -> bool:
-    """Whether requests wait to be scheduled long enough to matter; unknown (an engine
-    without the queue-time histogram, or no request finished) counts as queueing, the
-    rule before this signal."""
+    """Whether requests wait to be scheduled long enough to matter: TTFT above target says
+    "too few replicas" only while the queue-time p90 (vllm:request_queue_time_seconds) is
+    at least QUEUEING_SHARE of the target, the share the SLO sizing leaves the queue where
+    prompts alone miss the target. Unknown (an engine without the queue-time histogram, or
+    no request finished) counts as queueing, the rule before this signal."""
     q = rs.queue_time_p90_s
     return q is None or q >= QUEUEING_SHARE * ttft_target_s
 

@@ -43,6 +43,11 @@ mean output tokens O) to the model's features on one of N replicas (a = lam / N 
   while bursts of prompts held every decode step to an 8k-token chunk, and 10% of
   requests missed the ITL SLO. Both clamped to at least `FLOOR_S`.
 
+A target that an idle replica already misses (the idle prediction: nothing queued or
+running, `idle_prediction`) is out of scaling's reach; it is checked as the idle
+prediction plus `QUEUEING_SHARE` of the target (`reachable`), so the count asked for is
+the one whose queue adds at most that share, not the maximum.
+
 Which checks apply: a unified role both targets, prefill TTFT, decode ITL (a decode
 replica's first token is the hand-off, not a prompt). A pool that sets one target gets
 the router's default SLO (`kvfleet_router.config.SloConfig`) for the other, so the
@@ -56,6 +61,7 @@ router's SLO priors), and the reason says which.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -319,25 +325,61 @@ def describe(p: Prediction, slo: SloTargets) -> str:
     return ", ".join(parts)
 
 
+# A target that an idle replica already misses (a prompt whose prefill alone takes longer
+# than the TTFT target) is out of scaling's reach: more replicas shorten the wait for a
+# slot, not the prefill. Such a target is sized for the wait alone: the queue may add at
+# most this share of the target (the share above which the observed-latency cap calls
+# TTFT "queueing", `autoscaler.is_queueing`).
+QUEUEING_SHARE = 0.1
+
+
+def idle_prediction(c: RoleCoefficients, load: RoleLoad) -> Prediction:
+    """What a request would see on a replica with nothing else queued or running: the
+    least any replica count can reach."""
+    ttft = _ttft(c, load, 0.0, 0.0, 0.0)
+    itl = max(FLOOR_S, dot(c.tpot, tpot_features(1.0, 0.0)))
+    return Prediction(0, ttft, itl, 0.0, 0.0, 0.0)
+
+
+def reachable(slo: SloTargets, idle: Prediction) -> tuple[SloTargets, list[str]]:
+    """(`slo` with each target an idle replica misses relaxed to the idle prediction plus
+    QUEUEING_SHARE of the target, before headroom; the names of the relaxed ones)."""
+    keep = 1.0 - slo.headroom
+    relaxed: dict[str, float] = {}
+    for name, idle_value in (("ttft_p90_s", idle.ttft_p90_s), ("itl_p90_s", idle.itl_p90_s)):
+        target = getattr(slo, name)
+        if target is not None and idle_value > target * keep:
+            relaxed[name] = (idle_value + QUEUEING_SHARE * target) / keep
+    names = {"ttft_p90_s": "TTFT p90", "itl_p90_s": "ITL"}
+    return dataclasses.replace(slo, **relaxed), [names[n] for n in relaxed]
+
+
 def size(c: RoleCoefficients, load: RoleLoad, slo: SloTargets, max_replicas: int,
          role: str = "") -> tuple[int, str]:
     """(smallest replica count in 1..max_replicas whose prediction meets `slo`, reason).
     None meets: max_replicas + 1 (the clamp then says AtMaxReplicas), and the reason shows
-    the prediction at max_replicas. No load: 0."""
+    the prediction at max_replicas. No load: 0. A target an idle replica misses is sized
+    for its queueing alone (`reachable`), and the reason says so."""
     if max_replicas < 1:
         raise ValueError(f"max_replicas must be >= 1, got {max_replicas}")
     what = f"{role} replicas" if role else "replicas"
     rate = f"{load.request_rate:.2f} req/s"
     if load.request_rate <= 0:
         return 0, f"0 {what}: no load"
+    idle = idle_prediction(c, load)
+    wanted, relaxed = reachable(slo, idle)
+    bound = "" if not relaxed else (
+        f" (an idle replica misses {' and '.join(relaxed)}, {describe(idle, slo)}: sized for "
+        f"the queue, at most {QUEUEING_SHARE:.0%} of the target)")
+    slo = wanted
     p = None
     for n in range(1, max_replicas + 1):
         p = predict(c, load, n, slo.quantile)
         if meets(p, slo):
-            return n, f"{n} {what}: predicted {describe(p, slo)} at {rate}"
+            return n, f"{n} {what}: predicted {describe(p, slo)} at {rate}{bound}"
     assert p is not None
     return max_replicas + 1, (f"over {max_replicas} {what}: predicted {describe(p, slo)} "
-                              f"at {rate} even at {max_replicas}")
+                              f"at {rate} even at {max_replicas}{bound}")
 
 
 def predicted_curve(c: RoleCoefficients, load: RoleLoad, counts: Sequence[int],
