@@ -26,6 +26,7 @@ from kvfleet_operator.decide.load_forecast import (
 )
 from kvfleet_operator.decide.role_signals import RoleSignals, Signals
 from kvfleet_operator.decide.slo_sizing import (
+    CHECK_QUANTILE,
     MIN_EVIDENCE,
     RoleLoad,
     SloTargets,
@@ -180,7 +181,7 @@ def test_short_answers_behind_prefill_size_a_unified_role_up():
     load, slo = RoleLoad(24.0, 1800, 25.0), SloTargets(ttft_p90_s=2.0, itl_p90_s=0.05)
     n, why = size(FIT, load, slo, 16, "unified")
     p = predict(FIT, load, n)
-    stall = prefill_stall_s(p.utilization, service_s(FIT, load), 25.0, 0.9)
+    stall = prefill_stall_s(p.utilization, service_s(FIT, load), 25.0, CHECK_QUANTILE)
     assert stall > 0 and "ITL" in why
     assert p.itl_p90_s <= 0.04 < predict(FIT, load, n - 1).itl_p90_s
     # Without the stall, TTFT and TPOT alone would take fewer replicas.
@@ -194,7 +195,7 @@ def test_short_answers_behind_prefill_size_a_unified_role_up():
     seeded = RoleCoefficients(FIT.ttft, FIT.tpot, MIN_EVIDENCE - 1, 500)
     assert predict(seeded, load, n - 1).itl_p90_s == pytest.approx(
         predict(FIT, load, n - 1).itl_p90_s - prefill_stall_s(
-            predict(FIT, load, n - 1).utilization, service_s(FIT, load), 25.0, 0.9))
+            predict(FIT, load, n - 1).utilization, service_s(FIT, load), 25.0, CHECK_QUANTILE))
 
 
 def test_nothing_meets_and_no_load():
@@ -370,7 +371,8 @@ def test_latency_above_target_never_sheds_replicas_still_starting():
     s = sig(**{**loaded(0.1, n=12), "num_known": 1, "ttft_p90_s": 19 * slo_ttft})
     d = decide(s, s, {"unified": 12}, config, History(), now=100.0)
     assert d.desired["unified"] == 12, d.reasons
-    assert d.reasons["unified"].startswith("steady 12->12: ttft p90"), d.reasons
+    assert d.reasons["unified"].startswith("steady 12->12: hold: ttft p90 38000ms > 2000ms ["), \
+        d.reasons
     # The same fleet with its latency at the target scales down on the fit.
     ok = sig(**{**loaded(0.1, n=12), "num_known": 1, "ttft_p90_s": slo_ttft})
     assert decide(ok, ok, {"unified": 12}, config, History(), now=100.0

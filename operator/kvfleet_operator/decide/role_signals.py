@@ -34,9 +34,10 @@ metrics-source port, `kvfleet_operator.runtimes.metrics_sources`.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,6 +215,10 @@ class RoleSignals:
     queue_time_p90_s: float | None = None
     preemptions_per_s: float = 0.0
     request_rate: float = 0.0
+    # How much faster than request_rate the others arrive around a typical request: the
+    # request-weighted rate of the other first tokens in its scrape interval, less the
+    # mean (`burst_rate`). About 0 for Poisson arrivals, and 0 with one interval.
+    burst_rate: float = 0.0
     prompt_tokens_per_s: float = 0.0
     uncached_prompt_tokens_per_s: float = 0.0
     generation_tokens_per_s: float = 0.0
@@ -358,6 +363,7 @@ def aggregate(
     hists: dict[str, dict[str, dict[float, float]]] = {}
     kv_means: dict[str, list[float]] = {}
     backlogs: dict[str, list[tuple[float | None, str]]] = {}
+    intervals: dict[str, dict[float, list[float]]] = {}  # role -> end -> [requests, seconds]
     for replica, role in roles.items():
         rs = out.setdefault(role, RoleSignals())
         rs.num_replicas += 1
@@ -381,6 +387,12 @@ def aggregate(
             gauges, first.sample if first is not None and first is not last else None, newest))
         if first is None or last is None or first is last:
             continue  # one point: no rate yet
+        by_end = intervals.setdefault(role, {})
+        for before, after in itertools.pairwise([first, *inside] if baseline else inside):
+            assert before.sample is not None and after.sample is not None
+            n0, n1 = before.sample.num_requests, after.sample.num_requests
+            counted = by_end.setdefault(after.t, [0.0, after.t - before.t])
+            counted[0] += n1 if n1 < n0 else n1 - n0
         a, b = first.sample, last.sample
         assert a is not None and b is not None
         dt = last.t - first.t
@@ -396,6 +408,7 @@ def aggregate(
             for le, d in _bucket_delta(getattr(a, key), getattr(b, key)).items():
                 merged[le] = merged.get(le, 0.0) + d
     for role, rs in out.items():
+        rs.burst_rate = burst_rate(list(intervals.get(role, {}).values()))
         means = kv_means.get(role, [])
         rs.kv_usage_mean = sum(means) / len(means) if means else 0.0
         rs.num_held_requests = num_held_requests
@@ -415,6 +428,20 @@ def aggregate(
                 0.9, hists[role]["itl"])
             rs.queue_time_p90_s = histogram_quantile(0.9, hists[role]["queue_time"])
     return Signals(t=now, window_s=window_s, roles=out)
+
+
+def burst_rate(intervals: Sequence[Sequence[float]]) -> float:
+    """From (requests, seconds) per scrape interval: the rate of the others around a typical
+    request, sum(c (c - 1) / dt) / sum(c) (a request sees its interval's other c - 1 over
+    dt), less the mean rate sum(c) / sum(dt); at least 0. Poisson arrivals give about 0
+    (E[c (c - 1)] = (rate dt)^2); arrivals in clumps give the clumps' rate, which the mean
+    over a window of quiet seconds hides."""
+    total = sum(c for c, _ in intervals)
+    span = sum(dt for _, dt in intervals)
+    if total <= 0 or span <= 0:
+        return 0.0
+    seen = sum(c * (c - 1.0) / dt for c, dt in intervals if dt > 0) / total
+    return max(0.0, seen - total / span)
 
 
 PERF_COEFFICIENT = "kvfleet_router_perf_model_coefficient"

@@ -8,7 +8,18 @@ were spread over N, and takes the smallest N whose predicted TTFT p90 and ITL me
 pool's targets with headroom (predicted <= target x (1 - headroom)).
 
 The queueing step, from the role's load (request rate lam, mean uncached prompt tokens U,
-mean output tokens O) to the model's features on one of N replicas (a = lam / N each):
+mean output tokens O) to the model's features on one of N replicas (a = (lam + B) / N
+each, B the burst rate below):
+
+* Arrivals in clumps. The formulas below hold for requests that arrive independently,
+  where the rate around a request is the mean rate. Traffic that comes in clumps (Azure
+  code: 48% of requests within 50 ms of the one before, where independent arrivals at its
+  mean rate would put 17%) meets its clump-mates: at the mean rate of a window with quiet
+  seconds the model said 3 unified replicas kept ITL at 28 ms for 20.7 req/s, while 116
+  requests in 5 s on 3 replicas missed the ITL SLO for 21% of them. So a request's load is
+  the rate of the others around it, the mean plus B = `RoleSignals.burst_rate` (from the
+  scrape intervals: sum(c (c - 1) / dt) / sum(c) less the mean, about 0 for independent
+  arrivals), spread over the N replicas as the router spreads a clump.
 
 * Queued ahead, w_q. Prefill is one server per replica (the engine's token budget works
   the queue down in arrival order). Its service time is the mean prompt's prefill,
@@ -21,14 +32,15 @@ mean output tokens O) to the model's features on one of N replicas (a = lam / N 
   Utilization rho = a . S; with rho >= 1 the queue grows without bound and N is
   infeasible. Otherwise the queue an arrival sees is M/M/1's (PASTA):
   P(w_q >= k) = rho^(k+1), so its mean is rho^2 / (1 - rho) and its q-quantile
-  (q = 0.9 for a p90 target) is max(0, ln(1 - q) / ln(rho) - 2), continuous in rho.
+  (q = `CHECK_QUANTILE`, 0.95, for the p90 targets; see below) is
+  max(0, ln(1 - q) / ln(rho) - 2), continuous in rho.
   M/M/1 over-states a queue of similar prompts (M/D/1 halves the wait), which leaves
   room for long-prompt outliers.
 * In flight, n. Little's law: a request is in flight for its TTFT and O - 1 decode steps,
   so L = a . (TTFT(w_q mean, r = L, kv(L)) + (O - 1) . TPOT(L + 1, kv(L))), a fixed point
   in L solved by bisection (none below `MAX_IN_FLIGHT`: infeasible). The in-flight count of
   an infinite-server queue is Poisson(L) (M/G/inf), so its q-quantile is
-  L + z_q . sqrt(L) (normal approximation; z_0.9 = 1.28).
+  L + z_q . sqrt(L) (normal approximation; z_0.95 = 1.64).
 * KV usage grows with the sequences a replica holds: kv(n) = min(1, n . kv_per_seq), with
   kv_per_seq the role's observed KV usage per running sequence (0 before any is seen).
 * Predicted TTFT p90 = w . [1, U, 0, 0, 0, kv(L)] + L . (wait per running) + w_q(q) .
@@ -47,6 +59,10 @@ A target that an idle replica already misses (the idle prediction: nothing queue
 running, `idle_prediction`) is out of scaling's reach; it is checked as the idle
 prediction plus `QUEUEING_SHARE` of the target (`reachable`), so the count asked for is
 the one whose queue adds at most that share, not the maximum.
+
+Each target is checked at q = 0.95, not 0.9: a request meets the SLO only when it meets
+both, so each check leaves half of the p90's 10% and, by the union bound, at least 90% of
+requests meet both (checked at 0.9 each, up to 20% could miss one or the other).
 
 Which checks apply: a unified role both targets, prefill TTFT, decode ITL (a decode
 replica's first token is the hand-off, not a prompt). A pool that sets one target gets
@@ -78,6 +94,9 @@ MAX_IN_FLIGHT = 1e5  # per replica; a fixed point beyond this is overload
 MIN_EVIDENCE = 32  # finished requests before the fleet's fit replaces the seed
 _ROUTER_SLO = SloConfig()
 HEADROOM = _ROUTER_SLO.headroom  # the router's slo policy leaves the same margin
+# A request meets the SLO only when it meets both targets, so each is checked at the
+# quantile that leaves half the p90's 10%: by the union bound, at least 90% meet both.
+CHECK_QUANTILE = 0.95
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +106,7 @@ class SloTargets:
     ttft_p90_s: float | None = None
     itl_p90_s: float | None = None
     headroom: float = HEADROOM
-    quantile: float = 0.9
+    quantile: float = CHECK_QUANTILE
 
     def __post_init__(self) -> None:
         for name in ("ttft_p90_s", "itl_p90_s"):
@@ -162,6 +181,7 @@ class RoleLoad:
     uncached_prompt_tokens: float = 0.0
     output_tokens: float = 1.0
     kv_per_seq: float = 0.0
+    burst_rate: float = 0.0  # the others' rate around a typical request, above the mean
 
 
 def role_load(rs: RoleSignals, backlog_clear_s: float, role: str = "") -> RoleLoad:
@@ -179,7 +199,8 @@ def role_load(rs: RoleSignals, backlog_clear_s: float, role: str = "") -> RoleLo
     output = rs.generation_tokens_per_s / served if served > 0 else 1.0
     per_replica_running = rs.num_running / rs.num_known if rs.num_known else 0.0
     kv_per_seq = rs.kv_usage_mean / per_replica_running if per_replica_running > 0 else 0.0
-    return RoleLoad(rate, uncached, max(1.0, output), min(1.0, kv_per_seq))
+    return RoleLoad(rate, uncached, max(1.0, output), min(1.0, kv_per_seq),
+                    rs.burst_rate * scale)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,12 +284,13 @@ def _in_flight(c: RoleCoefficients, load: RoleLoad, a: float, wq_mean: float) ->
     return hi
 
 
-def predict(c: RoleCoefficients, load: RoleLoad, num_replicas: int, quantile: float = 0.9
+def predict(c: RoleCoefficients, load: RoleLoad, num_replicas: int,
+            quantile: float = CHECK_QUANTILE
             ) -> Prediction:
     """The module docstring's queueing step for `load` over `num_replicas` replicas."""
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    a = load.request_rate / num_replicas
+    a = (load.request_rate + load.burst_rate) / num_replicas
     rho = a * service_s(c, load)
     wq_p = queue_quantile(rho, quantile)
     if not math.isfinite(wq_p):
@@ -383,6 +405,6 @@ def size(c: RoleCoefficients, load: RoleLoad, slo: SloTargets, max_replicas: int
 
 
 def predicted_curve(c: RoleCoefficients, load: RoleLoad, counts: Sequence[int],
-                    quantile: float = 0.9) -> list[Prediction]:
+                    quantile: float = CHECK_QUANTILE) -> list[Prediction]:
     """Predictions at several counts (for docs, plots and tests)."""
     return [predict(c, load, n, quantile) for n in counts]

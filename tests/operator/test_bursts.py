@@ -1,0 +1,205 @@
+"""Traffic in clumps, in the autoscaler: the burst rate a role's scrapes show
+(role_signals.burst_rate), the SLO sizing that loads each request with it (slo_sizing), and
+the scale-down hold that a few seconds of burst no longer sets for a whole window
+(autoscaler.held)."""
+
+import math
+import random
+
+import pytest
+from kvfleet_operator.decide.autoscaler import (
+    HOLD_QUANTILE,
+    AutoscalerConfig,
+    History,
+    RoleLimits,
+    RoleTargets,
+    decide,
+    held,
+)
+from kvfleet_operator.decide.role_signals import (
+    ReplicaSample,
+    RoleSignals,
+    Scrape,
+    ScrapeLog,
+    Signals,
+    aggregate,
+    burst_rate,
+)
+from kvfleet_operator.decide.slo_sizing import (
+    CHECK_QUANTILE,
+    RoleLoad,
+    SloTargets,
+    predict,
+    role_load,
+    role_slo,
+    size,
+)
+from kvfleet_router.perf_model import RoleCoefficients
+
+
+def test_a_clump_is_seen_at_its_own_rate():
+    # 20 requests in one second of a 20-s window: each sees the other 19 in its second,
+    # 19 req/s, where the window's mean is 1 req/s.
+    assert burst_rate([(20.0, 1.0)] + [(0.0, 1.0)] * 19) == pytest.approx(18.0)
+
+
+def test_steady_and_independent_arrivals_show_no_burst():
+    assert burst_rate([(2.0, 1.0)] * 10) == 0.0  # evenly spaced: fewer around each than the mean
+    rng = random.Random(7)
+
+    def poisson(lam: float) -> int:  # Knuth's method
+        k, p, limit = 0, 1.0, math.exp(-lam)
+        while True:
+            p *= rng.random()
+            if p <= limit:
+                return k
+            k += 1
+
+    counts = [(float(poisson(3.0)), 1.0) for _ in range(20000)]
+    assert burst_rate(counts) == pytest.approx(0.0, abs=0.1)
+
+
+def test_burst_rate_of_nothing_and_of_uneven_intervals():
+    assert burst_rate([]) == 0.0
+    assert burst_rate([(0.0, 1.0), (0.0, 2.0)]) == 0.0
+    # 10 requests in half a second, none in the next 4.5 s: each sees 9 others in 0.5 s.
+    assert burst_rate([(10.0, 0.5), (0.0, 4.5)]) == pytest.approx(18.0 - 2.0)
+
+
+def sample(requests: float) -> ReplicaSample:
+    return ReplicaSample(ttft=((math.inf, requests),))
+
+
+def test_aggregate_sums_the_replicas_clumps_per_scrape_interval():
+    # Two replicas scraped at the same ticks, 10 first tokens each in the second ending at
+    # t=2 and none after: the role's interval holds 20, so each request sees 19/s; the
+    # window's mean is 20 over 3 s.
+    log = ScrapeLog()
+    for replica in ("a", "b"):
+        for t, n in ((1.0, 0.0), (2.0, 10.0), (3.0, 10.0), (4.0, 10.0)):
+            log.add(replica, Scrape(t, sample(n)))
+    rs = aggregate(log, {"a": "unified", "b": "unified"}, now=4.0, window_s=3.5,
+                   stale_after_s=5.0).roles["unified"]
+    assert rs.request_rate == pytest.approx(20.0 / 3.0)
+    assert rs.burst_rate == pytest.approx(19.0 - 20.0 / 3.0)
+
+
+def test_a_restarted_replica_counts_from_zero():
+    log = ScrapeLog()
+    for t, n in ((1.0, 50.0), (2.0, 5.0), (3.0, 5.0)):  # restarted between 1 and 2
+        log.add("a", Scrape(t, sample(n)))
+    rs = aggregate(log, {"a": "unified"}, now=3.0, window_s=2.5, stale_after_s=5.0)
+    assert rs.roles["unified"].burst_rate == pytest.approx(4.0 - 2.5)
+
+
+# TTFT 10 ms + 32.5 ms per uncached ktoken (and per ktoken queued ahead); TPOT 6.5 ms +
+# 1 ms per sequence in flight.
+COEF = RoleCoefficients((0.01, 0.0325, 0.0325, 0.0, 0.0002, 0.0), (0.0065, 0.001, 0.0),
+                        500, 500)
+
+
+def test_a_request_is_loaded_with_the_burst_around_it():
+    load = RoleLoad(4.0, 2000.0, 20.0, 0.0, burst_rate=6.0)
+    as_if = RoleLoad(10.0, 2000.0, 20.0)
+    for n in (1, 2, 3, 5):
+        assert predict(COEF, load, n) == predict(COEF, as_if, n)
+    rs = RoleSignals(num_replicas=4, num_known=2, request_rate=2.0, burst_rate=3.0,
+                     uncached_prompt_tokens_per_s=4000.0, generation_tokens_per_s=40.0)
+    assert role_load(rs, 10.0).burst_rate == 6.0  # extrapolated to the unknown replicas too
+
+
+def test_the_burst_sizes_a_role_up_at_the_boundary():
+    slo = SloTargets(ttft_p90_s=0.5)
+    calm = RoleLoad(20.0, 2000.0, 1.0)
+    n, _ = size(COEF, calm, slo, 16)
+    bursty = RoleLoad(20.0, 2000.0, 1.0, burst_rate=10.0)
+    n_bursty, why = size(COEF, bursty, slo, 16)
+    assert n_bursty > n
+    assert size(COEF, RoleLoad(30.0, 2000.0, 1.0), slo, 16)[0] == n_bursty
+    assert why.endswith("at 20.00 req/s")  # the reason names the mean rate
+
+
+def test_each_target_is_checked_at_the_quantile_that_leaves_half_the_p90s_misses():
+    assert CHECK_QUANTILE == 0.95
+    assert SloTargets(ttft_p90_s=2.0).quantile == CHECK_QUANTILE
+    unified = role_slo("unified", 2.0, 0.05)
+    assert unified is not None and unified.quantile == CHECK_QUANTILE
+    load = RoleLoad(20.0, 2000.0, 1.0)
+    slo = SloTargets(ttft_p90_s=0.5)
+    n, _ = size(COEF, load, slo, 16)
+    assert predict(COEF, load, n, 0.95).ttft_p90_s <= 0.5 * 0.8
+    assert predict(COEF, load, n - 1, 0.95).ttft_p90_s > 0.5 * 0.8
+
+
+@pytest.mark.parametrize(("num", "num_high", "holds"), [
+    (20, 2, False), (20, 3, True),  # exactly 10% high: released; more: held
+    (70, 7, False), (70, 8, True),  # 0.9 x 70 is 63.000000000000014 in floats
+    (1, 1, True), (10, 1, False), (9, 1, True),
+])
+def test_held_is_the_nearest_rank_p90(num, num_high, holds):
+    assert HOLD_QUANTILE == 0.9
+    recs = [2] * (num - num_high) + [6] * num_high
+    random.Random(num).shuffle(recs)
+    assert held(recs) == (6 if holds else 2)
+    assert held([]) == 0
+
+
+def unified_config() -> AutoscalerConfig:
+    return AutoscalerConfig(roles={"unified": RoleLimits(1, 10)},
+                            targets={"unified": RoleTargets(num_waiting=2)},
+                            scale_down_window_s=300.0, max_step_down=10)
+
+
+@pytest.mark.parametrize(("num_burst", "desired"), [(30, 2), (31, 6)])
+def test_a_burst_of_a_tenth_of_the_window_does_not_hold_a_scale_down(num_burst, desired):
+    # 300 recommendations in the window (299 a second apart and now's), `num_burst` of
+    # them 6 replicas (a burst), the rest and now 2: a tenth of the window (30) or less
+    # releases the burst's replicas, more holds them.
+    recs = [(700.0 + i, 6 if i < num_burst else 2) for i in range(299)]
+    history = History(recommendations={"unified": recs})
+    quiet = RoleSignals(num_replicas=6, num_known=6, num_waiting=4.0)
+    d = decide(Signals(t=1000.0, window_s=60.0, roles={"unified": quiet}),
+               Signals(t=1000.0, window_s=6.0, roles={"unified": quiet}),
+               {"unified": 6}, unified_config(), history, 1000.0)
+    assert d.desired["unified"] == desired
+
+
+def test_latency_over_target_holds_the_count_but_records_what_it_measured():
+    # 12 asked for, 1 up at 19x the TTFT target: the count is held (the 11 starting are
+    # not cancelled), but the recommendation the window keeps is 1 measured x 2.
+    config = AutoscalerConfig(roles={"unified": RoleLimits(1, 16)},
+                              targets={"unified": RoleTargets(ttft_p90_s=1.0)},
+                              scale_down_window_s=300.0)
+    slow = RoleSignals(num_replicas=12, num_known=1, ttft_p90_s=19.0)
+    d = decide(Signals(t=100.0, window_s=60.0, roles={"unified": slow}),
+               Signals(t=100.0, window_s=6.0, roles={"unified": slow}),
+               {"unified": 12}, config, History(), 100.0)
+    assert d.desired["unified"] == 12
+    assert d.reasons["unified"].startswith("steady 12->12: hold: ttft p90 19000ms > 1000ms")
+    assert d.history.recommendations["unified"] == [(100.0, 2)]
+    assert d.history.observed_latency["unified"] == [(100.0, 2)]
+
+
+@pytest.mark.parametrize(("made_at", "desired"), [(700.0, 6), (699.0, 2)])
+def test_a_count_latency_over_target_set_holds_for_the_whole_window(made_at, desired):
+    # 299 recommendations of 2 and one of 6 (a third of a percent of the window): at the
+    # window's p90 alone it would be released, but the observed-latency cap set it, and
+    # such a count holds until it is exactly a window old.
+    recs = [(700.0 + i, 2) for i in range(1, 299)] + [(made_at, 6)]
+    history = History(recommendations={"unified": recs},
+                      observed_latency={"unified": [(made_at, 6)]})
+    quiet = RoleSignals(num_replicas=6, num_known=6, num_waiting=4.0)
+    d = decide(Signals(t=1000.0, window_s=60.0, roles={"unified": quiet}),
+               Signals(t=1000.0, window_s=6.0, roles={"unified": quiet}),
+               {"unified": 6}, unified_config(), history, 1000.0)
+    assert d.desired["unified"] == desired
+    if desired == 2:
+        assert d.history.observed_latency["unified"] == []  # forgotten with the window
+
+
+def test_observed_latency_survives_a_restart_and_old_state_reads():
+    h = History(observed_latency={"prefill": [(5.0, 3)]})
+    assert History.from_dict(h.to_dict()).observed_latency == {"prefill": [(5.0, 3)]}
+    assert History.from_dict({}).observed_latency == {}
+    with pytest.raises(ValueError, match="malformed autoscaler history"):
+        History.from_dict({"observed_latency": {"prefill": [["x", 3]]}})
