@@ -3,8 +3,10 @@
 the scale-down hold that a few seconds of burst no longer sets for a whole window
 (autoscaler.held)."""
 
+import dataclasses
 import math
 import random
+from pathlib import Path
 
 import pytest
 from kvfleet_operator.decide.autoscaler import (
@@ -35,6 +37,8 @@ from kvfleet_operator.decide.slo_sizing import (
     size,
 )
 from kvfleet_router.perf_model import RoleCoefficients
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_clump_is_seen_at_its_own_rate():
@@ -203,3 +207,28 @@ def test_observed_latency_survives_a_restart_and_old_state_reads():
     assert History.from_dict({}).observed_latency == {}
     with pytest.raises(ValueError, match="malformed autoscaler history"):
         History.from_dict({"observed_latency": {"prefill": [["x", 3]]}})
+
+
+def test_the_hold_quantile_is_configurable_and_the_keda_baseline_keeps_the_hpas_highest():
+    from kvfleet_operator.api import load_pool  # noqa: PLC0415
+    from kvfleet_sim.scalers import SCALERS  # noqa: PLC0415 (the simulator's registry)
+
+    assert unified_config().hold_quantile == HOLD_QUANTILE
+    for ok in (1.0, 0.01):
+        AutoscalerConfig(roles={"unified": RoleLimits(1, 4)}, targets={}, hold_quantile=ok)
+    for bad in (0.0, 1.0001):
+        with pytest.raises(ValueError, match="hold_quantile"):
+            AutoscalerConfig(roles={"unified": RoleLimits(1, 4)}, targets={},
+                             hold_quantile=bad)
+    assert held([2] * 29 + [6], 1.0) == 6  # the highest, however rare
+    recs = [(700.0 + i, 6 if i < 2 else 2) for i in range(299)]
+    quiet = RoleSignals(num_replicas=6, num_known=6, num_waiting=4.0)
+    hpa = dataclasses.replace(unified_config(), hold_quantile=1.0)
+    history = History(recommendations={"unified": recs})
+    args = (Signals(t=1000.0, window_s=60.0, roles={"unified": quiet}),
+            Signals(t=1000.0, window_s=6.0, roles={"unified": quiet}), {"unified": 6})
+    assert decide(*args, hpa, history, 1000.0).desired["unified"] == 6
+    assert decide(*args, unified_config(), history, 1000.0).desired["unified"] == 2
+    # The simulator's KEDA rule (waiting > 5 per replica) holds as the HPA does.
+    keda = SCALERS["waiting-5"](load_pool(ROOT / "sim/pools/h100-llama3-8b-16.yaml").spec)
+    assert keda.scaler(*args, history, 1000.0).desired["unified"] == 6
