@@ -107,8 +107,8 @@ LIMIT_STEP_DOWN = Reason.STEP_LIMITED
 # recommendations the observed-latency cap made hold at their highest instead: latency
 # above target is the model under-predicting this traffic, not a burst it priced in (on
 # Mooncake, 12k-token prompts, the model asked for 3-4 unified replicas where TTFT p90 was
-# over target at 10-14; held at their p90, the cap's counts let the pool drain between
-# firings and 62 scale events met the SLO for 92.2% of requests against 94.2%).
+# over target at 10-14; held at their p90 in an experiment, the cap's counts let the pool
+# drain between firings: 62 scale events, the SLO met for 92.2% of requests, not 94.2%).
 HOLD_QUANTILE = 0.9
 LATENCY_CAPS = ("ttft p90", "itl p90")  # the names `demand` gives the observed-latency cap
 
