@@ -500,8 +500,6 @@ def _stabilize(
     return current
 
 
-
-
 def held(recommendations: Sequence[int], quantile: float = HOLD_QUANTILE) -> int:
     """The nearest-rank `quantile` of `recommendations` (0 when there are none): the
     smallest count that at least that share of them are at or below."""
@@ -524,16 +522,18 @@ def _decide_role(
     limits = config.roles[role]
     targets = config.targets.get(role, RoleTargets())
     cap = hist.prefill_tokens_per_s or config.prefill_tokens_per_s_initial
+    # What the signals are read against (with an SLO, only the caps) and the latency now.
+    signal_targets = targets if targets.slo is None else slo_caps(targets)
+    stable_now = latency_now(stable, panic)
     if targets.slo is None:
-        want, why = demand(latency_now(stable, panic), targets, current, cap,
-                           config.backlog_clear_s)
+        want, why = demand(stable_now, targets, current, cap, config.backlog_clear_s)
         want_panic, why_panic = demand(panic, targets, current, cap, config.backlog_clear_s)
     else:  # the SLO drives; the caps push up only when they ask for more
-        caps = slo_caps(targets)
+        caps = signal_targets
         want, why = max(
             slo_demand(role, stable, targets.slo, limits.max_replicas, config,
                        hist.forecast, now),
-            demand(latency_now(stable, panic), caps, current, cap, config.backlog_clear_s),
+            demand(stable_now, caps, current, cap, config.backlog_clear_s),
             key=lambda c: c[0])
         panic_perf = panic if panic.perf is not None else dataclasses.replace(
             panic, perf=stable.perf)
@@ -571,8 +571,7 @@ def _decide_role(
     target = _stabilize(rec, current, recs, observed, now, config, is_panic)
     is_stabilizing = target == current != rec
     unknown = stable.num_unknown + panic.num_unknown
-    over = latency_over(latency_now(stable, panic), slo_caps(targets)
-                        if targets.slo is not None else targets)
+    over = latency_over(stable_now, signal_targets)
     if target < current and over and not (unknown or is_panic):
         # Latency over target is no reason to shed replicas: measured x ratio alone, with
         # 1 of 12 prefill replicas up, cancelled the 11 still starting one by one while

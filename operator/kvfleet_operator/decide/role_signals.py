@@ -293,11 +293,16 @@ def _replica_backlog(
     return waiting * prompt / requests * uncached, BACKLOG_DERIVED
 
 
+def _increase(first: float, last: float) -> float:
+    """A counter's increase; a drop means the process restarted, so count from zero."""
+    return last if last < first else last - first
+
+
 def _rate(first: float, last: float, dt: float) -> float:
-    """Counter rate; a drop means the process restarted, so count from zero."""
+    """Counter rate (`_increase` per second)."""
     if dt <= 0:
         return 0.0
-    return (last if last < first else last - first) / dt
+    return _increase(first, last) / dt
 
 
 def _bucket_delta(first: Buckets, last: Buckets) -> dict[float, float]:
@@ -390,9 +395,9 @@ def aggregate(
         by_end = intervals.setdefault(role, {})
         for before, after in itertools.pairwise([first, *inside] if baseline else inside):
             assert before.sample is not None and after.sample is not None
-            n0, n1 = before.sample.num_requests, after.sample.num_requests
+            # replicas are scraped on the same tick, so one interval per end time
             counted = by_end.setdefault(after.t, [0.0, after.t - before.t])
-            counted[0] += n1 if n1 < n0 else n1 - n0
+            counted[0] += _increase(before.sample.num_requests, after.sample.num_requests)
         a, b = first.sample, last.sample
         assert a is not None and b is not None
         dt = last.t - first.t
