@@ -528,18 +528,18 @@ def _decide_role(
     if targets.slo is None:
         want, why = demand(stable_now, targets, current, cap, config.backlog_clear_s)
         want_panic, why_panic = demand(panic, targets, current, cap, config.backlog_clear_s)
-    else:  # the SLO drives; the caps push up only when they ask for more
-        caps = signal_targets
+    else:  # the SLO drives; the caps (signal_targets) push up only when they ask for more
         want, why = max(
             slo_demand(role, stable, targets.slo, limits.max_replicas, config,
                        hist.forecast, now),
-            demand(stable_now, caps, current, cap, config.backlog_clear_s),
+            demand(stable_now, signal_targets, current, cap, config.backlog_clear_s),
             key=lambda c: c[0])
         panic_perf = panic if panic.perf is not None else dataclasses.replace(
             panic, perf=stable.perf)
         want_panic, why_panic = max(
             slo_demand(role, panic_perf, targets.slo, limits.max_replicas, config, None, now),
-            demand(panic, caps, current, cap, config.backlog_clear_s), key=lambda c: c[0])
+            demand(panic, signal_targets, current, cap, config.backlog_clear_s),
+            key=lambda c: c[0])
     raw = math.ceil(want - 1e-9)
     # Panic: the short window says demand is well above what we run now.
     if current > 0 and want_panic > config.panic_threshold * current:
