@@ -13,11 +13,10 @@ each, B the burst rate below):
 
 * Arrivals in clumps. The formulas below hold for requests that arrive independently,
   where the rate around a request is the mean rate. Traffic that comes in clumps (Azure
-  code's timestamps, 600-1,500 s: 49% of requests within 50 ms of the one before, where
-  independent arrivals at its mean rate would put 17%) meets its clump-mates: on 3
-  unified replicas 19 of the 146 requests of one 10-s window missed the ITL SLO and 1 of
-  the 123 of another (docs/operator.md gives the replay), which a mean rate cannot tell
-  apart. So a request's load is the rate of the others around it, the mean plus
+  code) meets its clump-mates: on 3 unified replicas 19 of the 146 requests of one 10-s
+  window missed the ITL SLO and 1 of the 123 of another (docs/operator.md gives the
+  replay), which a mean rate cannot tell apart. So a request's load is the rate of the
+  others around it, the mean plus
   B = `RoleSignals.burst_rate` (from the scrape intervals: sum(c (c - 1) / dt) / sum(c)
   less the mean, about 0 for independent arrivals), spread over the N replicas as the
   router spreads a clump.
