@@ -28,6 +28,7 @@ from kvfleet_bench.sections import (
     sim_policies,
     sim_router_hits,
     sim_scale,
+    slo_model_calibration,
     text_precise_cost,
 )
 
@@ -48,7 +49,8 @@ def _section(module: Any) -> Section:
 SECTIONS: dict[str, Section] = {
     s.name: s
     for s in map(_section, [
-        autoscale_local, sim_policies, sim_scale, sim_fidelity, router_overhead, epp_overhead,
+        autoscale_local, sim_policies, sim_scale, sim_fidelity, slo_model_calibration,
+        router_overhead, epp_overhead,
         router_cache_hits, sim_router_hits, engine_throughput, engine_server, operator_scale,
         router_vllm_overhead, kv_pool, sim_kv_pool, flow_control, flow_control_sim,
         router_memory, chaos, text_precise_cost,

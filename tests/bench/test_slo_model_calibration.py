@@ -1,0 +1,64 @@
+"""bench/slo_model_calibration.py: the autoscaler's SLO model asked beside fleets pinned at N
+replicas in the simulator."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kvfleet_bench.sections.slo_model_calibration import results_markdown, smallest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "slo_model_calibration.py"
+TRACE = REPO.parent / "shared" / "traces" / "azure_llm_2023_code.csv"
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="shared/traces not beside the repository")
+def test_quick_run_pins_each_count_and_asks_the_model(tmp_path):
+    out = tmp_path / "calib.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    rows = result["slices"][0]["rows"]
+    assert [r["count"] for r in rows] == [1, 2]
+    one, two = rows
+    # pinned: one replica serves the same requests worse than two
+    assert one["measured"]["num_requests"] == two["measured"]["num_requests"] > 0
+    assert one["measured"]["ttft_p90_s"] > two["measured"]["ttft_p90_s"]
+    # the model was asked at ticks with load, and predicts worse for fewer replicas
+    for r in rows:
+        assert r["num_ticks_fleet_model"] > 0
+        assert r["predicted"]["asked"]["p90"] >= 1
+    assert one["predicted"]["ttft_p90_s"]["p90"] > two["predicted"]["ttft_p90_s"]["p90"]
+    assert "| 2 |" in out.with_suffix(".md").read_text()
+
+
+def _row(count: int, ttft: float, itl: float, met: float) -> dict:
+    return {"count": count, "slo": {"ttft_p90_s": 2.0, "itl_p90_s": 0.05},
+            "measured": {"ttft_p90_s": ttft, "itl_p90_s": itl, "slo_attainment": met,
+                         "prefix_hit_rate": 0.0},
+            "predicted": {"ttft_p90_s": None, "itl_p90_s": None,
+                          "asked": {"p50": 3, "p90": 5, "max": 6, "num_infeasible": 0}},
+            "num_ticks_fleet_model": 10}
+
+
+def test_smallest_count_counts_a_figure_at_the_target_as_met():
+    rows = [_row(4, 2.001, 0.01, 0.9), _row(8, 2.0, 0.05, 0.95), _row(12, 1.0, 0.01, 0.99)]
+
+    def within(m: dict, slo: dict) -> bool:
+        return m["ttft_p90_s"] <= slo["ttft_p90_s"] and m["itl_p90_s"] <= slo["itl_p90_s"]
+
+    assert smallest(rows, within) == "8"
+    assert smallest(rows, lambda m, _slo: m["slo_attainment"] >= 0.99) == "12"
+    assert smallest(rows[:1], within) == "none of these counts"
+    text = results_markdown({"command": "c", "commit": "x", "duration_s": 600.0,
+                             "warmup_s": 300.0, "startup_s": 10.0, "predict_quantile": 0.9,
+                             "slices": [{"label": "L", "trace": "t", "start_s": 900.0,
+                                         "pool": "p", "bar": 0.99, "rows": rows}]})
+    assert "Smallest count measured within both targets: 8" in text
+    assert "reached 99.0%: 12" in text
+    assert "no fit" in text
