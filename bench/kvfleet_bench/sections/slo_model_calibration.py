@@ -51,7 +51,10 @@ def slice_markdown(s: dict[str, Any]) -> str:
     slo = rows[0]["slo"]
     return "\n".join([
         f"**{s['label']}** (`{s['trace']}` from {s['start_s']:g} s, `{s['pool']}`, targets "
-        f"TTFT p90 <= {_ms(slo['ttft_p90_s'])} ms, ITL p90 <= {_ms1(slo['itl_p90_s'])} ms)",
+        f"TTFT p90 <= {_ms(slo['ttft_p90_s'])} ms, ITL p90 <= {_ms1(slo['itl_p90_s'])} ms"
+        + (f"; the p90 of its requests' solo TTFT, each prompt alone on an idle replica with "
+           f"an empty cache: {_ms(s['solo_ttft_p90_s'])} ms" if "solo_ttft_p90_s" in s else "")
+        + ")",
         "",
         table(["replicas (pinned)", "TTFT p90 measured (ms)", "TTFT p90 predicted (ms)",
                "ITL p90 measured (ms)", "ITL p90 predicted (ms)", "SLO met", "prefix hit",
