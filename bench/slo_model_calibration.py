@@ -51,6 +51,7 @@ from kvfleet_operator.decide.slo_sizing import (
     seed_coefficients,
     size,
 )
+from kvfleet_router.perf_model import RoleCoefficients, dot, ttft_features
 from kvfleet_sim.fleet import FleetSim, SimSettings
 from kvfleet_sim.report import summarize
 from kvfleet_sim.run import DEFAULT_ITL_SLO_S, DEFAULT_TTFT_SLO_S, Variant, load_slice
@@ -106,9 +107,11 @@ def quantiles(values: list[float]) -> dict[str, float] | None:
             "num_infeasible": len(values) - len(finite)}
 
 
-def run_count(pool_path: Path, trace: list[Any], count: int,
-              args: argparse.Namespace) -> dict[str, Any]:
-    """One replay pinned at `count`, with the SLO model asked at every measured tick."""
+def run_count(pool_path: Path, trace: list[Any], count: int, args: argparse.Namespace,
+              tail: float) -> dict[str, Any]:
+    """One replay pinned at `count`, with the SLO model asked at every measured tick.
+    `tail`: the slice's p90 prompt over its mean prompt, for the prediction with a
+    request's own prefill priced at the p90 prompt (`own_prefill_at`)."""
     variant = Variant(str(pool_path), scaler="fixed-max", replicas=count)
     pool = variant.load()
     FleetSim.check_pool(pool)
@@ -133,7 +136,9 @@ def run_count(pool_path: Path, trace: list[Any], count: int,
             load = role_load(rs, config.backlog_clear_s, "unified")
             p = predict(weights, load, count, PREDICT_QUANTILE)
             asked, _why = size(weights, load, slo, SIZE_LIMIT, "unified")
+            tail_s = p.ttft_p90_s + own_prefill_at(weights, load.uncached_prompt_tokens, tail)
             ticks.append({"t": now, "ttft_p90_s": p.ttft_p90_s, "itl_p90_s": p.itl_p90_s,
+                          "ttft_p90_tail_s": tail_s,
                           "asked": asked, "is_fleet_model": source.startswith("fleet model"),
                           "request_rate": load.request_rate,
                           "uncached_prompt_tokens": load.uncached_prompt_tokens})
@@ -157,10 +162,28 @@ def run_count(pool_path: Path, trace: list[Any], count: int,
                      "num_requests": summary.num_requests},
         "num_ticks": len(ticks), "num_ticks_fleet_model": len(learned),
         "predicted": {key: quantiles([t[key] for t in learned])
-                      for key in ("ttft_p90_s", "itl_p90_s", "asked", "request_rate",
-                                  "uncached_prompt_tokens")},
+                      for key in ("ttft_p90_s", "ttft_p90_tail_s", "itl_p90_s", "asked",
+                                  "request_rate", "uncached_prompt_tokens")},
         "slo": {"ttft_p90_s": ttft_slo, "itl_p90_s": itl_slo},
     }
+
+
+def own_prefill_at(weights: RoleCoefficients, uncached_tokens: float, tail: float) -> float:
+    """What the model adds to a request's TTFT when its own uncached prompt is `tail` x
+    the mean instead of the mean: the perf model's TTFT at the two sizes, nothing queued
+    or running (its uncached-token terms; `predict` prices every request at the mean)."""
+    def alone(u: float) -> float:
+        return dot(weights.ttft, ttft_features(u, 0.0, 0.0, 0.0))
+
+    return max(0.0, alone(uncached_tokens * tail) - alone(uncached_tokens))
+
+
+def prompt_tail(trace: list[Any], measure_from: float, measure_to: float) -> float:
+    """The p90 prompt over the mean prompt of the measured requests (1 with none)."""
+    prompts = sorted(r.num_prompt_tokens for r in trace if measure_from <= r.t < measure_to)
+    if not prompts or sum(prompts) <= 0:
+        return 1.0
+    return prompts[max(0, math.ceil(0.9 * len(prompts)) - 1)] / (sum(prompts) / len(prompts))
 
 
 def prompt_floor(trace: list[Any], measure_from: float, measure_to: float,
@@ -186,9 +209,10 @@ def run_slice(spec: tuple[str, str, float, str, tuple[int, ...]],
     trace = load_slice(str(TRACES / trace_name), start_s, args.duration_s, args.warmup_s,
                        1.0, 1.0)
     rows = []
+    tail = prompt_tail(trace, args.warmup_s, args.warmup_s + args.duration_s)
     for n in counts:
         t0 = time.time()
-        row = run_count(REPO / pool, trace, n, args)
+        row = run_count(REPO / pool, trace, n, args, tail)
         row["wall_s"] = time.time() - t0
         m, pr = row["measured"], row["predicted"]
         asked = pr["asked"]["p90"] if pr["asked"] else float("nan")
@@ -201,6 +225,7 @@ def run_slice(spec: tuple[str, str, float, str, tuple[int, ...]],
                                  slo["ttft_p90_s"])
     return {"label": label, "trace": trace_name, "start_s": start_s, "pool": pool,
             "bar": args.bar if args.bar is not None else bar, "solo_ttft_p90_s": solo_p90,
+            "prompt_tail": tail,
             "rows": rows}
 
 

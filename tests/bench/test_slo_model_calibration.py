@@ -30,9 +30,12 @@ def test_quick_run_pins_each_count_and_asks_the_model(tmp_path):
     assert one["measured"]["num_requests"] == two["measured"]["num_requests"] > 0
     assert one["measured"]["ttft_p90_s"] > two["measured"]["ttft_p90_s"]
     # the model was asked at ticks with load, and predicts worse for fewer replicas
+    assert result["slices"][0]["prompt_tail"] > 1  # the p90 prompt is longer than the mean
     for r in rows:
         assert r["num_ticks_fleet_model"] > 0
         assert r["predicted"]["asked"]["p90"] >= 1
+        # pricing the own prefill at the p90 prompt adds to the prediction, never takes off
+        assert r["predicted"]["ttft_p90_tail_s"]["p50"] > r["predicted"]["ttft_p90_s"]["p50"]
     assert one["predicted"]["ttft_p90_s"]["p90"] > two["predicted"]["ttft_p90_s"]["p90"]
     assert "| 2 |" in out.with_suffix(".md").read_text()
 

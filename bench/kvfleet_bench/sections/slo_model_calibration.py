@@ -40,6 +40,7 @@ def slice_markdown(s: dict[str, Any]) -> str:
     rows = s["rows"]
     body = [[r["count"],
              _ms(r["measured"]["ttft_p90_s"]), _predicted(r["predicted"]["ttft_p90_s"], _ms),
+             _predicted(r["predicted"].get("ttft_p90_tail_s"), _ms),
              _ms1(r["measured"]["itl_p90_s"]), _predicted(r["predicted"]["itl_p90_s"], _ms1),
              pct()(r["measured"]["slo_attainment"]), pct()(r["measured"]["prefix_hit_rate"]),
              _predicted(r["predicted"]["asked"], _count), r["num_ticks_fleet_model"]]
@@ -54,9 +55,12 @@ def slice_markdown(s: dict[str, Any]) -> str:
         f"TTFT p90 <= {_ms(slo['ttft_p90_s'])} ms, ITL p90 <= {_ms1(slo['itl_p90_s'])} ms"
         + (f"; the p90 of its requests' solo TTFT, each prompt alone on an idle replica with "
            f"an empty cache: {_ms(s['solo_ttft_p90_s'])} ms" if "solo_ttft_p90_s" in s else "")
+        + (f"; its p90 prompt is {s['prompt_tail']:.2f}x its mean prompt"
+           if "prompt_tail" in s else "")
         + ")",
         "",
         table(["replicas (pinned)", "TTFT p90 measured (ms)", "TTFT p90 predicted (ms)",
+               "predicted, own prefill at the p90 prompt (ms)",
                "ITL p90 measured (ms)", "ITL p90 predicted (ms)", "SLO met", "prefix hit",
                "model asks for", "ticks"], body),
         "",
@@ -74,7 +78,10 @@ def results_markdown(result: dict[str, Any]) -> str:
             "fit had replaced the seed (ticks); the TTFT and ITL predicted at the p"
             f"{result['predict_quantile'] * 100:g} for one of N replicas; \"model asks "
             "for\": the count the SLO sizing chose at those ticks, at the pool's targets as "
-            "the autoscaler checks them (its scale-down hold keeps about the p90).")
+            "the autoscaler checks them (its scale-down hold keeps about the p90); \"own "
+            "prefill at the p90 prompt\": the same prediction plus what the perf model adds "
+            "for a request whose uncached prompt is the slice's p90-to-mean ratio times the "
+            "mean, the rest (the queue of mean-sized prompts) unchanged.")
     return "\n\n".join([head, *(slice_markdown(s) for s in result["slices"])]) + "\n"
 
 
