@@ -36,6 +36,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -186,13 +187,30 @@ def prompt_tail(trace: list[Any], measure_from: float, measure_to: float) -> flo
     return prompts[max(0, math.ceil(0.9 * len(prompts)) - 1)] / (sum(prompts) / len(prompts))
 
 
+@dataclass(frozen=True, slots=True)
+class PromptFloor:
+    """What a slice's prompts cost alone: each prefilled on an idle replica with an empty
+    cache (`kvfleet_sim.ceiling.solo_ttft_s`), over the measured requests."""
+
+    bar: float  # 0.99, or the ceiling less half a point where prompts alone miss the target
+    solo_p90_s: float  # the TTFT p90 no queue would add to
+    solo_mean_s: float
+    request_rate: float  # measured requests per second
+
+    def shared_p90_s(self, num_replicas: int) -> float:
+        """The reference a sizing model could aim for: the solo p90 stretched by 1 / (1 -
+        rho), rho = rate per replica x mean solo prefill. An engine's token budget is
+        shared by every prompt it has admitted (chunked prefill), so a prefill runs as in
+        a processor-sharing queue, where a job of size x takes x / (1 - rho) on average
+        whatever the sizes' spread (M/G/1-PS). Without prefix hits: above the measured
+        where hits shorten prefills."""
+        rho = self.request_rate / num_replicas * self.solo_mean_s
+        return self.solo_p90_s / (1.0 - rho) if rho < 1 else math.inf
+
+
 def prompt_floor(trace: list[Any], measure_from: float, measure_to: float,
-                 ttft_slo_s: float) -> tuple[float, float]:
-    """(the tables' bar, the p90 of the measured requests' solo TTFT). The bar: 0.99, or
-    the slice's ceiling less half a point where prompts alone exceed the TTFT target
-    (bench/sim_policies.py's reading of issue 27). The solo TTFT: each prompt's prefill
-    alone on an idle replica with an empty cache (`kvfleet_sim.ceiling`), the TTFT p90 no
-    queue would add to."""
+                 ttft_slo_s: float) -> PromptFloor:
+    """The slice's `PromptFloor`; the bar is bench/sim_policies.py's reading of issue 27."""
     from kvfleet_engine.runners.cost_model import load_profile
     from kvfleet_sim.ceiling import attainment_ceiling, solo_ttft_s
 
@@ -200,7 +218,8 @@ def prompt_floor(trace: list[Any], measure_from: float, measure_to: float,
     measured = [r for r in trace if measure_from <= r.t < measure_to]
     ceiling = attainment_ceiling(measured, profile, 8192, ttft_slo_s)
     solo = sorted(solo_ttft_s(profile, r.num_prompt_tokens, 8192) for r in measured)
-    return min(0.99, ceiling - 0.005), solo[max(0, math.ceil(0.9 * len(solo)) - 1)]
+    return PromptFloor(min(0.99, ceiling - 0.005), solo[max(0, math.ceil(0.9 * len(solo)) - 1)],
+                       sum(solo) / len(solo), len(measured) / (measure_to - measure_from))
 
 
 def run_slice(spec: tuple[str, str, float, str, tuple[int, ...]],
@@ -221,10 +240,13 @@ def run_slice(spec: tuple[str, str, float, str, tuple[int, ...]],
               f"asks (p90 of ticks) {asked:g}  ({row['wall_s']:.0f} s)", flush=True)
         rows.append(row)
     slo = rows[0]["slo"]
-    bar, solo_p90 = prompt_floor(trace, args.warmup_s, args.warmup_s + args.duration_s,
-                                 slo["ttft_p90_s"])
+    floor = prompt_floor(trace, args.warmup_s, args.warmup_s + args.duration_s,
+                         slo["ttft_p90_s"])
+    for row in rows:
+        row["shared_solo_ttft_p90_s"] = floor.shared_p90_s(row["count"])
     return {"label": label, "trace": trace_name, "start_s": start_s, "pool": pool,
-            "bar": args.bar if args.bar is not None else bar, "solo_ttft_p90_s": solo_p90,
+            "bar": args.bar if args.bar is not None else floor.bar,
+            "solo_ttft_p90_s": floor.solo_p90_s, "solo_ttft_mean_s": floor.solo_mean_s,
             "prompt_tail": tail,
             "rows": rows}
 

@@ -37,6 +37,9 @@ def test_quick_run_pins_each_count_and_asks_the_model(tmp_path):
         # pricing the own prefill at the p90 prompt adds to the prediction, never takes off
         assert r["predicted"]["ttft_p90_tail_s"]["p50"] > r["predicted"]["ttft_p90_s"]["p50"]
     assert one["predicted"]["ttft_p90_s"]["p90"] > two["predicted"]["ttft_p90_s"]["p90"]
+    # the processor-sharing reference: the solo p90 stretched more on fewer replicas
+    solo = result["slices"][0]["solo_ttft_p90_s"]
+    assert one["shared_solo_ttft_p90_s"] > two["shared_solo_ttft_p90_s"] > solo
     assert "| 2 |" in out.with_suffix(".md").read_text()
 
 
@@ -65,3 +68,20 @@ def test_smallest_count_counts_a_figure_at_the_target_as_met():
     assert "Smallest count measured within both targets: 8" in text
     assert "reached 99.0%: 12" in text
     assert "no fit" in text
+
+
+def test_the_sharing_reference_stretches_by_one_over_one_less_rho_and_ends_at_rho_one():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("slo_model_calibration", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        del sys.modules[spec.name]
+    floor = bench.PromptFloor(bar=0.99, solo_p90_s=1.0, solo_mean_s=0.5, request_rate=4.0)
+    assert floor.shared_p90_s(4) == pytest.approx(2.0)  # rho 0.5
+    assert floor.shared_p90_s(3) == pytest.approx(1.0 / (1.0 - 2.0 / 3.0))
+    assert floor.shared_p90_s(2) == float("inf")  # rho 1: no steady state

@@ -41,6 +41,7 @@ def slice_markdown(s: dict[str, Any]) -> str:
     body = [[r["count"],
              _ms(r["measured"]["ttft_p90_s"]), _predicted(r["predicted"]["ttft_p90_s"], _ms),
              _predicted(r["predicted"].get("ttft_p90_tail_s"), _ms),
+             _ms(r["shared_solo_ttft_p90_s"]) if "shared_solo_ttft_p90_s" in r else "-",
              _ms1(r["measured"]["itl_p90_s"]), _predicted(r["predicted"]["itl_p90_s"], _ms1),
              pct()(r["measured"]["slo_attainment"]), pct()(r["measured"]["prefix_hit_rate"]),
              _predicted(r["predicted"]["asked"], _count), r["num_ticks_fleet_model"]]
@@ -61,6 +62,7 @@ def slice_markdown(s: dict[str, Any]) -> str:
         "",
         table(["replicas (pinned)", "TTFT p90 measured (ms)", "TTFT p90 predicted (ms)",
                "predicted, own prefill at the p90 prompt (ms)",
+               "solo p90 / (1 - rho) (ms)",
                "ITL p90 measured (ms)", "ITL p90 predicted (ms)", "SLO met", "prefix hit",
                "model asks for", "ticks"], body),
         "",
@@ -81,7 +83,11 @@ def results_markdown(result: dict[str, Any]) -> str:
             "the autoscaler checks them (its scale-down hold keeps about the p90); \"own "
             "prefill at the p90 prompt\": the same prediction plus what the perf model adds "
             "for a request whose uncached prompt is the slice's p90-to-mean ratio times the "
-            "mean, the rest (the queue of mean-sized prompts) unchanged.")
+            "mean, the rest (the queue of mean-sized prompts) unchanged; \"solo p90 / (1 - "
+            "rho)\": not the model but a reference from the cost model, the solo p90 "
+            "stretched as a processor-sharing queue stretches a job (chunked prefill shares "
+            "an engine's token budget among its admitted prompts), rho = measured requests "
+            "per second per replica x the mean solo TTFT; no prefix hits.")
     return "\n\n".join([head, *(slice_markdown(s) for s in result["slices"])]) + "\n"
 
 
