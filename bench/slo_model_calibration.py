@@ -44,6 +44,7 @@ from kvfleet_bench.cache_replay import git_state
 from kvfleet_bench.procs import RESULTS_DIR
 from kvfleet_bench.readme import refresh_section
 from kvfleet_bench.sections.slo_model_calibration import results_markdown
+from kvfleet_bench.stats import mean, percentile
 from kvfleet_operator.decide.autoscaler_spec import config_from_pool
 from kvfleet_operator.decide.slo_sizing import (
     choose_coefficients,
@@ -55,7 +56,7 @@ from kvfleet_operator.decide.slo_sizing import (
 from kvfleet_router.perf_model import RoleCoefficients, dot, ttft_features
 from kvfleet_sim.fleet import FleetSim, SimSettings
 from kvfleet_sim.report import summarize
-from kvfleet_sim.run import DEFAULT_ITL_SLO_S, DEFAULT_TTFT_SLO_S, Variant, load_slice
+from kvfleet_sim.run import Variant, load_slice
 from kvfleet_sim.scalers import SCALERS, SimScaler
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,14 +98,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def quantiles(values: list[float]) -> dict[str, float] | None:
     """p50, p90 and max of the finite `values` (nearest rank), with how many were not."""
-    finite = sorted(v for v in values if math.isfinite(v))
+    finite = [v for v in values if math.isfinite(v)]
     if not finite:
         return None
-
-    def at(q: float) -> float:
-        return finite[max(0, math.ceil(q * len(finite)) - 1)]
-
-    return {"p50": at(0.5), "p90": at(0.9), "max": finite[-1],
+    return {"p50": percentile(finite, 50), "p90": percentile(finite, 90), "max": max(finite),
             "num_infeasible": len(values) - len(finite)}
 
 
@@ -149,8 +146,9 @@ def run_count(pool_path: Path, trace: list[Any], count: int, args: argparse.Name
                            run_until_s=measure_to)
     sim = FleetSim(pool, SimScaler(scaler, initial=fixed.initial), settings)
     result = sim.run(trace)
-    ttft_slo = pool.spec.autoscaling.targets.ttft_p90_seconds or DEFAULT_TTFT_SLO_S
-    itl_slo = pool.spec.autoscaling.targets.itl_p90_seconds or DEFAULT_ITL_SLO_S
+    # measured against the targets the sizing checks (the router's default for one unset)
+    ttft_slo, itl_slo = slo.ttft_p90_s, slo.itl_p90_s
+    assert ttft_slo is not None and itl_slo is not None  # a unified role checks both
     summary = summarize(f"fixed at {count}", result, ttft_slo, itl_slo, measure_from,
                         measure_to)
     # ticks with load and the fleet's own fit: an idle window asks for nothing either way
@@ -181,10 +179,10 @@ def own_prefill_at(weights: RoleCoefficients, uncached_tokens: float, tail: floa
 
 def prompt_tail(trace: list[Any], measure_from: float, measure_to: float) -> float:
     """The p90 prompt over the mean prompt of the measured requests (1 with none)."""
-    prompts = sorted(r.num_prompt_tokens for r in trace if measure_from <= r.t < measure_to)
+    prompts = [r.num_prompt_tokens for r in trace if measure_from <= r.t < measure_to]
     if not prompts or sum(prompts) <= 0:
         return 1.0
-    return prompts[max(0, math.ceil(0.9 * len(prompts)) - 1)] / (sum(prompts) / len(prompts))
+    return percentile(prompts, 90) / mean(prompts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,9 +215,9 @@ def prompt_floor(trace: list[Any], measure_from: float, measure_to: float,
     profile = load_profile("h100-llama3-8b")
     measured = [r for r in trace if measure_from <= r.t < measure_to]
     ceiling = attainment_ceiling(measured, profile, 8192, ttft_slo_s)
-    solo = sorted(solo_ttft_s(profile, r.num_prompt_tokens, 8192) for r in measured)
-    return PromptFloor(min(0.99, ceiling - 0.005), solo[max(0, math.ceil(0.9 * len(solo)) - 1)],
-                       sum(solo) / len(solo), len(measured) / (measure_to - measure_from))
+    solo = [solo_ttft_s(profile, r.num_prompt_tokens, 8192) for r in measured]
+    return PromptFloor(min(0.99, ceiling - 0.005), percentile(solo, 90), mean(solo),
+                       len(measured) / (measure_to - measure_from))
 
 
 def run_slice(spec: tuple[str, str, float, str, tuple[int, ...]],
