@@ -47,6 +47,7 @@ from kvfleet_bench.sections.slo_model_calibration import results_markdown
 from kvfleet_bench.stats import mean, percentile
 from kvfleet_operator.decide.autoscaler_spec import config_from_pool
 from kvfleet_operator.decide.slo_sizing import (
+    RoleLoad,
     choose_coefficients,
     predict,
     role_load,
@@ -105,11 +106,9 @@ def quantiles(values: list[float]) -> dict[str, float] | None:
             "num_infeasible": len(values) - len(finite)}
 
 
-def run_count(pool_path: Path, trace: list[Any], count: int, args: argparse.Namespace,
-              tail: float) -> dict[str, Any]:
-    """One replay pinned at `count`, with the SLO model asked at every measured tick.
-    `tail`: the slice's p90 prompt over its mean prompt, for the prediction with a
-    request's own prefill priced at the p90 prompt (`own_prefill_at`)."""
+def run_count(pool_path: Path, trace: list[Any], count: int, args: argparse.Namespace
+              ) -> dict[str, Any]:
+    """One replay pinned at `count`, with the SLO model asked at every measured tick."""
     variant = Variant(str(pool_path), scaler="fixed-max", replicas=count)
     pool = variant.load()
     FleetSim.check_pool(pool)
@@ -134,9 +133,9 @@ def run_count(pool_path: Path, trace: list[Any], count: int, args: argparse.Name
             load = role_load(rs, config.backlog_clear_s, "unified")
             p = predict(weights, load, count, PREDICT_QUANTILE)
             asked, _why = size(weights, load, slo, SIZE_LIMIT, "unified")
-            tail_s = p.ttft_p90_s + own_prefill_at(weights, load.uncached_prompt_tokens, tail)
+            shared = shared_ttft_s(weights, load, count, PREDICT_QUANTILE)
             ticks.append({"t": now, "ttft_p90_s": p.ttft_p90_s, "itl_p90_s": p.itl_p90_s,
-                          "ttft_p90_tail_s": tail_s,
+                          "ttft_p90_shared_s": math.nan if shared is None else shared,
                           "asked": asked, "is_fleet_model": source.startswith("fleet model"),
                           "request_rate": load.request_rate,
                           "uncached_prompt_tokens": load.uncached_prompt_tokens})
@@ -161,20 +160,26 @@ def run_count(pool_path: Path, trace: list[Any], count: int, args: argparse.Name
                      "num_requests": summary.num_requests},
         "num_ticks": len(ticks), "num_ticks_fleet_model": len(learned),
         "predicted": {key: quantiles([t[key] for t in learned])
-                      for key in ("ttft_p90_s", "ttft_p90_tail_s", "itl_p90_s", "asked",
+                      for key in ("ttft_p90_s", "ttft_p90_shared_s", "itl_p90_s", "asked",
                                   "request_rate", "uncached_prompt_tokens")},
         "slo": {"ttft_p90_s": ttft_slo, "itl_p90_s": itl_slo},
     }
 
 
-def own_prefill_at(weights: RoleCoefficients, uncached_tokens: float, tail: float) -> float:
-    """What the model adds to a request's TTFT when its own uncached prompt is `tail` x
-    the mean instead of the mean: the perf model's TTFT at the two sizes, nothing queued
-    or running (its uncached-token terms; `predict` prices every request at the mean)."""
-    def alone(u: float) -> float:
-        return dot(weights.ttft, ttft_features(u, 0.0, 0.0, 0.0))
-
-    return max(0.0, alone(uncached_tokens * tail) - alone(uncached_tokens))
+def shared_ttft_s(weights: RoleCoefficients, load: RoleLoad, num_replicas: int,
+                  q: float) -> float | None:
+    """A candidate for the sizing's TTFT, from what the routers export: the perf model's
+    TTFT alone on a replica (nothing queued or running) of the routers' recent q-quantile
+    uncached prompt, stretched by 1 / (1 - rho) as a processor-sharing queue stretches a
+    job; rho = the role's request rate per replica x the model's prefill of the routers'
+    recent mean prompt (its per-ktoken weight). inf at rho >= 1; None when the routers
+    export no prompts."""
+    ktokens = weights.prompt_ktokens_at(q)
+    if ktokens is None:
+        return None
+    alone = dot(weights.ttft, ttft_features(1000.0 * ktokens, 0.0, 0.0, 0.0))
+    rho = load.request_rate / num_replicas * max(0.0, weights.ttft[1] * weights.prompt[0])
+    return alone / (1.0 - rho) if rho < 1.0 else math.inf
 
 
 def prompt_tail(trace: list[Any], measure_from: float, measure_to: float) -> float:
@@ -229,7 +234,7 @@ def run_slice(spec: tuple[str, str, float, str, tuple[int, ...]],
     tail = prompt_tail(trace, args.warmup_s, args.warmup_s + args.duration_s)
     for n in counts:
         t0 = time.time()
-        row = run_count(REPO / pool, trace, n, args, tail)
+        row = run_count(REPO / pool, trace, n, args)
         row["wall_s"] = time.time() - t0
         m, pr = row["measured"], row["predicted"]
         asked = pr["asked"]["p90"] if pr["asked"] else float("nan")

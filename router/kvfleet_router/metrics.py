@@ -37,6 +37,10 @@ kvfleet_router_perf_model_coefficient{role,target,feature}
                                                    TPOT_FEATURES): what the operator's
                                                    autoscaler sizes the role with
 kvfleet_router_perf_model_evidence{role,target}    finished streams behind those weights
+kvfleet_router_perf_model_prompt_ktokens{role,stat}  the role's recent uncached prompts
+                                                   (ktokens; stat perf_model.PROMPT_STATS:
+                                                   mean, mean_square, q0.5 ... q0.995),
+                                                   beside the weights for the autoscaler
 kvfleet_router_revision_requests_total{revision,outcome}  upstream attempts per engine
                                                    revision: ok | error (revisions.py)
 kvfleet_router_revision_ttft_seconds{revision}     time to first token per revision
@@ -78,6 +82,7 @@ from prometheus_client.registry import Collector
 from kvfleet_router.flow.tenants import band_label
 from kvfleet_router.peer_hint import REASONS as PEER_HINT_REASONS
 from kvfleet_router.perf_model import (
+    PROMPT_STATS,
     TPOT_FEATURES,
     TTFT_FEATURES,
     EndpointPerf,
@@ -220,13 +225,17 @@ def perf_models(core: RouterCore) -> dict[str, RoleCoefficients]:
 
 
 def perf_model_export(core: RouterCore):  # type: ignore[no-untyped-def]
-    """`perf_models` as gauges: one per (role, target, feature), and the evidence."""
+    """`perf_models` as gauges: one per (role, target, feature), the evidence, and the
+    role's recent prompts (one per `PROMPT_STATS` name, none before any prompt)."""
     coef = GaugeMetricFamily("kvfleet_router_perf_model_coefficient",
                              "perf model weight per role, target and feature",
                              labels=["role", "target", "feature"])
     evidence = GaugeMetricFamily("kvfleet_router_perf_model_evidence",
                                  "finished streams behind the perf model's weights",
                                  labels=["role", "target"])
+    prompt = GaugeMetricFamily("kvfleet_router_perf_model_prompt_ktokens",
+                               "the role's recent uncached prompts in ktokens: mean, mean "
+                               "square and quantiles", labels=["role", "stat"])
     for role, fit in perf_models(core).items():
         for target, names, weights, n in (
                 ("ttft", TTFT_FEATURES, fit.ttft, fit.num_ttft_samples),
@@ -234,8 +243,11 @@ def perf_model_export(core: RouterCore):  # type: ignore[no-untyped-def]
             for name, w in zip(names, weights, strict=True):
                 coef.add_metric([role, target, name], w)
             evidence.add_metric([role, target], n)
+        for name, value in zip(PROMPT_STATS, fit.prompt, strict=False):
+            prompt.add_metric([role, name], value)
     yield coef
     yield evidence
+    yield prompt
 
 
 class RouterMetrics:

@@ -44,6 +44,8 @@ predict with one formula (`dot` over `ttft_features` / `tpot_features`).
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -52,6 +54,27 @@ TPOT_DIM = 3
 # Feature names, in order (the exported gauges' `feature` label).
 TTFT_FEATURES = ("const", "u", "u_wq", "wq", "r", "kv")
 TPOT_FEATURES = ("const", "n", "kv")
+
+
+# The role's recent uncached prompts (ktokens), as the numbers the router exports beside
+# the weights: their mean, mean square and quantiles. A TTFT p90 is set by the long
+# prompts (bench/slo_model_calibration.py), which a mean prompt does not show; the
+# quantiles say how long, and the mean square how much prefill work they carry where
+# prefill grows faster than the prompt (attention).
+PROMPT_QUANTILES = (0.5, 0.75, 0.8, 0.85, 0.9, 0.92, 0.94, 0.95, 0.96, 0.97, 0.98, 0.99,
+                    0.995)
+PROMPT_STATS = ("mean", "mean_square", *(f"q{q:g}" for q in PROMPT_QUANTILES))
+PROMPT_WINDOW = 128  # prompts kept per endpoint
+
+
+def prompt_stats(ktokens: Iterable[float]) -> tuple[float, ...]:
+    """`PROMPT_STATS` of some prompts (nearest-rank quantiles); () for none."""
+    xs = sorted(ktokens)
+    n = len(xs)
+    if not n:
+        return ()
+    quantiles = (xs[min(n - 1, max(0, math.ceil(q * n) - 1))] for q in PROMPT_QUANTILES)
+    return (sum(xs) / n, sum(x * x for x in xs) / n, *quantiles)
 
 
 def ttft_features(uncached_tokens: float, num_waiting: float, num_running: float,
@@ -209,10 +232,12 @@ class EndpointPerf:
     pooled_tpot: list[float] | None = None
     ttft_errors: FitErrors = field(default_factory=FitErrors)
     tpot_errors: FitErrors = field(default_factory=FitErrors)
+    prompt_ktokens: deque[float] = field(default_factory=lambda: deque(maxlen=PROMPT_WINDOW))
 
     def learn_ttft(self, x: Sequence[float], ttft_s: float) -> None:
         _score(self.ttft, self.pooled_ttft, self.ttft_errors, x, ttft_s)
         self.ttft.add(x, ttft_s, relative_weight(ttft_s))
+        self.prompt_ktokens.append(x[1])
 
     def learn_tpot(self, x: Sequence[float], tpot_s: float) -> None:
         _score(self.tpot, self.pooled_tpot, self.tpot_errors, x, tpot_s)
@@ -342,17 +367,35 @@ class Mape:
 @dataclass(frozen=True, slots=True)
 class RoleCoefficients:
     """One role's pooled model as numbers: TTFT weights over `TTFT_FEATURES`, TPOT weights
-    over `TPOT_FEATURES`, and how many finished requests each fit has seen."""
+    over `TPOT_FEATURES`, how many finished requests each fit has seen, and the
+    `PROMPT_STATS` of the role's recent uncached prompts (() when none were seen)."""
 
     ttft: tuple[float, ...]
     tpot: tuple[float, ...]
     num_ttft_samples: int = 0
     num_tpot_samples: int = 0
+    prompt: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.ttft) != TTFT_DIM or len(self.tpot) != TPOT_DIM:
             raise ValueError(f"need {TTFT_DIM} TTFT and {TPOT_DIM} TPOT coefficients, got "
                              f"{len(self.ttft)} and {len(self.tpot)}")
+        if self.prompt and len(self.prompt) != len(PROMPT_STATS):
+            raise ValueError(f"need {len(PROMPT_STATS)} prompt statistics, got "
+                             f"{len(self.prompt)}")
+
+    def prompt_ktokens_at(self, q: float) -> float | None:
+        """The role's q-quantile uncached prompt (ktokens), None when unknown. Between the
+        exported quantiles interpolated; outside them, the nearest."""
+        if not self.prompt:
+            return None
+        points = list(zip(PROMPT_QUANTILES, self.prompt[2:], strict=True))
+        if q <= points[0][0]:
+            return points[0][1]
+        for (q0, v0), (q1, v1) in zip(points, points[1:], strict=False):
+            if q <= q1:
+                return v0 + (v1 - v0) * (q - q0) / (q1 - q0)
+        return points[-1][1]
 
 
 def dot(weights: Sequence[float], x: Sequence[float]) -> float:
@@ -372,4 +415,5 @@ def role_coefficients(perfs: Iterable[EndpointPerf], forget: float = 0.995,
     if wt is None and wp is None:
         return None
     return RoleCoefficients(tuple(wt or (0.0,) * TTFT_DIM), tuple(wp or (0.0,) * TPOT_DIM),
-                            ttft.num_samples if wt else 0, tpot.num_samples if wp else 0)
+                            ttft.num_samples if wt else 0, tpot.num_samples if wp else 0,
+                            prompt_stats(u for p in perfs for u in p.prompt_ktokens))

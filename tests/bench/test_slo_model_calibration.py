@@ -34,8 +34,10 @@ def test_quick_run_pins_each_count_and_asks_the_model(tmp_path):
     for r in rows:
         assert r["num_ticks_fleet_model"] > 0
         assert r["predicted"]["asked"]["p90"] >= 1
-        # pricing the own prefill at the p90 prompt adds to the prediction, never takes off
-        assert r["predicted"]["ttft_p90_tail_s"]["p50"] > r["predicted"]["ttft_p90_s"]["p50"]
+        # the routers export their prompts, so the processor-sharing candidate is priced
+        assert r["predicted"]["ttft_p90_shared_s"] is not None
+    assert (two["predicted"]["ttft_p90_shared_s"]["p50"]
+            < one["predicted"]["ttft_p90_shared_s"]["p50"])
     assert one["predicted"]["ttft_p90_s"]["p90"] > two["predicted"]["ttft_p90_s"]["p90"]
     # the processor-sharing reference: the solo p90 stretched more on fewer replicas
     solo = result["slices"][0]["solo_ttft_p90_s"]
@@ -70,7 +72,7 @@ def test_smallest_count_counts_a_figure_at_the_target_as_met():
     assert "no fit" in text
 
 
-def test_the_sharing_reference_stretches_by_one_over_one_less_rho_and_ends_at_rho_one():
+def _bench():  # type: ignore[no-untyped-def]
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("slo_model_calibration", SCRIPT)
@@ -81,7 +83,28 @@ def test_the_sharing_reference_stretches_by_one_over_one_less_rho_and_ends_at_rh
         spec.loader.exec_module(bench)
     finally:
         del sys.modules[spec.name]
+    return bench
+
+
+def test_the_sharing_reference_stretches_by_one_over_one_less_rho_and_ends_at_rho_one():
+    bench = _bench()
     floor = bench.PromptFloor(bar=0.99, solo_p90_s=1.0, solo_mean_s=0.5, request_rate=4.0)
     assert floor.shared_p90_s(4) == pytest.approx(2.0)  # rho 0.5
     assert floor.shared_p90_s(3) == pytest.approx(1.0 / (1.0 - 2.0 / 3.0))
     assert floor.shared_p90_s(2) == float("inf")  # rho 1: no steady state
+
+
+def test_the_sharing_candidate_prices_the_quantile_prompt_and_the_mean_one():
+    from kvfleet_operator.decide.slo_sizing import RoleLoad
+    from kvfleet_router.perf_model import PROMPT_QUANTILES, RoleCoefficients
+
+    bench = _bench()
+    prompt = (2.0, 6.0, *(4.0 for _ in PROMPT_QUANTILES))  # mean 2 ktokens, quantiles 4
+    # TTFT alone = 0.01 + 0.05 u: 0.21 s at 4 ktokens; the mean prompt's prefill 0.1 s
+    w = RoleCoefficients((0.01, 0.05, 0.0, 0.0, 0.0, 0.0), (0.01, 0.0, 0.0), 100, 100, prompt)
+    assert bench.shared_ttft_s(w, RoleLoad(request_rate=8.0), 2, 0.9) == pytest.approx(
+        0.21 / (1 - 0.4))
+    assert bench.shared_ttft_s(w, RoleLoad(request_rate=10.0), 1, 0.9) == float("inf")
+    assert bench.shared_ttft_s(w, RoleLoad(request_rate=9.9), 1, 0.9) < float("inf")
+    no_prompts = RoleCoefficients(w.ttft, w.tpot, 100, 100)
+    assert bench.shared_ttft_s(no_prompts, RoleLoad(request_rate=8.0), 2, 0.9) is None

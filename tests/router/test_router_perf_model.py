@@ -15,6 +15,9 @@ from kvfleet_router.config import RouterConfig
 from kvfleet_router.feedback import HealthFeedback
 from kvfleet_router.metrics import RouterMetrics
 from kvfleet_router.perf_model import (
+    PROMPT_QUANTILES,
+    PROMPT_STATS,
+    PROMPT_WINDOW,
     TTFT_DIM,
     EndpointPerf,
     FitErrors,
@@ -24,6 +27,7 @@ from kvfleet_router.perf_model import (
     RoleCoefficients,
     RoleModel,
     dot,
+    prompt_stats,
     role_coefficients,
     tpot_features,
     ttft_features,
@@ -49,6 +53,44 @@ def test_linear_stats_recover_a_linear_law():
     for u, w in ((500, 0), (4000, 3), (8000, 6)):
         got = stats.predict(ttft_features(u, w, 5, 0.5))
         assert got == pytest.approx(true_ttft(u, w, 1.0), rel=0.02)
+
+
+def test_prompt_stats_are_the_mean_the_mean_square_and_nearest_rank_quantiles():
+    assert prompt_stats([]) == ()
+    ktokens = [float(k) for k in range(1, 201)]  # 1 .. 200
+    stats = dict(zip(PROMPT_STATS, prompt_stats(reversed(ktokens)), strict=True))
+    assert stats["mean"] == pytest.approx(100.5)
+    assert stats["mean_square"] == pytest.approx(sum(k * k for k in ktokens) / 200)
+    assert stats["q0.5"] == 100.0  # nearest rank: the 100th of 200
+    assert stats["q0.9"] == 180.0
+    assert stats["q0.995"] == 199.0
+    assert list(PROMPT_STATS[2:]) == [f"q{q:g}" for q in PROMPT_QUANTILES]
+
+
+def test_prompt_quantiles_interpolate_between_the_exported_ones_and_clamp_outside():
+    prompt = (1.0, 2.0, *(10.0 * (i + 1) for i in range(len(PROMPT_QUANTILES))))
+    c = RoleCoefficients((0.0,) * TTFT_DIM, (0.0,) * 3, 1, 1, prompt)
+    i = PROMPT_QUANTILES.index(0.9)
+    assert c.prompt_ktokens_at(0.9) == pytest.approx(10.0 * (i + 1))
+    q0, q1 = PROMPT_QUANTILES[i], PROMPT_QUANTILES[i + 1]
+    assert c.prompt_ktokens_at((q0 + q1) / 2) == pytest.approx(10.0 * (i + 1.5))
+    assert c.prompt_ktokens_at(0.1) == 10.0  # below the lowest: the lowest
+    assert c.prompt_ktokens_at(0.9999) == 10.0 * len(PROMPT_QUANTILES)
+    assert RoleCoefficients((0.0,) * TTFT_DIM, (0.0,) * 3).prompt_ktokens_at(0.9) is None
+    with pytest.raises(ValueError, match="prompt statistics"):
+        RoleCoefficients((0.0,) * TTFT_DIM, (0.0,) * 3, 1, 1, prompt[:-1])
+
+
+def test_an_endpoint_keeps_its_last_prompts_and_the_role_pools_them():
+    a, b = EndpointPerf(), EndpointPerf()
+    for k in range(PROMPT_WINDOW + 10):
+        a.learn_ttft(ttft_features(1000.0 * k, 0, 0, 0.0), 0.1)
+    b.learn_ttft(ttft_features(500.0, 0, 0, 0.0), 0.05)
+    assert len(a.prompt_ktokens) == PROMPT_WINDOW and a.prompt_ktokens[0] == 10.0
+    fit = role_coefficients([a, b])
+    assert fit is not None
+    kept = [float(k) for k in range(10, PROMPT_WINDOW + 10)] + [0.5]
+    assert fit.prompt == prompt_stats(kept)
 
 
 def test_forgetting_follows_a_change():

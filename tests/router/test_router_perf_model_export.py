@@ -1,5 +1,6 @@
 """The perf model's transport to the autoscaler: the router exports each role's pooled fit as
-`kvfleet_router_perf_model_coefficient{role,target,feature}` (+ evidence) on /metrics; the
+`kvfleet_router_perf_model_coefficient{role,target,feature}` (+ evidence, + the recent
+prompts, `kvfleet_router_perf_model_prompt_ktokens{role,stat}`) on /metrics; the
 operator reads them back equal (`role_signals.parse_router_perf_models`); several routers
 combine by evidence; the simulator's router hands over the same numbers in process."""
 
@@ -49,6 +50,7 @@ def test_exported_coefficients_are_read_back_equal():
         assert back[role].tpot == pytest.approx(fit.tpot, rel=1e-12, abs=1e-15)
         assert (back[role].num_ttft_samples, back[role].num_tpot_samples) == (
             fit.num_ttft_samples, fit.num_tpot_samples)
+        assert fit.prompt and back[role].prompt == pytest.approx(fit.prompt, rel=1e-12)
     # The fit is the model's: it recovers the per-ktoken slope it was taught.
     assert fits["unified"].ttft[1] == pytest.approx(0.033, rel=0.05)
 
@@ -95,7 +97,31 @@ def test_several_routers_combine_by_evidence():
     assert both["unified"].ttft == pytest.approx((1.5,) * 6)  # (300 x 1 + 100 x 3) / 400
     assert both["unified"].tpot == pytest.approx((3.0,) * 3)
     assert both["unified"].num_ttft_samples == 400
+    assert both["unified"].prompt == ()  # neither exports prompts
     assert both["decode"] == b
+
+
+def test_prompt_statistics_parse_whole_and_combine_by_evidence():
+    from kvfleet_router.perf_model import PROMPT_STATS
+
+    def text(role: str, stats: list[str], value: float) -> str:
+        weights = [f'kvfleet_router_perf_model_coefficient{{role="{role}",target="{t}",'
+                   f'feature="{f}"}} 1' for t, fs in (
+                       ("ttft", ("const", "u", "u_wq", "wq", "r", "kv")),
+                       ("tpot", ("const", "n", "kv"))) for f in fs]
+        prompts = [f'kvfleet_router_perf_model_prompt_ktokens{{role="{role}",stat="{n}"}} '
+                   f'{value}' for n in stats]
+        return "\n".join(weights + prompts)
+
+    assert parse_router_perf_models(text("u", list(PROMPT_STATS), 2.0))["u"].prompt == (
+        (2.0,) * len(PROMPT_STATS))
+    # one statistic missing: the prompts are unknown, the weights still read
+    assert parse_router_perf_models(text("u", list(PROMPT_STATS[:-1]), 2.0))["u"].prompt == ()
+    a = RoleCoefficients((1,) * 6, (1, 1, 1), 300, 100, (1.0,) * len(PROMPT_STATS))
+    b = RoleCoefficients((1,) * 6, (1, 1, 1), 100, 100, (5.0,) * len(PROMPT_STATS))
+    c = RoleCoefficients((1,) * 6, (1, 1, 1), 400, 100)  # exports no prompts
+    both = combine_perf_models([{"u": a}, {"u": b}, {"u": c}])
+    assert both["u"].prompt == pytest.approx((2.0,) * len(PROMPT_STATS))  # (300 + 500) / 400
 
 
 def test_the_simulated_router_hands_over_what_a_live_one_exports():

@@ -40,7 +40,7 @@ def slice_markdown(s: dict[str, Any]) -> str:
     rows = s["rows"]
     body = [[r["count"],
              _ms(r["measured"]["ttft_p90_s"]), _predicted(r["predicted"]["ttft_p90_s"], _ms),
-             _predicted(r["predicted"].get("ttft_p90_tail_s"), _ms),
+             _predicted(r["predicted"].get("ttft_p90_shared_s"), _ms),
              _ms(r["shared_solo_ttft_p90_s"]) if "shared_solo_ttft_p90_s" in r else "-",
              _ms1(r["measured"]["itl_p90_s"]), _predicted(r["predicted"]["itl_p90_s"], _ms1),
              pct()(r["measured"]["slo_attainment"]), pct()(r["measured"]["prefix_hit_rate"]),
@@ -61,7 +61,7 @@ def slice_markdown(s: dict[str, Any]) -> str:
         + ")",
         "",
         table(["replicas (pinned)", "TTFT p90 measured (ms)", "TTFT p90 predicted (ms)",
-               "predicted, own prefill at the p90 prompt (ms)",
+               "processor-sharing candidate (ms)",
                "solo p90 / (1 - rho) (ms)",
                "ITL p90 measured (ms)", "ITL p90 predicted (ms)", "SLO met", "prefix hit",
                "model asks for", "ticks"], body),
@@ -80,10 +80,11 @@ def results_markdown(result: dict[str, Any]) -> str:
             "fit had replaced the seed (ticks); the TTFT and ITL predicted at the p"
             f"{result['predict_quantile'] * 100:g} for one of N replicas; \"model asks "
             "for\": the count the SLO sizing chose at those ticks, at the pool's targets as "
-            "the autoscaler checks them (its scale-down hold keeps about the p90); \"own "
-            "prefill at the p90 prompt\": the same prediction plus what the perf model adds "
-            "for a request whose uncached prompt is the slice's p90-to-mean ratio times the "
-            "mean, the rest (the queue of mean-sized prompts) unchanged; \"solo p90 / (1 - "
+            "the autoscaler checks them (its scale-down hold keeps about the p90); "
+            "\"processor-sharing candidate\": not what the sizing uses yet, the perf model's "
+            "TTFT alone on a replica of the routers' recent p90 uncached prompt, stretched by "
+            "1 / (1 - rho), rho = the role's request rate per replica x the model's prefill "
+            "of the routers' recent mean prompt (`shared_ttft_s`); \"solo p90 / (1 - "
             "rho)\": not the model but a reference from the cost model, the solo p90 "
             "stretched as a processor-sharing queue stretches a job (chunked prefill shares "
             "an engine's token budget among its admitted prompts), rho = measured requests "

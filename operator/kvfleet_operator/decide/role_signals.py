@@ -24,9 +24,11 @@ Public API (all pure):
   it is counted in `num_unknown` and contributes nothing, so it never looks idle.
   `perf_models` (role -> the router's perf-model fit) lands on each role's `perf`.
 - `parse_router_perf_models(text)` / `combine_perf_models(parts)`: the routers' exported
-  perf-model weights (`kvfleet_router_perf_model_coefficient{role,target,feature}` and
-  `kvfleet_router_perf_model_evidence`) back into `RoleCoefficients`, and several routers'
-  fits as one (each weight averaged, weighted by the evidence behind it).
+  perf-model weights (`kvfleet_router_perf_model_coefficient{role,target,feature}`,
+  `kvfleet_router_perf_model_evidence` and the recent prompts,
+  `kvfleet_router_perf_model_prompt_ktokens{role,stat}`) back into `RoleCoefficients`,
+  and several routers' fits as one (each weight and prompt statistic averaged, weighted by
+  the evidence behind it).
 
 The I/O that fills a `ScrapeLog` (scraping `/metrics`, asking Prometheus) lives in the
 metrics-source port, `kvfleet_operator.runtimes.metrics_sources`.
@@ -43,7 +45,12 @@ from typing import Any
 
 from kvfleet_engine import contract as c
 from kvfleet_engine.contract import Buckets  # (upper bound `le`, cumulative count), by le
-from kvfleet_router.perf_model import TPOT_FEATURES, TTFT_FEATURES, RoleCoefficients
+from kvfleet_router.perf_model import (
+    PROMPT_STATS,
+    TPOT_FEATURES,
+    TTFT_FEATURES,
+    RoleCoefficients,
+)
 
 
 class MetricsParseError(ValueError):
@@ -451,36 +458,48 @@ def burst_rate(intervals: Sequence[Sequence[float]]) -> float:
 
 PERF_COEFFICIENT = "kvfleet_router_perf_model_coefficient"
 PERF_EVIDENCE = "kvfleet_router_perf_model_evidence"
+PERF_PROMPT = "kvfleet_router_perf_model_prompt_ktokens"
 
 
 def parse_router_perf_models(text: str) -> dict[str, RoleCoefficients]:
-    """role -> the fit one router exports; a role missing a weight is left out."""
-    parsed = c.parse_text(text, only=[PERF_COEFFICIENT, PERF_EVIDENCE])
+    """role -> the fit one router exports; a role missing a weight is left out, one missing
+    a prompt statistic has no prompts (a router that predates them)."""
+    parsed = c.parse_text(text, only=[PERF_COEFFICIENT, PERF_EVIDENCE, PERF_PROMPT])
     weights: dict[tuple[str, str], dict[str, float]] = {}
     evidence: dict[tuple[str, str], float] = {}
+    prompts: dict[str, dict[str, float]] = {}
     for x in parsed.samples:
         role, target = x.labels.get("role", ""), x.labels.get("target", "")
         if not math.isfinite(x.value):
             continue
         if x.name == PERF_COEFFICIENT:
             weights.setdefault((role, target), {})[x.labels.get("feature", "")] = x.value
+        elif x.name == PERF_PROMPT:
+            prompts.setdefault(role, {})[x.labels.get("stat", "")] = x.value
         else:
             evidence[(role, target)] = x.value
     out: dict[str, RoleCoefficients] = {}
     for role in sorted({r for r, _ in weights}):
-        ttft, tpot = weights.get((role, "ttft"), {}), weights.get((role, "tpot"), {})
+        ttft = weights.get((role, "ttft"), {})
+        tpot = weights.get((role, "tpot"), {})
         if set(TTFT_FEATURES) - set(ttft) or set(TPOT_FEATURES) - set(tpot):
             continue
+        stats = prompts.get(role, {})
+        prompt = tuple(stats[n] for n in PROMPT_STATS) if set(PROMPT_STATS) <= set(stats) \
+            else ()
         out[role] = RoleCoefficients(
             tuple(ttft[f] for f in TTFT_FEATURES), tuple(tpot[f] for f in TPOT_FEATURES),
-            int(evidence.get((role, "ttft"), 0)), int(evidence.get((role, "tpot"), 0)))
+            int(evidence.get((role, "ttft"), 0)), int(evidence.get((role, "tpot"), 0)),
+            prompt)
     return out
 
 
 def combine_perf_models(parts: Iterable[Mapping[str, RoleCoefficients]]
                         ) -> dict[str, RoleCoefficients]:
     """Several routers' fits as one per role: each weight the evidence-weighted mean (a
-    router with no evidence counts once), the evidence summed."""
+    router with no evidence counts once), the evidence summed; the prompt statistics the
+    same over the routers that export them (a mean of quantiles, close enough for
+    routers that see the same traffic)."""
     by_role: dict[str, list[RoleCoefficients]] = {}
     for part in parts:
         for role, fit in part.items():
@@ -497,6 +516,10 @@ def combine_perf_models(parts: Iterable[Mapping[str, RoleCoefficients]]
                          for i in range(len(vectors[0])))
 
         nt, np_ = [f.num_ttft_samples for f in fits], [f.num_tpot_samples for f in fits]
+        with_prompts = [(f.prompt, f.num_ttft_samples) for f in fits if f.prompt]
+        prompt = mean([p for p, _ in with_prompts], [n for _, n in with_prompts]) \
+            if with_prompts else ()
         out[role] = RoleCoefficients(mean([f.ttft for f in fits], nt),
-                                     mean([f.tpot for f in fits], np_), sum(nt), sum(np_))
+                                     mean([f.tpot for f in fits], np_), sum(nt), sum(np_),
+                                     prompt)
     return out
