@@ -174,11 +174,11 @@ def shared_ttft_s(weights: RoleCoefficients, load: RoleLoad, num_replicas: int,
     job; rho = the role's request rate per replica x the model's prefill of the routers'
     recent mean prompt (its per-ktoken weight). inf at rho >= 1; None when the routers
     export no prompts."""
-    ktokens = weights.prompt_ktokens_at(q)
-    if ktokens is None:
+    ktokens, mean = weights.prompt_ktokens_at(q), weights.mean_prompt_ktokens
+    if ktokens is None or mean is None:
         return None
     alone = dot(weights.ttft, ttft_features(1000.0 * ktokens, 0.0, 0.0, 0.0))
-    rho = load.request_rate / num_replicas * max(0.0, weights.ttft[1] * weights.prompt[0])
+    rho = load.request_rate / num_replicas * max(0.0, weights.ttft[1] * mean)
     return alone / (1.0 - rho) if rho < 1.0 else math.inf
 
 

@@ -39,7 +39,9 @@ the simulator's report).
 `RoleCoefficients` is a role's pooled fit as plain numbers (`role_coefficients`): what the
 router exports as `kvfleet_router_perf_model_coefficient{role,target,feature}` and the
 operator reads back (the simulator hands it over in process), so router and autoscaler
-predict with one formula (`dot` over `ttft_features` / `tpot_features`).
+predict with one formula (`dot` over `ttft_features` / `tpot_features`). It carries the
+role's recent uncached prompts too (`PROMPT_STATS`: each endpoint keeps its last
+`PROMPT_WINDOW`), exported as `kvfleet_router_perf_model_prompt_ktokens{role,stat}`.
 """
 
 from __future__ import annotations
@@ -384,12 +386,18 @@ class RoleCoefficients:
             raise ValueError(f"need {len(PROMPT_STATS)} prompt statistics, got "
                              f"{len(self.prompt)}")
 
+    @property
+    def mean_prompt_ktokens(self) -> float | None:
+        """The role's recent mean uncached prompt (ktokens), None when unknown."""
+        return self.prompt[PROMPT_STATS.index("mean")] if self.prompt else None
+
     def prompt_ktokens_at(self, q: float) -> float | None:
         """The role's q-quantile uncached prompt (ktokens), None when unknown. Between the
         exported quantiles interpolated; outside them, the nearest."""
         if not self.prompt:
             return None
-        points = list(zip(PROMPT_QUANTILES, self.prompt[2:], strict=True))
+        first = PROMPT_STATS.index(f"q{PROMPT_QUANTILES[0]:g}")
+        points = list(zip(PROMPT_QUANTILES, self.prompt[first:], strict=True))
         if q <= points[0][0]:
             return points[0][1]
         for (q0, v0), (q1, v1) in zip(points, points[1:], strict=False):

@@ -238,6 +238,14 @@ def test_role_slo_and_seed():
     chosen, why = choose_coefficients(few_ttft, seed)
     assert chosen.ttft == seed.ttft and chosen.tpot == FIT.tpot
     assert why.startswith("seed TTFT")
+    # a mixed fit keeps what else the fleet's carries: the routers' recent prompts
+    from kvfleet_router.perf_model import PROMPT_STATS
+
+    prompts = (1.0,) * len(PROMPT_STATS)
+    for mixed in (RoleCoefficients(FIT.ttft, (0.0, 0.0, 0.0), MIN_EVIDENCE, 0, prompts),
+                  RoleCoefficients(FIT.ttft, FIT.tpot, 0, MIN_EVIDENCE, prompts)):
+        chosen, _ = choose_coefficients(mixed, seed)
+        assert chosen.prompt == prompts
     with pytest.raises(ValueError, match="SLO ttft_p90_s must be > 0"):
         SloTargets(ttft_p90_s=0)
 

@@ -76,7 +76,9 @@ def test_prompt_quantiles_interpolate_between_the_exported_ones_and_clamp_outsid
     assert c.prompt_ktokens_at((q0 + q1) / 2) == pytest.approx(10.0 * (i + 1.5))
     assert c.prompt_ktokens_at(0.1) == 10.0  # below the lowest: the lowest
     assert c.prompt_ktokens_at(0.9999) == 10.0 * len(PROMPT_QUANTILES)
+    assert c.mean_prompt_ktokens == 1.0
     assert RoleCoefficients((0.0,) * TTFT_DIM, (0.0,) * 3).prompt_ktokens_at(0.9) is None
+    assert RoleCoefficients((0.0,) * TTFT_DIM, (0.0,) * 3).mean_prompt_ktokens is None
     with pytest.raises(ValueError, match="prompt statistics"):
         RoleCoefficients((0.0,) * TTFT_DIM, (0.0,) * 3, 1, 1, prompt[:-1])
 

@@ -155,11 +155,14 @@ def choose_coefficients(fleet: RoleCoefficients | None, seed: RoleCoefficients
         return fleet, f"fleet model, {n_ttft} requests"
     if fleet is None or not (use_ttft or use_tpot):
         return seed, f"seed model, fleet has {min(n_ttft, n_tpot)}/{MIN_EVIDENCE} requests"
+    # the fleet's fit with one target swapped for the seed's: what else the fleet's fit
+    # carries (the routers' prompts) stays
     if use_ttft:
-        return (RoleCoefficients(fleet.ttft, seed.tpot, n_ttft, seed.num_tpot_samples),
+        return (dataclasses.replace(fleet, tpot=seed.tpot,
+                                    num_tpot_samples=seed.num_tpot_samples),
                 f"fleet TTFT model, {n_ttft} requests; seed TPOT, fleet has "
                 f"{n_tpot}/{MIN_EVIDENCE}")
-    return (RoleCoefficients(seed.ttft, fleet.tpot, seed.num_ttft_samples, n_tpot),
+    return (dataclasses.replace(fleet, ttft=seed.ttft, num_ttft_samples=seed.num_ttft_samples),
             f"seed TTFT, fleet has {n_ttft}/{MIN_EVIDENCE}; fleet TPOT model, {n_tpot} "
             "requests")
 
