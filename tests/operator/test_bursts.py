@@ -17,6 +17,7 @@ from kvfleet_operator.decide.autoscaler import (
     RoleTargets,
     decide,
     held,
+    held_for_load,
 )
 from kvfleet_operator.decide.role_signals import (
     ReplicaSample,
@@ -174,14 +175,15 @@ def test_latency_over_target_holds_the_count_but_records_what_it_measured():
     config = AutoscalerConfig(roles={"unified": RoleLimits(1, 16)},
                               targets={"unified": RoleTargets(ttft_p90_s=1.0)},
                               scale_down_window_s=300.0)
-    slow = RoleSignals(num_replicas=12, num_known=1, ttft_p90_s=19.0)
+    slow = RoleSignals(num_replicas=12, num_known=1, ttft_p90_s=19.0, request_rate=0.5)
     d = decide(Signals(t=100.0, window_s=60.0, roles={"unified": slow}),
                Signals(t=100.0, window_s=6.0, roles={"unified": slow}),
                {"unified": 12}, config, History(), 100.0)
     assert d.desired["unified"] == 12
     assert d.reasons["unified"].startswith("steady 12->12: hold: ttft p90 19000ms > 1000ms")
     assert d.history.recommendations["unified"] == [(100.0, 2)]
-    assert d.history.observed_latency["unified"] == [(100.0, 2)]
+    # with the offered rate it was set at: 0.5 req/s on the 1 known, 12 replicas' worth
+    assert d.history.observed_latency["unified"] == [(100.0, 2, 6.0)]
 
 
 @pytest.mark.parametrize(("made_at", "desired"), [(700.0, 6), (699.0, 2)])
@@ -191,7 +193,7 @@ def test_a_count_latency_over_target_set_holds_for_the_whole_window(made_at, des
     # such a count holds until it is exactly a window old.
     recs = [(700.0 + i, 2) for i in range(1, 299)] + [(made_at, 6)]
     history = History(recommendations={"unified": recs},
-                      observed_latency={"unified": [(made_at, 6)]})
+                      observed_latency={"unified": [(made_at, 6, 0.0)]})
     quiet = RoleSignals(num_replicas=6, num_known=6, num_waiting=4.0)
     d = decide(Signals(t=1000.0, window_s=60.0, roles={"unified": quiet}),
                Signals(t=1000.0, window_s=6.0, roles={"unified": quiet}),
@@ -201,12 +203,47 @@ def test_a_count_latency_over_target_set_holds_for_the_whole_window(made_at, des
         assert d.history.observed_latency["unified"] == []  # forgotten with the window
 
 
+@pytest.mark.parametrize(("rate_now", "desired"), [
+    (1.0, 6),  # the load it was set at: held whole
+    (9.0, 6),  # more load: never more than it asked for
+    (0.5, 3),  # half the load: half the replicas
+    (1 / 3, 2),  # a third: 2 exactly
+    (0.34, 3),  # a hair above a third: 2.04 rounds up
+])
+def test_a_count_latency_over_target_set_holds_in_proportion_to_the_load(rate_now, desired):
+    # One count of 6 set by latency over target at 1 req/s (6 replicas' worth: 6 known),
+    # the window's other recommendations 2 (its p90 alone releases the 6). The offered
+    # rate now decides how much of the 6 still holds: a burst's backlog that asked for
+    # replicas at one load no longer holds them at a fraction of it.
+    recs = [(700.0 + i, 2) for i in range(1, 299)] + [(900.0, 6)]
+    history = History(recommendations={"unified": recs},
+                      observed_latency={"unified": [(900.0, 6, 6.0)]})
+    quiet = RoleSignals(num_replicas=6, num_known=6, request_rate=rate_now * 6)
+    d = decide(Signals(t=1000.0, window_s=60.0, roles={"unified": quiet}),
+               Signals(t=1000.0, window_s=6.0, roles={"unified": quiet}),
+               {"unified": 6}, unified_config(), history, 1000.0)
+    assert d.desired["unified"] == desired
+
+
+@pytest.mark.parametrize(("count", "then", "now", "holds"), [
+    (6, 30.0, 5.0, 1), (6, 30.0, 30.0, 6), (6, 30.0, 60.0, 6), (6, 30.0, 0.0, 0),
+    (6, 0.0, 5.0, 6),  # the rate it was set at unknown: held whole
+    (4, 10.0, 5.0, 2), (4, 10.0, 5.1, 3),
+])
+def test_held_for_load(count, then, now, holds):
+    assert held_for_load(count, then, now) == holds
+
+
 def test_observed_latency_survives_a_restart_and_old_state_reads():
-    h = History(observed_latency={"prefill": [(5.0, 3)]})
-    assert History.from_dict(h.to_dict()).observed_latency == {"prefill": [(5.0, 3)]}
+    h = History(observed_latency={"prefill": [(5.0, 3, 2.5)]})
+    assert History.from_dict(h.to_dict()).observed_latency == {"prefill": [(5.0, 3, 2.5)]}
     assert History.from_dict({}).observed_latency == {}
-    with pytest.raises(ValueError, match="malformed autoscaler history"):
-        History.from_dict({"observed_latency": {"prefill": [["x", 3]]}})
+    # written before the rate was kept: the count holds whole (rate 0)
+    old = {"observed_latency": {"prefill": [[5.0, 3]]}}
+    assert History.from_dict(old).observed_latency == {"prefill": [(5.0, 3, 0.0)]}
+    for bad in ([["x", 3]], [[5.0]], [[5.0, 3, 1.0, 2.0]]):
+        with pytest.raises(ValueError, match="malformed autoscaler history"):
+            History.from_dict({"observed_latency": {"prefill": bad}})
 
 
 def test_the_hold_quantile_is_configurable_and_the_keda_baseline_keeps_the_hpas_highest():

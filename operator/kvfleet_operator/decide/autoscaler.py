@@ -37,8 +37,10 @@ How a role's count is chosen (each step is one small function below):
    tenth of the window holds and a burst of a few seconds does not hold its replicas for
    the whole window (on Azure code the highest held a forecast-doubled burst of 7
    unified replicas for 300 s where 4 served it), and the highest count that observed
-   latency over target asked for (`History.observed_latency`): that is the model
-   under-predicting this traffic, not a burst it sized for. With an SLO,
+   latency over target asked for (`History.observed_latency`), scaled down by the load:
+   that is the model under-predicting this traffic, not a burst it sized for, so what it
+   showed holds per request, n x min(1, rate now / rate then) (`held_for_load`): on a
+   burst's backlog a count set at 30 req/s no longer holds at 5 req/s. With an SLO,
    the windows forget what was recommended before the role's sizing first read the
    fleet's own fit (`History.learned_since`): a cold start sized on the seed's prior
    does not hold its replicas for a whole scale-down window after the evidence is in.
@@ -109,6 +111,10 @@ LIMIT_STEP_DOWN = Reason.STEP_LIMITED
 # Mooncake, 12k-token prompts, the model asked for 3-4 unified replicas where TTFT p90 was
 # over target at 10-14; held at their p90 in an experiment, the cap's counts let the pool
 # drain between firings: 62 scale events, the SLO met for 92.2% of requests, not 94.2%).
+# Each of those counts holds in proportion to the role's offered rate now against the rate
+# it was set at (`held_for_load`): held whole, 6 prefill replicas that a burst's backlog
+# asked for at 30 req/s stayed up for the window at 5 req/s, where 2 served it (Azure code,
+# P/D, start-up 10 s: 3,714 replica-seconds, 3,157 scaled by the load).
 HOLD_QUANTILE = 0.9
 LATENCY_CAPS = ("ttft p90", "itl p90")  # the names `demand` gives the observed-latency cap
 
@@ -216,9 +222,10 @@ class History:
     # role -> when its SLO sizing first read the fleet's own fit for every target it
     # checks; recommendations made before, on the seed, no longer hold a scale-down.
     learned_since: dict[str, float] = field(default_factory=dict)
-    # role -> the recommendations (of `recommendations`) that observed latency above
-    # target set; a scale-down holds their highest for the whole window.
-    observed_latency: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    # role -> (t, count, offered req/s then) of the recommendations that observed latency
+    # above target set; a scale-down holds their highest, scaled by the load, for the whole
+    # window. A rate of 0 (state written before the rate was kept) holds the count whole.
+    observed_latency: dict[str, list[tuple[float, int, float]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -247,7 +254,7 @@ class History:
             forecast = ForecastState.from_dict(data.get("forecast"))
             learned = {str(k): float(v) for k, v in (data.get("learned_since") or {}).items()}
             observed = {
-                str(r): [(float(t), int(n)) for t, n in v]
+                str(r): [_observed_entry(p) for p in v]
                 for r, v in (data.get("observed_latency") or {}).items()
             }
             return cls(
@@ -256,6 +263,14 @@ class History:
             )
         except (TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"malformed autoscaler history: {exc}") from None
+
+
+def _observed_entry(p: Sequence[Any]) -> tuple[float, int, float]:
+    """One `History.observed_latency` entry from JSON: [t, n, rate], or [t, n] as written
+    before the rate was kept (rate 0: held whole)."""
+    if len(p) not in (2, 3):
+        raise ValueError(f"observed-latency entry {list(p)!r} is not [t, n, rate]")
+    return float(p[0]), int(p[1]), float(p[2]) if len(p) == 3 else 0.0
 
 
 @dataclass(slots=True)
@@ -475,18 +490,28 @@ def learn_prefill_capacity(
     return cap
 
 
+def held_for_load(count: int, rate_then: float, rate_now: float) -> int:
+    """What a count that latency over target asked for at `rate_then` req/s holds at
+    `rate_now`: the same replicas per request, never more than it asked for. Unknown
+    `rate_then` (<= 0) holds it whole."""
+    if rate_then <= 0:
+        return count
+    return math.ceil(count * min(1.0, max(0.0, rate_now) / rate_then) - 1e-9)
+
+
 def _stabilize(
     raw: int,
     current: int,
     recs: list[tuple[float, int]],
-    observed: list[tuple[float, int]],
+    observed: list[tuple[float, int, float]],
+    rate_now: float,
     now: float,
     config: AutoscalerConfig,
     is_panic: bool,
 ) -> int:
     """Up takes the scale-up window's minimum (as the HPA); down holds the scale-down
     window's HOLD_QUANTILE, and the highest count set by latency observed above target
-    (`observed`, a subset of `recs`)."""
+    (`observed`, a subset of `recs`), scaled by the role's offered rate (`held_for_load`)."""
     if raw > current:
         if is_panic or config.scale_up_window_s == 0:
             return raw
@@ -495,7 +520,8 @@ def _stabilize(
     if raw < current:
         start = now - config.scale_down_window_s
         window = [n for t, n in recs if t >= start]
-        seen = max((n for t, n in observed if t >= start), default=0)
+        seen = max((held_for_load(n, rate, rate_now) for t, n, rate in observed
+                    if t >= start), default=0)
         return min(current, max(raw, held(window, config.hold_quantile), seen))
     return current
 
@@ -564,11 +590,12 @@ def _decide_role(
     rec = max(raw, floor)  # below `floor` only through the idle timer
     recs.append((now, rec))
     hist.recommendations[role] = recs
-    observed = [(t, n) for t, n in hist.observed_latency.get(role, []) if t >= since]
+    rate_now = role_load(stable, config.backlog_clear_s, role).request_rate
+    observed = [o for o in hist.observed_latency.get(role, []) if o[0] >= since]
     if why.removeprefix("panic: ").startswith(LATENCY_CAPS):
-        observed.append((now, rec))
+        observed.append((now, rec, rate_now))
     hist.observed_latency[role] = observed
-    target = _stabilize(rec, current, recs, observed, now, config, is_panic)
+    target = _stabilize(rec, current, recs, observed, rate_now, now, config, is_panic)
     is_stabilizing = target == current != rec
     unknown = stable.num_unknown + panic.num_unknown
     over = latency_over(stable_now, signal_targets)
