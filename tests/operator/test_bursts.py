@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from kvfleet_operator.decide.autoscaler import (
+    BURST_RATIO,
     HOLD_QUANTILE,
     AutoscalerConfig,
     History,
@@ -206,15 +207,17 @@ def test_a_count_latency_over_target_set_holds_for_the_whole_window(made_at, des
 @pytest.mark.parametrize(("rate_now", "desired"), [
     (1.0, 6),  # the load it was set at: held whole
     (9.0, 6),  # more load: never more than it asked for
-    (0.5, 3),  # half the load: half the replicas
-    (1 / 3, 2),  # a third: 2 exactly
-    (0.34, 3),  # a hair above a third: 2.04 rounds up
+    (0.5, 6),  # half the load: within BURST_RATIO of it, ordinary ebb, held whole
+    (1 / 3, 4),  # a third: past the ratio, 6 x 2/3
+    (1 / 6, 2),  # a sixth: 2 exactly
+    (0.17, 3),  # a hair above a sixth: 2.04 rounds up
 ])
-def test_a_count_latency_over_target_set_holds_in_proportion_to_the_load(rate_now, desired):
+def test_a_count_latency_over_target_set_holds_in_proportion_to_a_burst(rate_now, desired):
     # One count of 6 set by latency over target at 1 req/s (6 replicas' worth: 6 known),
     # the window's other recommendations 2 (its p90 alone releases the 6). The offered
     # rate now decides how much of the 6 still holds: a burst's backlog that asked for
     # replicas at one load no longer holds them at a fraction of it.
+    assert BURST_RATIO == 2.0
     recs = [(700.0 + i, 2) for i in range(1, 299)] + [(900.0, 6)]
     history = History(recommendations={"unified": recs},
                       observed_latency={"unified": [(900.0, 6, 6.0)]})
@@ -226,9 +229,9 @@ def test_a_count_latency_over_target_set_holds_in_proportion_to_the_load(rate_no
 
 
 @pytest.mark.parametrize(("count", "then", "now", "holds"), [
-    (6, 30.0, 5.0, 1), (6, 30.0, 30.0, 6), (6, 30.0, 60.0, 6), (6, 30.0, 0.0, 0),
+    (6, 30.0, 5.0, 2), (6, 30.0, 15.0, 6), (6, 30.0, 60.0, 6), (6, 30.0, 0.0, 0),
     (6, 0.0, 5.0, 6),  # the rate it was set at unknown: held whole
-    (4, 10.0, 5.0, 2), (4, 10.0, 5.1, 3),
+    (4, 10.0, 2.5, 2), (4, 10.0, 2.55, 3),
 ])
 def test_held_for_load(count, then, now, holds):
     assert held_for_load(count, then, now) == holds

@@ -37,10 +37,12 @@ How a role's count is chosen (each step is one small function below):
    tenth of the window holds and a burst of a few seconds does not hold its replicas for
    the whole window (on Azure code the highest held a forecast-doubled burst of 7
    unified replicas for 300 s where 4 served it), and the highest count that observed
-   latency over target asked for (`History.observed_latency`), scaled down by the load:
-   that is the model under-predicting this traffic, not a burst it sized for, so what it
-   showed holds per request, n x min(1, rate now / rate then) (`held_for_load`): on a
-   burst's backlog a count set at 30 req/s no longer holds at 5 req/s. With an SLO,
+   latency over target asked for (`History.observed_latency`): that is the model
+   under-predicting this traffic, not a burst it sized for. Unless it was a burst: once
+   the role's offered rate is below 1 / `BURST_RATIO` of the rate the count was set at,
+   it holds in proportion, n x min(1, BURST_RATIO x rate now / rate then)
+   (`held_for_load`); a count a burst's backlog set at 30 req/s no longer holds its
+   replicas at 5 req/s. With an SLO,
    the windows forget what was recommended before the role's sizing first read the
    fleet's own fit (`History.learned_since`): a cold start sized on the seed's prior
    does not hold its replicas for a whole scale-down window after the evidence is in.
@@ -111,11 +113,15 @@ LIMIT_STEP_DOWN = Reason.STEP_LIMITED
 # Mooncake, 12k-token prompts, the model asked for 3-4 unified replicas where TTFT p90 was
 # over target at 10-14; held at their p90 in an experiment, the cap's counts let the pool
 # drain between firings: 62 scale events, the SLO met for 92.2% of requests, not 94.2%).
-# Each of those counts holds in proportion to the role's offered rate now against the rate
-# it was set at (`held_for_load`): held whole, 6 prefill replicas that a burst's backlog
-# asked for at 30 req/s stayed up for the window at 5 req/s, where 2 served it (Azure code,
-# P/D, start-up 10 s: 3,714 replica-seconds, 3,157 scaled by the load).
 HOLD_QUANTILE = 0.9
+# Unless the load they were set at was a burst: a count set at more than BURST_RATIO x the
+# role's offered rate now holds in proportion (`held_for_load`). Held whole, 6 prefill
+# replicas that a burst's backlog asked for at 30 req/s stayed up for the window at 5 req/s
+# where 2 served it (Azure code, P/D, start-up 10 s: 3,714 replica-seconds, 3,152 with
+# this). In proportion at any ratio, the cap's counts on Mooncake, set at the rate's peaks,
+# fell with its ordinary ebb: 0.3-0.6 point fewer requests met the SLO (3 router seeds).
+# 2 is the panic threshold's default: the same "twice the load" that marks a burst there.
+BURST_RATIO = 2.0
 LATENCY_CAPS = ("ttft p90", "itl p90")  # the names `demand` gives the observed-latency cap
 
 
@@ -492,11 +498,12 @@ def learn_prefill_capacity(
 
 def held_for_load(count: int, rate_then: float, rate_now: float) -> int:
     """What a count that latency over target asked for at `rate_then` req/s holds at
-    `rate_now`: the same replicas per request, never more than it asked for. Unknown
-    `rate_then` (<= 0) holds it whole."""
+    `rate_now`: whole while the rate is within BURST_RATIO of it, then in proportion (the
+    same replicas per request, at BURST_RATIO x the rate now); never more than it asked
+    for. Unknown `rate_then` (<= 0) holds it whole."""
     if rate_then <= 0:
         return count
-    return math.ceil(count * min(1.0, max(0.0, rate_now) / rate_then) - 1e-9)
+    return math.ceil(count * min(1.0, BURST_RATIO * max(0.0, rate_now) / rate_then) - 1e-9)
 
 
 def _stabilize(
@@ -511,7 +518,7 @@ def _stabilize(
 ) -> int:
     """Up takes the scale-up window's minimum (as the HPA); down holds the scale-down
     window's HOLD_QUANTILE, and the highest count set by latency observed above target
-    (`observed`, a subset of `recs`), scaled by the role's offered rate (`held_for_load`)."""
+    (`observed`, a subset of `recs`), shed in proportion after a burst (`held_for_load`)."""
     if raw > current:
         if is_panic or config.scale_up_window_s == 0:
             return raw
