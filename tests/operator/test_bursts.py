@@ -192,9 +192,11 @@ def test_a_count_latency_over_target_set_holds_for_the_whole_window(made_at, des
     # 299 recommendations of 2 and one of 6 (a third of a percent of the window): at the
     # window's p90 alone it would be released, but the observed-latency cap set it, and
     # such a count holds until it is exactly a window old.
+    # The offered rate now (4 waiting to clear in 10 s: 0.4 req/s) is the one it was set
+    # at: no burst has passed, so the count holds whole.
     recs = [(700.0 + i, 2) for i in range(1, 299)] + [(made_at, 6)]
     history = History(recommendations={"unified": recs},
-                      observed_latency={"unified": [(made_at, 6, 0.0)]})
+                      observed_latency={"unified": [(made_at, 6, 0.4)]})
     quiet = RoleSignals(num_replicas=6, num_known=6, num_waiting=4.0)
     d = decide(Signals(t=1000.0, window_s=60.0, roles={"unified": quiet}),
                Signals(t=1000.0, window_s=6.0, roles={"unified": quiet}),

@@ -117,10 +117,11 @@ HOLD_QUANTILE = 0.9
 # Unless the load they were set at was a burst: a count set at more than BURST_RATIO x the
 # role's offered rate now holds in proportion (`held_for_load`). Held whole, 6 prefill
 # replicas that a burst's backlog asked for at 30 req/s stayed up for the window at 5 req/s
-# where 2 served it (Azure code, P/D, start-up 10 s: 3,714 replica-seconds, 3,152 with
-# this). In proportion at any ratio, the cap's counts on Mooncake, set at the rate's peaks,
-# fell with its ordinary ebb: 0.3-0.6 point fewer requests met the SLO (3 router seeds).
-# 2 is the panic threshold's default: the same "twice the load" that marks a burst there.
+# where 2 served it (bench/sim_policies.md, Azure code, P/D, start-up 10 s, before and
+# after faefcf4). Shed in proportion at any ratio (commit 189b8c5), the cap's counts on
+# Mooncake, set at the rate's peaks, fell with its ordinary ebb and fewer requests met the
+# SLO (its autoscaler rows, router seeds 0-2). 2 is the panic threshold's default: the
+# same "twice the load" that marks a burst there.
 BURST_RATIO = 2.0
 LATENCY_CAPS = ("ttft p90", "itl p90")  # the names `demand` gives the observed-latency cap
 
