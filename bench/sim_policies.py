@@ -407,6 +407,49 @@ def space_in_default_sections(quick: bool) -> list[tuple[str, str, str, list[str
                              weights_pools(UNIFIED, SPACE_IN_DEFAULT), quick)
 
 
+# The prefill legs of a P/D pool scored like every other leg (cache-aware's `weights`,
+# prefix 1 / queue 4), as before `policy.prefill_weights` (prefix 1 / queue 4 / backlog 4,
+# the `backlog` preset's weights, not tuned here): a pipeline of the same weights behind
+# the guard, which runs on every leg.
+PREVIOUS_PREFILL = {"policy": "pipeline",
+                    "pipeline": {"scorers": {"prefix": 1.0, "queue": 4.0, "kv": 0.0},
+                                 "guard": True}}
+
+
+def prefill_weights_sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
+    """The P/D pools as shipped against the same pools with the prefill legs scored by the
+    default's weights: Mooncake (the rows that motivated it, and a held-out slice) and
+    Azure code (held out), under the autoscaler, start-up 10 s."""
+    def pools(base: str) -> list[str]:
+        previous = variant_pool("previous-prefill", "the prefill legs scored by the "
+                                "default's weights (prefix 1 / queue 4), as before "
+                                "policy.prefill_weights", lambda pool: pool["spec"].__setitem__(
+                                    "routing", {**pool["spec"]["routing"], **PREVIOUS_PREFILL}),
+                                base)
+        return ["--pool", base, "--pool", str(previous.relative_to(ROOT))]
+
+    what = ("The P/D pool as shipped first, its prefill legs scored by "
+            "`policy.prefill_weights` (prefix 1 / queue 4 / backlog 4: the prompt tokens "
+            "queued ahead on a prefill-only replica), then the same pool with every leg "
+            "scored by the default's weights (prefix 1 / queue 4), as before "
+            "(`sim/pools/tuning/`). Chosen on the Mooncake 900 s P/D rows of the autoscaler "
+            "sections (router seed 0); the other slices were set aside before it was run.")
+    dur = "300" if quick else "600"
+    out = [(
+        f"Prefill legs' weights under the autoscaler (Mooncake {which} slice, P/D pool of "
+        f"32, start-up 10 s)", what + SEEDS_NOTE * (not quick), "compare",
+        ["--trace", str(TRACES / "mooncake_conversation.jsonl"), "--start-s", start,
+         "--warmup-s", "300", "--duration-s", dur, "--compress", "1", "--startup-s", "10",
+         *pools(PD_32), "--scaler", "kvfleet", *seeds(quick)],
+    ) for start, which in (("900", "training"), ("2100", "held-out"))]
+    out += [(
+        f"Prefill legs' weights under the autoscaler (Azure code from {which}, P/D pool, "
+        f"start-up 10 s)", what + SEEDS_NOTE * (not quick), "compare",
+        [*azure_code_slice(start, quick), *pools(PD), "--scaler", "kvfleet", *seeds(quick)],
+    ) for start, which in (("900", "900 s"), ("2400", "2,400 s"))]  # fmt: skip
+    return out
+
+
 def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
     """(title, what it shows, `kvfleet sim` command, its arguments)."""
     moon = str(TRACES / "mooncake_conversation.jsonl")
@@ -450,7 +493,8 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
             ROOT))] for name in WEIGHTS), []), "--pool", str(match_pool(0.0).relative_to(ROOT)),
          "--scaler", "fixed-max", *seeds(quick)],
     ), *pending_sections(quick), *latency_in_default_sections(quick),
-        *load_weight_sections(quick), *space_in_default_sections(quick)]
+        *load_weight_sections(quick), *space_in_default_sections(quick),
+        *prefill_weights_sections(quick)]
     # 10 measured minutes (5 when quick) after 5 of warm-up: the oracle replays each minute
     # two to three times per role, so 30-minute slices took most of an hour per trace here
     a_dur = "300" if quick else "600"

@@ -27,6 +27,7 @@ policy:
   picker: max                    # max | power-of-two | weighted-random: the presets that rank
                                  # (round-robin, random and slo keep their own)
   weights: {prefix: 1.0, queue: 4.0, kv: 0.0}   # scorer -> weight (cache-aware only)
+  prefill_weights: {prefix: 1.0, queue: 4.0, backlog: 4.0}   # cache-aware's, P/D prefill legs
   allow_override: false          # honour the per-request header below?
   override_header: x-kvfleet-policy
   imbalance: {abs_threshold: 8, rel_threshold: 1.5}   # cache-aware's load guard
@@ -297,6 +298,14 @@ def _default_weights() -> dict[str, float]:
     return {"prefix": 1.0, "queue": 4.0, "kv": 0.0}
 
 
+def _default_prefill_weights() -> dict[str, float]:
+    # A prefill-only endpoint's wait is the prompt work queued ahead of a request there,
+    # in tokens: the backlog scorer's unit, which the request count of the queue scorer
+    # does not see (one 40k-token prompt counts as one request, like a 200-token one).
+    # The default's weights plus the backlog at the queue's weight: the `backlog` preset.
+    return {"prefix": 1.0, "queue": 4.0, "backlog": 4.0}
+
+
 @config_type
 class PipelineConfig:
     """A policy composed in the config: filters -> weighted scorers -> picker (policy.py)."""
@@ -335,6 +344,9 @@ class PolicyConfig:
     name: Str = Field(default="cache-aware", min_length=1)  # a preset or a pipelines key
     picker: Annotated[Str, OneOf(PICKER_NAMES)] = "max"
     weights: dict[ScorerName, Weight] = Field(default_factory=_default_weights)
+    # cache-aware's weights for the prefill legs of a P/D pool (role prefill); `weights`
+    # for every other leg
+    prefill_weights: dict[ScorerName, Weight] = Field(default_factory=_default_prefill_weights)
     allow_override: Bool = False
     override_header: Str = Field(default="x-kvfleet-policy", min_length=1)
     imbalance: ImbalanceConfig = Field(default_factory=ImbalanceConfig)
@@ -356,9 +368,10 @@ class PolicyConfig:
 
     @model_validator(mode="after")
     def _some_weight(self) -> PolicyConfig:
-        if not any(self.weights.values()):
-            raise ConfigError("weights: at least one weight must be > 0 (all zero ranks every "
-                              "endpoint the same)")
+        for field_name in ("weights", "prefill_weights"):
+            if not any(getattr(self, field_name).values()):
+                raise ConfigError(f"{field_name}: at least one weight must be > 0 (all zero "
+                                  "ranks every endpoint the same)")
         for key in self.pipelines:
             if key in POLICY_NAMES:
                 raise ConfigError(f"pipelines.{key}: is a preset's name; pick another")

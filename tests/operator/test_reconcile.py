@@ -337,7 +337,17 @@ def test_unset_weights_keep_the_router_defaults():
     assert d.router_config["policy"]["weights"] == {**defaults, "kv": 2.0}
     no_weights = reconcile(pool(), Observed([rep("u1")]), now=0.0, wall=WALL)
     assert "weights" not in no_weights.router_config["policy"]
+    assert "prefill_weights" not in no_weights.router_config["policy"]
     assert "pd" not in no_weights.router_config
+
+
+def test_prefill_weights_reach_the_router_over_its_defaults():
+    d = reconcile(pool(routing={"prefillWeights": {"backlog": 8}}), Observed([rep("u1")]),
+                  now=0.0, wall=WALL)
+    policy = d.router_config["policy"]
+    assert policy["prefill_weights"] == {**RouterConfig().policy.prefill_weights, "backlog": 8.0}
+    assert "weights" not in policy  # the other legs keep theirs
+    assert RouterConfig.from_dict(d.router_config).policy.prefill_weights["backlog"] == 8.0
 
 
 @pytest.mark.parametrize(

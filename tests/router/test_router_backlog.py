@@ -11,7 +11,7 @@ import random
 
 import pytest
 from kvfleet_router.config import ConfigError, PipelineConfig, RouterConfig
-from kvfleet_router.policies.policy import Policy, pipeline_of
+from kvfleet_router.policies.policy import Policy, build_policy, pipeline_of
 from kvfleet_router.policies.scorers import SCORERS
 from kvfleet_router.request_info import RequestInfo
 from kvfleet_router.router_core import RouterCore
@@ -74,3 +74,41 @@ def test_the_backlog_preset_is_the_default_weights_plus_backlog_behind_the_guard
     assert RouterConfig.from_dict(
         {"policy": {"weights": {"prefix": 1, "queue": 4, "backlog": 4}}}
     ).policy.weights["backlog"] == 4
+
+
+def _prefill_boundary(cap: int) -> float:
+    """The tokens queued on the cached endpoint at which the two endpoints below score
+    level under the default prefill weights (prefix 1, queue 4, backlog 4):
+    0.8 + 4 (1 - 1/cap) + 4 * 1000 / (1200 + q) = 4 + 4 * 0.5."""
+    return 4000 / (1.2 + 4 / cap) - 1200
+
+
+@pytest.mark.parametrize("role, delta, picked", [
+    ("prefill", -1.0, "cached"), ("prefill", 1.0, "idle"),
+    ("unified", 1.0, "cached"), ("decode", 1.0, "cached"),
+    ("unified", 1e6, "cached"),
+])
+def test_cache_aware_weighs_the_prefill_backlog_on_prefill_legs_only(role, delta, picked):
+    """A 1,000-token prompt, 80% cached on an endpoint prefilling one other prompt. A
+    prefill leg leaves it for an idle endpoint once the tokens queued there outweigh the
+    800 it saves at the prefill weights (the boundary, a token either side); any other leg
+    keeps the default weights, whose queue term sees one request, however long."""
+    c = cfg()
+    cached, idle = ep("cached", in_flight=1, role=role), ep("idle", role=role)
+    cached.num_pending, cached.pending_tokens = 1, _prefill_boundary(256) + delta
+    policy = build_policy("cache-aware", c)
+    chosen = policy.choose([cached, idle], ctx(num_prompt_tokens=1000, role=role,
+                                               prefix_fraction={"cached": 0.8}))
+    assert chosen.endpoint is not None and chosen.endpoint.name == picked
+    assert chosen.reason == "picked"  # the scorers decided, not the imbalance guard
+
+
+def test_prefill_weights_are_configurable_and_refused_all_zero():
+    c = RouterConfig.from_dict({"policy": {"prefill_weights": {"prefix": 1, "queue": 4}}})
+    assert build_policy("cache-aware", c).for_role["prefill"].pipeline.scorers == {
+        "prefix": 1.0, "queue": 4.0}
+    assert cfg().policy.prefill_weights == pipeline_of("backlog", cfg()).scorers
+    with pytest.raises(ConfigError, match="prefill_weights: at least one weight"):
+        RouterConfig.from_dict({"policy": {"prefill_weights": {"prefix": 0}}})
+    # other policies run their own pipeline on every leg
+    assert not build_policy("least-request", cfg()).for_role

@@ -304,6 +304,7 @@ class MigrationSpec:
 class RoutingSpec:
     policy: Annotated[Str, OneOf(ROUTING_POLICIES)] = "cache-aware"
     weights: WeightsSpec | None = None
+    prefill_weights: WeightsSpec | None = None  # cache-aware's on P/D prefill legs
     imbalance: ImbalanceSpec = Field(default_factory=ImbalanceSpec)
     # the router's policy.min_prefix_match: a prefix match under this share of the prompt
     # scores 0 (a shared system prompt alone does not pull a request to one replica)
@@ -346,24 +347,34 @@ class RoutingSpec:
 
     @model_validator(mode="after")
     def _some_weight(self) -> RoutingSpec:
-        merged = self.effective_weights()
-        if merged is not None and not any(merged.values()):
-            raise UnservableSpecError(
-                "weights", "are all zero, so no scorer would count; leave them unset for the "
-                "router's defaults")
+        for name, merged in (("weights", self.effective_weights()),
+                             ("prefillWeights", self.effective_prefill_weights())):
+            if merged is not None and not any(merged.values()):
+                raise UnservableSpecError(
+                    name, "are all zero, so no scorer would count; leave them unset for the "
+                    "router's defaults")
         return self
 
     def effective_weights(self) -> dict[str, float] | None:
         """The spec's weights over the router's defaults (the router replaces the whole map),
         or None to keep the router's defaults."""
-        if self.weights is None:
-            return None
-        merged = dict(PolicyConfig().weights)
-        for f in dataclasses.fields(self.weights):
-            value = getattr(self.weights, f.name)
-            if value is not None:
-                merged[f.name] = float(value)
-        return dict(sorted(merged.items()))
+        return _over_defaults(self.weights, PolicyConfig().weights)
+
+    def effective_prefill_weights(self) -> dict[str, float] | None:
+        """`effective_weights` for the prefill legs (router policy.prefill_weights)."""
+        return _over_defaults(self.prefill_weights, PolicyConfig().prefill_weights)
+
+
+def _over_defaults(spec: WeightsSpec | None, defaults: dict[str, float]
+                   ) -> dict[str, float] | None:
+    if spec is None:
+        return None
+    merged = dict(defaults)
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        if value is not None:
+            merged[f.name] = float(value)
+    return dict(sorted(merged.items()))
 
 
 @spec_type

@@ -76,6 +76,8 @@ def build_router_config(
     }
     if (w := r.effective_weights()) is not None:
         policy["weights"] = w
+    if (w := r.effective_prefill_weights()) is not None:
+        policy["prefill_weights"] = w
     if r.pipeline is not None:  # routing.policy is "pipeline": the router's policy name too
         policy["pipelines"] = {r.policy: r.pipeline.router_pipeline()}
     # The pool's latency targets are the predictive `slo` policy's too (a request's own

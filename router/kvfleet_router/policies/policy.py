@@ -25,6 +25,9 @@ named policies (PRESETS) are pipelines too; only `cache-aware` reads `policy.wei
 * cache-aware:   sum(weights[s] * s) over prefix/queue/kv (config weights); when the
                  imbalance guard trips it scores by queue only and reports
                  is_balanced_by_load (the router still records the prompt's prefix).
+                 A P/D pool's prefill legs (RouteContext.role "prefill") are scored with
+                 `policy.prefill_weights` instead, the backlog scorer among them: on a
+                 prefill-only endpoint a prompt waits for the prompt tokens queued ahead.
 No learned or affinity scorer runs without a load term or bound (filters.bounded_load: at
 most load_factor x an endpoint's capacity-relative fair share, + 1).
 """
@@ -55,7 +58,8 @@ class Decision:
 
 
 class Policy:
-    def __init__(self, name: str, cfg: RouterConfig, pipeline: PipelineConfig) -> None:
+    def __init__(self, name: str, cfg: RouterConfig, pipeline: PipelineConfig,
+                 for_role: dict[str, PipelineConfig] | None = None) -> None:
         self.name = name
         self.pipeline = pipeline
         self.eligibility: list[Filter] = [FILTERS[f](cfg) for f in ELIGIBILITY]
@@ -67,6 +71,9 @@ class Policy:
         self.picker: Picker = PICKERS[pipeline.picker]()
         self.guard = cfg.policy.imbalance if pipeline.guard else None
         self.balance_scorer: Scorer = SCORERS["queue"](cfg)
+        # the legs of these roles run their own pipeline (cache-aware's prefill weights)
+        self.for_role = {role: Policy(name, cfg, p) for role, p in (for_role or {}).items()}
+        self.scores_prefix |= any(p.scores_prefix for p in self.for_role.values())
 
     def eligible(self, endpoints: list[EndpointState], ctx: RouteContext) -> list[EndpointState]:
         for f in self.eligibility:
@@ -74,6 +81,8 @@ class Policy:
         return endpoints
 
     def choose(self, endpoints: list[EndpointState], ctx: RouteContext) -> Decision:
+        if ctx.role in self.for_role:
+            return self.for_role[ctx.role].choose(endpoints, ctx)
         candidates = self.eligible(endpoints, ctx)
         if not candidates:
             return Decision(None, "no-endpoint")
@@ -146,8 +155,17 @@ def pipeline_of(name: str, cfg: RouterConfig) -> PipelineConfig:
     raise KeyError(f"unknown policy {name!r}; known: {', '.join(cfg.policy.policy_names())}")
 
 
+def role_pipelines(name: str, cfg: RouterConfig) -> dict[str, PipelineConfig]:
+    """role -> the pipeline its legs run instead of the policy's own: cache-aware's
+    prefill weights on prefill legs."""
+    if name != "cache-aware":
+        return {}
+    return {"prefill": PipelineConfig(scorers=cfg.policy.prefill_weights,
+                                      picker=cfg.policy.picker, guard=True)}
+
+
 def build_policy(name: str, cfg: RouterConfig) -> Policy:
-    return Policy(name, cfg, pipeline_of(name, cfg))
+    return Policy(name, cfg, pipeline_of(name, cfg), role_pipelines(name, cfg))
 
 
 def build_policies(cfg: RouterConfig) -> dict[str, Policy]:
