@@ -298,12 +298,16 @@ def _default_weights() -> dict[str, float]:
     return {"prefix": 1.0, "queue": 4.0, "kv": 0.0}
 
 
+# The `backlog` preset's weights (policies/policy.py): the default's plus the prefill work
+# queued in tokens, at the queue's weight.
+BACKLOG_WEIGHTS = {"prefix": 1.0, "queue": 4.0, "backlog": 4.0}
+
+
 def _default_prefill_weights() -> dict[str, float]:
     # A prefill-only endpoint's wait is the prompt work queued ahead of a request there,
     # in tokens: the backlog scorer's unit, which the request count of the queue scorer
     # does not see (one 40k-token prompt counts as one request, like a 200-token one).
-    # The default's weights plus the backlog at the queue's weight: the `backlog` preset.
-    return {"prefix": 1.0, "queue": 4.0, "backlog": 4.0}
+    return dict(BACKLOG_WEIGHTS)
 
 
 @config_type

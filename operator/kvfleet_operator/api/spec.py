@@ -367,6 +367,7 @@ class RoutingSpec:
 
 def _over_defaults(spec: WeightsSpec | None, defaults: dict[str, float]
                    ) -> dict[str, float] | None:
+    """`defaults` with the weights `spec` sets, sorted; None when `spec` is unset."""
     if spec is None:
         return None
     merged = dict(defaults)

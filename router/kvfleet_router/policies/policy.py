@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvfleet_router.config import PipelineConfig, RouterConfig
+from kvfleet_router.config import BACKLOG_WEIGHTS, PipelineConfig, RouterConfig
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.policies.context import RouteContext, load_snapshot
 from kvfleet_router.policies.filters import ELIGIBILITY, FILTERS, Filter
@@ -139,7 +139,7 @@ PRESETS: dict[str, Callable[[RouterConfig], PipelineConfig]] = {
     # The default's weights plus the prefill work queued in tokens, at the queue's weight
     # (bench/sim_policies.md: higher SLO attainment on the Mooncake slices; live without
     # prefill contention it spreads prefixes a little more, bench/README.md).
-    "backlog": _preset({"prefix": 1.0, "queue": 4.0, "backlog": 4.0}, guard=True),
+    "backlog": _preset(dict(BACKLOG_WEIGHTS), guard=True),
     "cache-aware": lambda cfg: PipelineConfig(scorers=cfg.policy.weights,
                                               picker=cfg.policy.picker, guard=True),
 }
