@@ -311,8 +311,9 @@ def _default_prefill_weights() -> dict[str, float]:
 
 
 @config_type
-class PipelineConfig:
-    """A policy composed in the config: filters -> weighted scorers -> picker (policy.py)."""
+class StageConfig:
+    """One pipeline's filters -> weighted scorers -> picker (policy.py): a policy's own, or
+    the one a role's legs run instead (PipelineConfig.roles)."""
 
     filters: list[Annotated[Str, OneOf(PIPELINE_FILTER_NAMES, what="filter")]] = Field(
         default_factory=list)
@@ -321,7 +322,7 @@ class PipelineConfig:
     guard: Bool = False  # policy.imbalance: score by queue alone while it trips
 
     @model_validator(mode="after")
-    def _coherent(self) -> PipelineConfig:
+    def _coherent(self) -> StageConfig:
         if len(set(self.filters)) != len(self.filters):
             raise ConfigError("filters: each filter at most once")
         weighted = {k for k, w in self.scorers.items() if w > 0}
@@ -337,6 +338,20 @@ class PipelineConfig:
             raise ConfigError(f"scorers: picker {self.picker} needs a scorer with a weight "
                               "> 0 (without one every endpoint scores the same)")
         return self
+
+
+# The legs a pipeline may score with a stage of their own: a P/D pool's prefill and decode
+# legs (a unified pool's every leg runs the pipeline itself).
+STAGE_ROLES = ("prefill", "decode")
+StageRole = Annotated[str, Strict(), OneOf(STAGE_ROLES, what="role")]
+
+
+@config_type
+class PipelineConfig(StageConfig):
+    """A policy composed in the config: its stage, and per role of a P/D pool's legs
+    (`roles`) the stage those legs run instead, as llm-d's scheduling profiles do."""
+
+    roles: dict[StageRole, StageConfig] = Field(default_factory=dict)
 
 
 PipelineName = Annotated[str, Strict(), Field(min_length=1, max_length=63,

@@ -2,7 +2,8 @@
 and the guard; the named policies are presets of the same kind.
 
 Break `build_policies` (ignore the config's pipelines), `Policy` (skip the pipeline's
-filters, or its guard) or a preset (change a weight), and a case here fails.
+filters, its guard or its roles' stages) or a preset (change a weight), and a case here
+fails.
 """
 
 from __future__ import annotations
@@ -22,23 +23,27 @@ NAMES = ["a", "b", "c", "d"]
 SHARED = "system: you are a careful assistant. " * 40  # only "a" holds it
 
 
-def config(pipelines: dict, name: str = "cache-aware", **policy) -> dict:
-    return {"endpoints": [{"name": n, "url": f"http://127.0.0.1:{9100 + i}", "capacity": 64}
+PD_ROLES = {"a": "prefill", "b": "prefill", "c": "decode", "d": "decode"}
+
+
+def config(pipelines: dict, name: str = "cache-aware", pd: bool = False, **policy) -> dict:
+    return {"endpoints": [{"name": n, "url": f"http://127.0.0.1:{9100 + i}", "capacity": 64,
+                           "role": PD_ROLES[n] if pd else "unified"}
                           for i, n in enumerate(NAMES)],
             "policy": {"name": name, "pipelines": pipelines, **policy}}
 
 
-def core_with_prefix_on_a(cfg: dict, in_flight_on_a: int) -> RouterCore:
+def core_with_prefix_on_a(cfg: dict, in_flight_on_a: int, role: str = "unified") -> RouterCore:
     """'a' holds SHARED and has `in_flight_on_a` requests running; the rest are idle."""
     core = RouterCore(RouterConfig.from_dict(cfg), rng=random.Random(3))
-    core.record(core.route(RequestInfo(prompt_text=SHARED), "unified", now=0.0,
+    core.record(core.route(RequestInfo(prompt_text=SHARED), role, now=0.0,
                            allowed=frozenset({"a"})))
     core.registry.by_name["a"].num_in_flight = in_flight_on_a
     return core
 
 
-def pick(core: RouterCore, policy: str | None = None) -> str:
-    routed = core.route(RequestInfo(prompt_text=SHARED + " next question"), "unified", now=1.0,
+def pick(core: RouterCore, policy: str | None = None, role: str = "unified") -> str:
+    routed = core.route(RequestInfo(prompt_text=SHARED + " next question"), role, now=1.0,
                         policy_name=policy)
     assert routed.decision.endpoint is not None
     return routed.decision.endpoint.name
@@ -91,19 +96,40 @@ def test_the_pipelines_picker_is_used():
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_every_preset_is_the_pipeline_it_names(preset):
-    """The same pipeline written in the config decides exactly as the preset does."""
+@pytest.mark.parametrize("fleet", ["unified", "pd"])
+def test_every_preset_is_the_pipeline_it_names(preset, fleet):
+    """The same pipeline written in the config decides exactly as the preset does, on every
+    leg: a P/D pool's prefill and decode legs too (cache-aware's prefill stage)."""
     spec = dataclasses.asdict(PRESETS[preset](RouterConfig()))
-    cores = [core_with_prefix_on_a(config({"mine": spec}, name=name), 3)
+    pd = fleet == "pd"
+    legs = ["prefill", "decode"] if pd else ["unified"]
+    cores = [core_with_prefix_on_a(config({"mine": spec}, name=name, pd=pd), 3, legs[0])
              for name in (preset, "mine")]
     for i in range(40):
         info = RequestInfo(prompt_text=(SHARED if i % 3 else "") + f" q{i}",
                            session_key=f"s{i % 5}")
-        names = []
-        for core in cores:
-            e = core.start(core.route(info, "unified", now=2.0 + i))
-            names.append(e.name if e else None)
-        assert names[0] == names[1], (preset, i)
+        for leg in legs:
+            names = []
+            for core in cores:
+                e = core.start(core.route(info, leg, now=2.0 + i))
+                names.append(e.name if e else None)
+            assert names[0] == names[1], (preset, leg, i)
+
+
+def test_a_roles_stage_scores_that_roles_legs():
+    """`roles.prefill` decides a P/D pool's prefill legs; the pipeline's own stage decides
+    the others. 'a' (prefill) holds the prompt with 4 requests running, 'b' is idle."""
+    split = {"load": {**LOAD, "roles": {"prefill": AFFINITY}}}
+    assert pick(core_with_prefix_on_a(config(split, name="load", pd=True), 4, "prefill"),
+                role="prefill") == "a"
+    assert pick(core_with_prefix_on_a(config({"load": LOAD}, name="load", pd=True), 4,
+                                      "prefill"), role="prefill") == "b"
+    # a decode stage leaves the prefill legs to the pipeline's own stage
+    decode_only = {"load": {**LOAD, "roles": {"decode": AFFINITY}}}
+    assert pick(core_with_prefix_on_a(config(decode_only, name="load", pd=True), 4,
+                                      "prefill"), role="prefill") == "b"
+    # a unified pool's legs run the pipeline's own stage, whatever its roles say
+    assert pick(core_with_prefix_on_a(config(split, name="load"), 4)) != "a"
 
 
 @pytest.mark.parametrize(("policy", "message"), [
@@ -128,6 +154,12 @@ def test_every_preset_is_the_pipeline_it_names(preset):
      "round-robin, slo-tiered; got 'best'"),
     ({"pipelines": {"p": {"scorers": {"fast": 1.0}}}},
      "policy.pipelines.p.scorers.fast: unknown scorer; known: prefix"),
+    ({"pipelines": {"p": {**LOAD, "roles": {"prefill": {"scorers": {"latency": 1.0}}}}}},
+     "policy.pipelines.p.roles.prefill.filters: scorer latency has no load term"),
+    ({"pipelines": {"p": {**LOAD, "roles": {"unified": LOAD}}}},
+     "policy.pipelines.p.roles.unified: unknown role; known: prefill, decode"),
+    ({"pipelines": {"p": {**LOAD, "roles": {"prefill": {**LOAD, "roles": {}}}}}},
+     "policy.pipelines.p.roles.prefill.roles: unknown field"),
 ])
 def test_bad_pipelines_are_refused_with_the_field(policy, message):
     with pytest.raises(ConfigError) as err:

@@ -6,8 +6,10 @@ scorers (or, while the imbalance guard trips, the queue scorer alone) -> picker.
     decision.endpoint  # None with decision.reason "no-endpoint" or "saturated"
 
 A pipeline (config.PipelineConfig) names its optional filters, its scorers with weights,
-its picker and whether the guard applies; a user composes one in `policy.pipelines`. The
-named policies (PRESETS) are pipelines too; only `cache-aware` reads `policy.weights`:
+its picker and whether the guard applies, and optionally (`roles`) the stage of the same
+kind that a P/D pool's prefill or decode legs (RouteContext.role) run instead; a user
+composes one in `policy.pipelines`. The named policies (PRESETS) are pipelines too; only
+`cache-aware` reads `policy.weights`:
 * round-robin:   no scorers, round-robin picker.
 * random:        no scorers, weighted-random picker (uniform).
 * least-request: queue.
@@ -25,7 +27,7 @@ named policies (PRESETS) are pipelines too; only `cache-aware` reads `policy.wei
 * cache-aware:   sum(weights[s] * s) over prefix/queue/kv (config weights); when the
                  imbalance guard trips it scores by queue only and reports
                  is_balanced_by_load (the router still records the prompt's prefix).
-                 A P/D pool's prefill legs (RouteContext.role "prefill") are scored with
+                 Its prefill role's stage scores a P/D pool's prefill legs with
                  `policy.prefill_weights` instead, the backlog scorer among them: on a
                  prefill-only endpoint a prompt waits for the prompt tokens queued ahead.
 No learned or affinity scorer runs without a load term or bound (filters.bounded_load: at
@@ -37,7 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvfleet_router.config import BACKLOG_WEIGHTS, PipelineConfig, RouterConfig
+from kvfleet_router.config import BACKLOG_WEIGHTS, PipelineConfig, RouterConfig, StageConfig
 from kvfleet_router.endpoint import EndpointState
 from kvfleet_router.policies.context import RouteContext, load_snapshot
 from kvfleet_router.policies.filters import ELIGIBILITY, FILTERS, Filter
@@ -58,8 +60,7 @@ class Decision:
 
 
 class Policy:
-    def __init__(self, name: str, cfg: RouterConfig, pipeline: PipelineConfig,
-                 for_role: dict[str, PipelineConfig] | None = None) -> None:
+    def __init__(self, name: str, cfg: RouterConfig, pipeline: StageConfig) -> None:
         self.name = name
         self.pipeline = pipeline
         self.eligibility: list[Filter] = [FILTERS[f](cfg) for f in ELIGIBILITY]
@@ -71,8 +72,9 @@ class Policy:
         self.picker: Picker = PICKERS[pipeline.picker]()
         self.guard = cfg.policy.imbalance if pipeline.guard else None
         self.balance_scorer: Scorer = SCORERS["queue"](cfg)
-        # the legs of these roles run their own pipeline (cache-aware's prefill weights)
-        self.for_role = {role: Policy(name, cfg, p) for role, p in (for_role or {}).items()}
+        # the legs of these roles run their own stage (cache-aware's prefill weights)
+        roles = pipeline.roles if isinstance(pipeline, PipelineConfig) else {}
+        self.for_role = {role: Policy(name, cfg, stage) for role, stage in roles.items()}
         self.scores_prefix |= any(p.scores_prefix for p in self.for_role.values())
 
     def eligible(self, endpoints: list[EndpointState], ctx: RouteContext) -> list[EndpointState]:
@@ -140,8 +142,10 @@ PRESETS: dict[str, Callable[[RouterConfig], PipelineConfig]] = {
     # (bench/sim_policies.md: higher SLO attainment on the Mooncake slices; live without
     # prefill contention it spreads prefixes a little more, bench/README.md).
     "backlog": _preset(dict(BACKLOG_WEIGHTS), guard=True),
-    "cache-aware": lambda cfg: PipelineConfig(scorers=cfg.policy.weights,
-                                              picker=cfg.policy.picker, guard=True),
+    "cache-aware": lambda cfg: PipelineConfig(
+        scorers=cfg.policy.weights, picker=cfg.policy.picker, guard=True,
+        roles={"prefill": StageConfig(scorers=cfg.policy.prefill_weights,
+                                      picker=cfg.policy.picker, guard=True)}),
 }
 POLICIES = PRESETS  # the name callers outside the package know
 
@@ -155,17 +159,8 @@ def pipeline_of(name: str, cfg: RouterConfig) -> PipelineConfig:
     raise KeyError(f"unknown policy {name!r}; known: {', '.join(cfg.policy.policy_names())}")
 
 
-def role_pipelines(name: str, cfg: RouterConfig) -> dict[str, PipelineConfig]:
-    """role -> the pipeline its legs run instead of the policy's own: cache-aware's
-    prefill weights on prefill legs."""
-    if name != "cache-aware":
-        return {}
-    return {"prefill": PipelineConfig(scorers=cfg.policy.prefill_weights,
-                                      picker=cfg.policy.picker, guard=True)}
-
-
 def build_policy(name: str, cfg: RouterConfig) -> Policy:
-    return Policy(name, cfg, pipeline_of(name, cfg), role_pipelines(name, cfg))
+    return Policy(name, cfg, pipeline_of(name, cfg))
 
 
 def build_policies(cfg: RouterConfig) -> dict[str, Policy]:
