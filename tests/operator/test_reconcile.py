@@ -517,6 +517,21 @@ def test_the_pools_pipeline_is_the_routers_policy():
                                         wall=WALL).router_config["policy"]
 
 
+def test_the_pools_pipeline_roles_reach_the_router():
+    """routing.pipeline.roles.prefill is the stage the router runs on prefill legs; a role
+    left unset runs the pipeline's own."""
+    from kvfleet_router.router_core import RouterCore
+
+    prefill = {"scorers": {"prefix": 1, "queue": 4, "backlog": 4}, "guard": True}
+    p = pool(routing={"policy": "pipeline",
+                      "pipeline": {"scorers": {"queue": 1}, "roles": {"prefill": prefill}}})
+    cfg = RouterConfig.from_dict(reconcile(p, Observed(), now=0.0, wall=WALL).router_config)
+    policy = RouterCore(cfg).policies["pipeline"]
+    assert set(policy.for_role) == {"prefill"}
+    stage = policy.for_role["prefill"].pipeline
+    assert (stage.scorers, stage.guard) == ({"prefix": 1.0, "queue": 4.0, "backlog": 4.0}, True)
+
+
 def test_the_space_weight_reaches_the_router_beside_the_defaults():
     p = pool(routing={"weights": {"space": 0.01}})
     config = reconcile(p, Observed(), now=0.0, wall=WALL).router_config

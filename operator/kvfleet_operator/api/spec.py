@@ -236,9 +236,9 @@ class WeightsSpec:
 
 
 @spec_type
-class PipelineSpec:
-    """A routing policy composed in the pool (`routing.policy: pipeline`): the router's
-    `policy.pipelines` entry, under the same rules (router/kvfleet_router/config.py)."""
+class StageSpec:
+    """One stage of a pipeline: the optional filters, the scorers' weights, the picker and
+    the guard (the router's config.StageConfig)."""
 
     filters: list[Annotated[Str, OneOf(PIPELINE_FILTER_NAMES)]] = Field(default_factory=list,
                                                                          max_length=8)
@@ -246,12 +246,33 @@ class PipelineSpec:
     picker: Annotated[Str, OneOf(PIPELINE_PICKER_NAMES)] = "max"
     guard: Bool = False
 
-    def router_pipeline(self) -> dict[str, object]:
+    def router_stage(self) -> dict[str, object]:
         """The router config's form: scorers without the unset ones."""
         scorers = {f.name: float(v) for f in dataclasses.fields(self.scorers)
                    if (v := getattr(self.scorers, f.name)) is not None}
         return {"filters": list(self.filters), "scorers": scorers, "picker": self.picker,
                 "guard": self.guard}
+
+
+@spec_type
+class PipelineRolesSpec:
+    """The stage a P/D pool's prefill or decode legs run instead of the pipeline's own."""
+
+    prefill: StageSpec | None = None
+    decode: StageSpec | None = None
+
+
+@spec_type
+class PipelineSpec(StageSpec):
+    """A routing policy composed in the pool (`routing.policy: pipeline`): the router's
+    `policy.pipelines` entry, under the same rules (router/kvfleet_router/config.py)."""
+
+    roles: PipelineRolesSpec = Field(default_factory=lambda: PipelineRolesSpec())
+
+    def router_pipeline(self) -> dict[str, object]:
+        roles = {f.name: stage.router_stage() for f in dataclasses.fields(self.roles)
+                 if (stage := getattr(self.roles, f.name)) is not None}
+        return {**self.router_stage(), "roles": roles}
 
     @model_validator(mode="after")
     def _router_rules(self) -> PipelineSpec:
