@@ -181,7 +181,8 @@ def test_short_answers_behind_prefill_size_a_unified_role_up():
     load, slo = RoleLoad(24.0, 1800, 25.0), SloTargets(ttft_p90_s=2.0, itl_p90_s=0.05)
     n, why = size(FIT, load, slo, 16, "unified")
     p = predict(FIT, load, n)
-    stall = prefill_stall_s(p.utilization, service_s(FIT, load), 25.0, CHECK_QUANTILE)
+    stall = prefill_stall_s(24.0 / n * service_s(FIT, load), service_s(FIT, load), 25.0,
+                            CHECK_QUANTILE)
     assert stall > 0 and "ITL" in why
     assert p.itl_p90_s <= 0.04 < predict(FIT, load, n - 1).itl_p90_s
     # Without the stall, TTFT and TPOT alone would take fewer replicas.
@@ -195,7 +196,24 @@ def test_short_answers_behind_prefill_size_a_unified_role_up():
     seeded = RoleCoefficients(FIT.ttft, FIT.tpot, MIN_EVIDENCE - 1, 500)
     assert predict(seeded, load, n - 1).itl_p90_s == pytest.approx(
         predict(FIT, load, n - 1).itl_p90_s - prefill_stall_s(
-            predict(FIT, load, n - 1).utilization, service_s(FIT, load), 25.0, CHECK_QUANTILE))
+            24.0 / (n - 1) * service_s(FIT, load), service_s(FIT, load), 25.0, CHECK_QUANTILE))
+
+
+def test_a_unified_replicas_decode_steps_count_in_its_utilization():
+    # 1k-token prompts (S = 32.5 ms) with 201-token answers: each request's 200 decode
+    # steps take 200 x 35 us = 7 ms of the GPU from the prompts, so one replica is full at
+    # 1 / 39.5 ms = 25.3 req/s, not at the 30.8 req/s its prompts alone would fill.
+    s, d = 0.0325, 200 * 3.5e-5
+    full = 1.0 / (s + d)
+    below, at = RoleLoad(full * 0.999, 1000, 201.0), RoleLoad(full, 1000, 201.0)
+    assert predict(FIT, below, 1).utilization == pytest.approx(0.999)
+    assert predict(FIT, below, 1).is_feasible
+    assert not predict(FIT, at, 1).is_feasible
+    assert size(FIT, at, SLO, 4, "unified")[0] == 2
+    # A prefill leg decodes one token, and a decode role prefills nothing: neither counts.
+    assert predict(FIT, RoleLoad(full, 1000, 1.0), 1).utilization == pytest.approx(full * s)
+    decode = predict(FIT, RoleLoad(full, 0.0, 201.0), 1)
+    assert decode.utilization == pytest.approx(full * service_s(FIT, RoleLoad(full, 0.0, 201.0)))
 
 
 def test_nothing_meets_and_no_load():

@@ -47,7 +47,9 @@ def by_hand(load: RoleLoad, n: float, rate_per_replica: float
     """(Little's law's right-hand side at in-flight n, the TTFT p90, the ITL at the p90 of
     in-flight) from the docstring's formulas and COEF, independently of the module's code."""
     s = 0.0325 * load.uncached_prompt_tokens / 1000
-    rho = rate_per_replica * s
+    decode = (load.output_tokens - 1) * 0.001  # its decode steps' share of the GPU
+    rho = rate_per_replica * (s + decode)
+    prompts_rho = rate_per_replica * s  # the prompt work that stalls decode steps
     wq_mean = rho * rho / (1 - rho)
     kv = min(1.0, n * load.kv_per_seq)
     alone = 0.01 + s + 0.0002 * n + 0.02 * kv
@@ -57,7 +59,8 @@ def by_hand(load: RoleLoad, n: float, rate_per_replica: float
     little = rate_per_replica * (ttft + (load.output_tokens - 1) * tpot)
     n_p = n + Z90 * math.sqrt(n)
     itl = 0.0065 + 0.001 * (n_p + 1) + 0.01 * min(1.0, n_p * load.kv_per_seq)
-    stall = (rho / 0.1 - 1) * s / ((1 - rho) * (load.output_tokens - 1)) if rho > 0.1 else 0.0
+    stall = (prompts_rho / 0.1 - 1) * s / ((1 - prompts_rho) * (load.output_tokens - 1)) \
+        if prompts_rho > 0.1 else 0.0
     return little, ttft_p90, itl + stall
 
 
@@ -129,7 +132,7 @@ def test_the_stall_starts_with_the_fleets_own_evidence():
     learned = RoleCoefficients(COEF.ttft, COEF.tpot, MIN_EVIDENCE, 500)
     unlearned = RoleCoefficients(COEF.ttft, COEF.tpot, MIN_EVIDENCE - 1, 500)
     p = predict(learned, load, 2)
-    stall = prefill_stall_s(p.utilization, 0.13, 11.0, CHECK_QUANTILE)
+    stall = prefill_stall_s(3.0 * 0.13, 0.13, 11.0, CHECK_QUANTILE)  # the prompts' rho
     assert stall > 0
     assert predict(unlearned, load, 2).itl_p90_s == pytest.approx(p.itl_p90_s - stall)
     # A role with no uncached prompt (decode) is not stalled at any evidence.

@@ -29,8 +29,14 @@ each, B the burst rate below):
   prompts waits less than their prefill, none waits more, and queue terms fitted while the
   fleet barely queued can say anything (a P/D prefill role's fit said 0.78 s per queued
   1.6k-token prompt against its 57 ms prefill, and sized the role to its maximum).
-  Utilization rho = a . S; with rho >= 1 the queue grows without bound and N is
-  infeasible. Otherwise the queue an arrival sees is M/M/1's (PASTA):
+  Utilization rho = a . (S + D), D the GPU time a request's decode takes from the prompts
+  on a replica that both prefills and decodes (`decode_share_s`: its O - 1 steps at the
+  model's marginal step time per sequence, v_n; 0 on a prefill or decode role). A prompt
+  waits for every step ahead of it, decode steps too: counting prefill alone, the local
+  example pool (`examples/local-sim.yaml`, Azure conversation, 220-token answers) sized
+  21 req/s to one replica at rho 0.69, and TTFT p90 there rose to 2.3 s while the one
+  replica asked for next was still starting. With rho >= 1 the queue grows without bound
+  and N is infeasible. Otherwise the queue an arrival sees is M/M/1's (PASTA):
   P(w_q >= k) = rho^(k+1), so its mean is rho^2 / (1 - rho) and its q-quantile
   (q = `CHECK_QUANTILE`, 0.95, for the p90 targets; see below) is
   max(0, ln(1 - q) / ln(rho) - 2), continuous in rho.
@@ -53,7 +59,9 @@ each, B the burst rate below):
   that stalls the request's decode steps at the quantile (`prefill_stall_s`): without it
   a unified pool of short answers behind long prompts (Azure code) sat at 2 replicas
   while bursts of prompts held every decode step to an 8k-token chunk, and 10% of
-  requests missed the ITL SLO. Both clamped to at least `FLOOR_S`.
+  requests missed the ITL SLO. The stall is the prompt work a request's decode steps
+  carry, so it reads the prompts' utilization, a . S: TPOT(n) already prices the decode
+  steps themselves. Both clamped to at least `FLOOR_S`.
 
 A target that an idle replica already misses (the idle prediction: nothing queued or
 running, `idle_prediction`) is out of scaling's reach; it is checked as the idle
@@ -213,7 +221,7 @@ class Prediction:
     num_replicas: int
     ttft_p90_s: float
     itl_p90_s: float
-    utilization: float  # of the prefill server (rho)
+    utilization: float  # of the prefill server, decode's share included (rho)
     num_in_flight: float  # mean (L)
     num_queued_p: float  # queued ahead at the quantile
 
@@ -235,6 +243,16 @@ def service_s(c: RoleCoefficients, load: RoleLoad) -> float:
     """What one queued request costs the prefill server: the mean uncached prompt's
     prefill by the model's per-ktoken slope."""
     return max(c.ttft[1] * load.uncached_prompt_tokens / 1000.0, MIN_SERVICE_S)
+
+
+def decode_share_s(c: RoleCoefficients, load: RoleLoad) -> float:
+    """GPU time a request's decode takes from the prompts of a replica that prefills what
+    it decodes (unified): its O - 1 decode steps, each longer by the model's marginal step
+    time per sequence in flight (v_n, kept >= 0). 0 on a role that prefills nothing
+    (decode) and for a prefill leg's single token."""
+    if load.uncached_prompt_tokens <= 0:
+        return 0.0
+    return max(0.0, load.output_tokens - 1.0) * max(0.0, c.tpot[1])
 
 
 def wait_per_queued_s(c: RoleCoefficients, load: RoleLoad) -> float:
@@ -294,7 +312,7 @@ def predict(c: RoleCoefficients, load: RoleLoad, num_replicas: int,
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
     a = (load.request_rate + load.burst_rate) / num_replicas
-    rho = a * service_s(c, load)
+    rho = a * (service_s(c, load) + decode_share_s(c, load))
     wq_p = queue_quantile(rho, quantile)
     if not math.isfinite(wq_p):
         return Prediction(num_replicas, math.inf, math.inf, rho, math.inf, math.inf)
@@ -307,7 +325,8 @@ def predict(c: RoleCoefficients, load: RoleLoad, num_replicas: int,
     ttft = _ttft(c, load, wq_p, n, kv)
     itl = max(FLOOR_S, dot(c.tpot, tpot_features(n_p + 1.0, kv_p)))
     if load.uncached_prompt_tokens > 0 and c.num_ttft_samples >= MIN_EVIDENCE:
-        itl += prefill_stall_s(rho, service_s(c, load), load.output_tokens, quantile)
+        prompts_rho = a * service_s(c, load)
+        itl += prefill_stall_s(prompts_rho, service_s(c, load), load.output_tokens, quantile)
     return Prediction(num_replicas, ttft, itl, rho, n, wq_p)
 
 
