@@ -7,7 +7,7 @@ from typing import Any
 
 from kvfleet_bench.sections._fmt import code, fixed, pct, table, times
 
-FILES = ("autoscale_local",)
+FILES = ("autoscale_local", "autoscale_local_heldout")
 
 
 def _sim_command(args: dict[str, Any]) -> str:
@@ -59,4 +59,27 @@ def render_autoscale_local(results: dict[str, Any]) -> str:
                          f"{pct(1)(1 - s['slo_attainment'])} of requests, "
                          f"{s['num_scale_events']} scale events")
         out.append("Ratios: " + "; ".join(words) + ".")
+    if "autoscale_local_heldout" in results:
+        out += ["", _held_out(results["autoscale_local_heldout"])]
     return "\n".join(out)
+
+
+def _held_out(r: dict[str, Any]) -> str:
+    """Per held-out slice, each scaler's SLO attainment and replica-seconds."""
+    slices = r["slices"]
+    names = [s["name"] for s in slices[0]["summaries"]]
+    rows = []
+    for sl in slices:
+        a, by = sl["args"], {s["name"]: s for s in sl["summaries"]}
+        rows.append([f"`{Path(a['trace']).name}` from {a['start_s']:g} s"] + [
+            f"{pct(1)(by[n]['slo_attainment'])} / {fixed(0)(by[n]['replica_seconds'])}"
+            for n in names])
+    first = slices[0]
+    return "\n".join([
+        code(".venv/bin/python bench/autoscale_local.py --held-out   # writes "
+             "bench/results/autoscale_local_heldout.json"), "",
+        f"Held-out slices (chosen after the pool's defaults were set): the same pool, "
+        f"warm-up, compression and start-up, SLO TTFT <= {first['ttft_slo_s']:g} s and "
+        f"mean inter-token latency <= {1000 * first['itl_slo_s']:g} ms. Each cell: SLO met "
+        f"/ replica-s.", "",
+        table(["slice", *names], rows)])
