@@ -32,9 +32,10 @@ each, B the burst rate below):
   Utilization rho = a . (S + D), D the GPU time a request's decode takes from the prompts
   on a replica that both prefills and decodes (`decode_share_s`: its O - 1 steps at the
   model's marginal step time per sequence, v_n; 0 on a prefill or decode role). A prompt
-  waits for every step ahead of it, decode steps too: counting prefill alone, the local
-  example pool (`examples/local-sim.yaml`, Azure conversation, 220-token answers) sized
-  21 req/s to one replica at rho 0.69, and TTFT p90 there rose to 2.3 s while the one
+  waits for every step ahead of it, decode steps too: counting prefill alone (before
+  92977eb; `bench/autoscale_local.py` at that commit's parent), the local example pool
+  (`examples/local-sim.yaml`, Azure conversation, 220-token answers) sized 21 req/s to one
+  replica at rho 0.69, and TTFT p90 there rose to 2.3 s while the one
   replica asked for next was still starting. With rho >= 1 the queue grows without bound
   and N is infeasible. Otherwise the queue an arrival sees is M/M/1's (PASTA):
   P(w_q >= k) = rho^(k+1), so its mean is rho^2 / (1 - rho) and its q-quantile
@@ -312,7 +313,8 @@ def predict(c: RoleCoefficients, load: RoleLoad, num_replicas: int,
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
     a = (load.request_rate + load.burst_rate) / num_replicas
-    rho = a * (service_s(c, load) + decode_share_s(c, load))
+    service = service_s(c, load)
+    rho = a * (service + decode_share_s(c, load))
     wq_p = queue_quantile(rho, quantile)
     if not math.isfinite(wq_p):
         return Prediction(num_replicas, math.inf, math.inf, rho, math.inf, math.inf)
@@ -325,8 +327,7 @@ def predict(c: RoleCoefficients, load: RoleLoad, num_replicas: int,
     ttft = _ttft(c, load, wq_p, n, kv)
     itl = max(FLOOR_S, dot(c.tpot, tpot_features(n_p + 1.0, kv_p)))
     if load.uncached_prompt_tokens > 0 and c.num_ttft_samples >= MIN_EVIDENCE:
-        prompts_rho = a * service_s(c, load)
-        itl += prefill_stall_s(prompts_rho, service_s(c, load), load.output_tokens, quantile)
+        itl += prefill_stall_s(a * service, service, load.output_tokens, quantile)
     return Prediction(num_replicas, ttft, itl, rho, n, wq_p)
 
 
