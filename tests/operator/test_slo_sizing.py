@@ -31,6 +31,7 @@ from kvfleet_operator.decide.slo_sizing import (
     RoleLoad,
     SloTargets,
     choose_coefficients,
+    decode_share_s,
     meets,
     predict,
     prefill_stall_s,
@@ -50,6 +51,8 @@ from kvfleet_router.perf_model import RoleCoefficients
 FIT = RoleCoefficients((0.01, 0.0325, 0.0325, 0.0, 0.0002, 0.0), (0.0065, 3.5e-5, 0.003),
                        500, 500)
 SLO = SloTargets(ttft_p90_s=2.0, itl_p90_s=0.05, headroom=0.2)
+# The KV usage per sequence `loaded` signals show (0.05 over 2 running per replica).
+KV_PER_SEQ = 0.025
 
 
 def test_queue_quantile_is_mm1():
@@ -78,18 +81,41 @@ def with_queue_terms(per_queued_ktoken: float, per_queued: float) -> RoleCoeffic
                             FIT.tpot, 500, 500)
 
 
-def test_a_queued_request_waits_at_most_its_prefill():
-    # The marginal TTFT per request ahead, w_u_wq . U + w_wq, bounded by [0, w_u . U].
+def test_a_queued_request_waits_its_prefill_whatever_the_fits_queue_terms():
+    # The queue is prefill work: each request ahead adds its prefill, w_u . U, not the fit's
+    # w_u_wq . U + w_wq, however high (a P/D prefill role's: 0.78 s), close, low or negative.
     load = RoleLoad(4.5, 1630, 1.0)
     prefill = 0.035 * 1.63
-    assert service_s(with_queue_terms(1.32, -1.37), load) == pytest.approx(prefill)
-    # A P/D prefill role's fit, its queue terms seen on a handful of queued legs: 0.78 s.
-    assert wait_per_queued_s(with_queue_terms(1.32, -1.37), load) == pytest.approx(prefill)
-    # Just inside the bound the fit stands (an engine batching queued prompts waits less).
-    inside = prefill * 0.999
-    assert wait_per_queued_s(with_queue_terms(0.0, inside), load) == pytest.approx(inside)
-    assert wait_per_queued_s(with_queue_terms(0.0002, 0.001), load) == pytest.approx(0.001326)
-    assert wait_per_queued_s(with_queue_terms(-0.01, 0.0), load) == 0.0
+    for terms in ((1.32, -1.37), (0.0, prefill * 0.999), (0.0002, 0.001), (-0.01, 0.0)):
+        assert service_s(with_queue_terms(*terms), load) == pytest.approx(prefill)
+        assert wait_per_queued_s(with_queue_terms(*terms), load) == pytest.approx(prefill)
+
+
+# The local example pool's fit (Azure conversation from 600 s, compressed 4x, read at 50 s
+# on six lightly loaded replicas): 3.5 ms per queued 1.25k-token prompt against its 41 ms
+# prefill, and TPOT's cost of a sequence on KV usage (v_n -48 us, v_kv 17 ms).
+LOCAL_FIT = RoleCoefficients((0.00219, 0.03301, 0.0027, 0.00026, 0.00048, -0.00825),
+                             (0.007197, -4.8e-05, 0.017102), 754, 754)
+
+
+def test_a_fit_from_idle_replicas_does_not_size_a_busy_one():
+    # 12 req/s of 1,248-token prompts with 261-token answers, KV 1% per sequence: the
+    # decode share is TPOT's slope in n through KV usage too, 260 x 127 us = 33 ms, so one
+    # replica runs at rho 0.89 (0.49 by its prompts alone) and its queue of 41 ms prefills
+    # misses the 1 s TTFT target. Counting the fit's 3.5 ms per queued prompt, or v_n
+    # alone (negative: no decode share), one replica looked enough up to 20 req/s, and the
+    # pool flapped between one and six replicas.
+    load = RoleLoad(12.0, 1248, 261.0, 0.0102)
+    slope = -4.8e-05 + 0.017102 * 0.0102
+    assert decode_share_s(LOCAL_FIT, load) == pytest.approx(260 * slope)
+    s = service_s(LOCAL_FIT, load)
+    p = predict(LOCAL_FIT, load, 1)
+    assert p.utilization == pytest.approx(12 * (s + 260 * slope))
+    slo = SloTargets(ttft_p90_s=1.0, itl_p90_s=0.05)
+    assert not meets(p, slo)
+    assert size(LOCAL_FIT, load, slo, 6, "unified")[0] == 2
+    # At 10 req/s (rho 0.74) one replica meets it.
+    assert size(LOCAL_FIT, RoleLoad(10.0, 1248, 261.0, 0.0102), slo, 6, "unified")[0] == 1
 
 
 def test_unidentified_queue_terms_do_not_size_a_role_to_its_max():
@@ -127,7 +153,7 @@ def boundary_rate(n: int, slo: SloTargets = SLO) -> float:
     lo, hi = 0.01, 1000.0
     for _ in range(80):
         mid = (lo + hi) / 2
-        if meets(predict(FIT, RoleLoad(mid, 12000, 300), n), slo):
+        if meets(predict(FIT, RoleLoad(mid, 12000, 300, KV_PER_SEQ), n), slo):
             lo = mid
         else:
             hi = mid
@@ -138,8 +164,8 @@ def boundary_rate(n: int, slo: SloTargets = SLO) -> float:
 def test_size_at_its_boundary(n):
     # Just below the rate at which n replicas meet the target: n; just above: n + 1.
     rate = boundary_rate(n)
-    below, why = size(FIT, RoleLoad(rate * 0.999, 12000, 300), SLO, 16, "unified")
-    above, _ = size(FIT, RoleLoad(rate * 1.001, 12000, 300), SLO, 16, "unified")
+    below, why = size(FIT, RoleLoad(rate * 0.999, 12000, 300, KV_PER_SEQ), SLO, 16, "unified")
+    above, _ = size(FIT, RoleLoad(rate * 1.001, 12000, 300, KV_PER_SEQ), SLO, 16, "unified")
     assert below == n, why
     assert above == n + 1
     assert why.startswith(f"{n} unified replicas: predicted TTFT p90 ")
@@ -217,7 +243,7 @@ def test_a_unified_replicas_decode_steps_count_in_its_utilization():
 
 
 def test_nothing_meets_and_no_load():
-    n, why = size(FIT, RoleLoad(1000.0, 12000, 300), SLO, 4)
+    n, why = size(FIT, RoleLoad(1000.0, 12000, 300, KV_PER_SEQ), SLO, 4)
     assert n == 5 and "even at 4" in why
     assert size(FIT, RoleLoad(0.0), SLO, 4)[0] == 0
 
@@ -489,7 +515,7 @@ def ramp_decision(slo):
 
 def test_forecast_asks_ahead_of_a_ramp():
     d, now_rate = ramp_decision(SLO)
-    now_only, _ = size(FIT, RoleLoad(now_rate, 12000, 300), SLO, 16)
+    now_only, _ = size(FIT, RoleLoad(now_rate, 12000, 300, KV_PER_SEQ), SLO, 16)
     assert d.desired["unified"] > now_only, d.reasons
     assert "forecast 60s ahead" in d.reasons["unified"]
 
@@ -500,15 +526,15 @@ def test_only_the_itl_target_is_sized_on_the_forecast():
     # would ask for more.
     ttft_only = SloTargets(ttft_p90_s=2.0, headroom=0.2)
     d, now_rate = ramp_decision(ttft_only)
-    now_only, _ = size(FIT, RoleLoad(now_rate, 12000, 300), ttft_only, 16)
-    ahead, _ = size(FIT, RoleLoad(2 * now_rate, 12000, 300), ttft_only, 16)
+    now_only, _ = size(FIT, RoleLoad(now_rate, 12000, 300, KV_PER_SEQ), ttft_only, 16)
+    ahead, _ = size(FIT, RoleLoad(2 * now_rate, 12000, 300, KV_PER_SEQ), ttft_only, 16)
     assert d.desired["unified"] == now_only < ahead, d.reasons
     assert "forecast" not in d.reasons["unified"]
     # ITL: a prompt on a decode step stalls every stream at once; sized ahead.
     itl_only = SloTargets(itl_p90_s=0.05, headroom=0.2)
     d, now_rate = ramp_decision(itl_only)
-    now_only, _ = size(FIT, RoleLoad(now_rate, 12000, 300), itl_only, 16)
-    ahead, _ = size(FIT, RoleLoad(2 * now_rate, 12000, 300), itl_only, 16)
+    now_only, _ = size(FIT, RoleLoad(now_rate, 12000, 300, KV_PER_SEQ), itl_only, 16)
+    ahead, _ = size(FIT, RoleLoad(2 * now_rate, 12000, 300, KV_PER_SEQ), itl_only, 16)
     assert d.desired["unified"] == ahead > now_only, d.reasons
     assert "forecast 60s ahead" in d.reasons["unified"]
 

@@ -24,14 +24,20 @@ each, B the burst rate below):
 * Queued ahead, w_q. Prefill is one server per replica (the engine's token budget works
   the queue down in arrival order). Its service time is the mean prompt's prefill,
   S = w_u . U by the model's per-ktoken slope (the best identified weight: prompts vary
-  in every window). A request ahead delays the ones behind by the model's marginal TTFT
-  per request queued, w_u_wq . U + w_wq, kept within [0, S]: an engine that batches queued
-  prompts waits less than their prefill, none waits more, and queue terms fitted while the
-  fleet barely queued can say anything (a P/D prefill role's fit said 0.78 s per queued
-  1.6k-token prompt against its 57 ms prefill, and sized the role to its maximum).
+  in every window), and a request ahead delays the ones behind by that service time
+  (`wait_per_queued_s`): the queue is prefill work, which batching does not shrink. Not by
+  the fit's own queue terms (w_u_wq . U + w_wq), which are seen only where the fleet
+  queued, so they say anything: 0.78 s per queued 1.6k-token prompt against its 57 ms
+  prefill on a P/D prefill role, and 3.5 ms per queued 1.2k-token prompt against its
+  41 ms on the local example pool (`examples/local-sim.yaml`, Azure conversation from
+  600 s), fitted on six lightly loaded replicas. Read from there, and with no decode share
+  (below: that fit's v_n was negative), the sizing put 17 req/s on one replica, the next
+  burst found it alone, and the pool moved 24 times in 150 s (`bench/autoscale_local.py
+  --held-out` at 2b075f2).
   Utilization rho = a . (S + D), D the GPU time a request's decode takes from the prompts
   on a replica that both prefills and decodes (`decode_share_s`: its O - 1 steps at the
-  model's marginal step time per sequence, v_n; 0 on a prefill or decode role). A prompt
+  model's marginal step time per sequence in flight, v_n + v_kv . kv_per_seq, as KV usage
+  grows with the sequences held; 0 on a prefill or decode role). A prompt
   waits for every step ahead of it, decode steps too: counting prefill alone (before
   92977eb; `bench/autoscale_local.py` at that commit's parent), the local example pool
   (`examples/local-sim.yaml`, Azure conversation, 220-token answers) sized 21 req/s to one
@@ -50,10 +56,11 @@ each, B the burst rate below):
   L + z_q . sqrt(L) (normal approximation; z_0.95 = 1.64).
 * KV usage grows with the sequences a replica holds: kv(n) = min(1, n . kv_per_seq), with
   kv_per_seq the role's observed KV usage per running sequence (0 before any is seen).
-* Predicted TTFT p90 = w . [1, U, 0, 0, 0, kv(L)] + L . (wait per running) + w_q(q) .
-  (wait per queued), the wait per running request the model's w_r kept within [0, S] as
-  the queue's is (`wait_per_running_s`: a P/D prefill role's fit said 0.30 s per running
-  prompt, and Little's law then had no fixed point at a quarter of one replica's load);
+* Predicted TTFT p90 = w . [1, U, 0, 0, 0, kv(L)] + L . (wait per running) + w_q(q) . S,
+  the wait per running request the model's w_r kept within [0, S] (a running request
+  shares the step's token budget; `wait_per_running_s`: a P/D prefill role's fit said
+  0.30 s per running prompt, and Little's law then had no fixed point at a quarter of one
+  replica's load);
   predicted ITL = TPOT at the in-flight quantile, v . [1, n_q + 1, kv(n_q)] (a request's
   mean inter-token time, what the simulator's attainment and the router's TPOT are
   measured on), plus, on a role that prefills what it decodes (unified), the prefill
@@ -249,20 +256,21 @@ def service_s(c: RoleCoefficients, load: RoleLoad) -> float:
 def decode_share_s(c: RoleCoefficients, load: RoleLoad) -> float:
     """GPU time a request's decode takes from the prompts of a replica that prefills what
     it decodes (unified): its O - 1 decode steps, each longer by the model's marginal step
-    time per sequence in flight (v_n, kept >= 0). 0 on a role that prefills nothing
-    (decode) and for a prefill leg's single token."""
+    time per sequence in flight, kept >= 0. That is the slope of TPOT = v . [1, n, kv] in
+    n with kv = n . kv_per_seq, v_n + v_kv . kv_per_seq: n and KV usage rise together, so
+    a fit may put the cost on either (the local example pool's: v_n -48 us, v_kv 17 ms,
+    a slope of +127 us per sequence where v_n alone said none). 0 on a role that prefills
+    nothing (decode) and for a prefill leg's single token."""
     if load.uncached_prompt_tokens <= 0:
         return 0.0
-    return max(0.0, load.output_tokens - 1.0) * max(0.0, c.tpot[1])
+    per_sequence = c.tpot[1] + c.tpot[2] * load.kv_per_seq
+    return max(0.0, load.output_tokens - 1.0) * max(0.0, per_sequence)
 
 
 def wait_per_queued_s(c: RoleCoefficients, load: RoleLoad) -> float:
-    """The model's marginal TTFT per request queued ahead (w_u_wq . U + w_wq), within
-    [0, service_s]: an engine that batches queued prompts waits less than their prefill,
-    but none waits more; queue terms fitted while the fleet barely queued can say either
-    (0.78 s per queued 1.6k-token prompt against its 57 ms prefill, seen on a P/D pool)."""
-    marginal = c.ttft[2] * load.uncached_prompt_tokens / 1000.0 + c.ttft[3]
-    return min(max(0.0, marginal), service_s(c, load))
+    """What one request queued ahead adds to a TTFT: its prefill, the service time. Not
+    the fit's queue terms (w_u_wq . U + w_wq): the module docstring says why."""
+    return service_s(c, load)
 
 
 def wait_per_running_s(c: RoleCoefficients, load: RoleLoad) -> float:
