@@ -41,7 +41,6 @@ from kvfleet_operator.decide.slo_sizing import (
     seed_coefficients,
     service_s,
     size,
-    wait_per_queued_s,
     wait_per_running_s,
 )
 from kvfleet_router.perf_model import RoleCoefficients
@@ -84,11 +83,15 @@ def with_queue_terms(per_queued_ktoken: float, per_queued: float) -> RoleCoeffic
 def test_a_queued_request_waits_its_prefill_whatever_the_fits_queue_terms():
     # The queue is prefill work: each request ahead adds its prefill, w_u . U, not the fit's
     # w_u_wq . U + w_wq, however high (a P/D prefill role's: 0.78 s), close, low or negative.
-    load = RoleLoad(4.5, 1630, 1.0)
+    # 9 req/s of 1.63k-token prompts on one replica (rho 0.51, 2.4 queued ahead at the p95).
+    load = RoleLoad(9.0, 1630, 1.0)
     prefill = 0.035 * 1.63
-    for terms in ((1.32, -1.37), (0.0, prefill * 0.999), (0.0002, 0.001), (-0.01, 0.0)):
-        assert service_s(with_queue_terms(*terms), load) == pytest.approx(prefill)
-        assert wait_per_queued_s(with_queue_terms(*terms), load) == pytest.approx(prefill)
+    predictions = [predict(with_queue_terms(*terms), load, 1) for terms in
+                   ((1.32, -1.37), (0.0, prefill * 0.999), (0.0002, 0.001), (-0.01, 0.0))]
+    queued = math.log(0.05) / math.log(9 * prefill) - 2
+    for p in predictions:  # 2 ms + the own prefill + the prefills queued ahead
+        assert p.num_queued_p == pytest.approx(queued)
+        assert p.ttft_p90_s == pytest.approx(0.002 + prefill + queued * prefill)
 
 
 # The local example pool's fit (Azure conversation from 600 s, compressed 4x, read at 50 s

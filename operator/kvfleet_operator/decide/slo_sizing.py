@@ -25,12 +25,14 @@ each, B the burst rate below):
   the queue down in arrival order). Its service time is the mean prompt's prefill,
   S = w_u . U by the model's per-ktoken slope (the best identified weight: prompts vary
   in every window), and a request ahead delays the ones behind by that service time
-  (`wait_per_queued_s`): the queue is prefill work, which batching does not shrink. Not by
+  (`_ttft`): the queue is prefill work, which batching does not shrink. Not by
   the fit's own queue terms (w_u_wq . U + w_wq), which are seen only where the fleet
   queued, so they say anything: 0.78 s per queued 1.6k-token prompt against its 57 ms
   prefill on a P/D prefill role, and 3.5 ms per queued 1.2k-token prompt against its
   41 ms on the local example pool (`examples/local-sim.yaml`, Azure conversation from
-  600 s), fitted on six lightly loaded replicas. Read from there, and with no decode share
+  600 s), fitted on six lightly loaded replicas (the fit the sizing read at 50 s, printed
+  from a debug run; the simulator's reports do not carry it, so it is pinned as
+  `LOCAL_FIT` in tests/operator/test_slo_sizing.py). Read from there, and with no decode share
   (below: that fit's v_n was negative), the sizing put 17 req/s on one replica, the next
   burst found it alone, and the pool moved 24 times in 150 s (`bench/autoscale_local.py
   --held-out` at 2b075f2).
@@ -267,12 +269,6 @@ def decode_share_s(c: RoleCoefficients, load: RoleLoad) -> float:
     return max(0.0, load.output_tokens - 1.0) * max(0.0, per_sequence)
 
 
-def wait_per_queued_s(c: RoleCoefficients, load: RoleLoad) -> float:
-    """What one request queued ahead adds to a TTFT: its prefill, the service time. Not
-    the fit's queue terms (w_u_wq . U + w_wq): the module docstring says why."""
-    return service_s(c, load)
-
-
 def wait_per_running_s(c: RoleCoefficients, load: RoleLoad) -> float:
     """The model's marginal TTFT per request running beside a new one (w_r), within
     [0, service_s]: a running request shares the step's token budget and delays a new
@@ -286,10 +282,11 @@ def wait_per_running_s(c: RoleCoefficients, load: RoleLoad) -> float:
 def _ttft(c: RoleCoefficients, load: RoleLoad, num_queued: float, num_running: float,
           kv: float) -> float:
     """The model's TTFT of a request with nothing queued ahead beside `num_running`
-    requests, plus `num_queued` waits."""
+    requests, plus the prefill of each of the `num_queued` ahead (the service time; not
+    the fit's queue terms, see the module docstring)."""
     alone = max(FLOOR_S, dot(c.ttft, ttft_features(load.uncached_prompt_tokens, 0.0, 0.0, kv))
                 + num_running * wait_per_running_s(c, load))
-    return alone + num_queued * wait_per_queued_s(c, load)
+    return alone + num_queued * service_s(c, load)
 
 
 def _in_flight(c: RoleCoefficients, load: RoleLoad, a: float, wq_mean: float) -> float:
