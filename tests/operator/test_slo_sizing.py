@@ -1,6 +1,7 @@
 """SLO sizing (decide/slo_sizing.py): the queueing step and the smallest count at its
 boundary; the start-up forecast (decide/load_forecast.py); decide() driven by the SLO."""
 
+import dataclasses
 import math
 import random
 
@@ -43,7 +44,7 @@ from kvfleet_operator.decide.slo_sizing import (
     size,
     wait_per_running_s,
 )
-from kvfleet_router.perf_model import RoleCoefficients
+from kvfleet_router.perf_model import RoleCoefficients, prompt_stats
 
 # An H100-like fit: 10 ms + 32.5 ms per uncached ktoken, the same per ktoken queued ahead;
 # TPOT 6.5 ms + 35 us per sequence in flight.
@@ -92,6 +93,56 @@ def test_a_queued_request_waits_its_prefill_whatever_the_fits_queue_terms():
     for p in predictions:  # 2 ms + the own prefill + the prefills queued ahead
         assert p.num_queued_p == pytest.approx(queued)
         assert p.ttft_p90_s == pytest.approx(0.002 + prefill + queued * prefill)
+
+
+# The routers' recent uncached prompts: four in five of 1k tokens, one in five of 6k (mean
+# 2k, p90 6k), as `kvfleet_router_perf_model_prompt_ktokens` exports them.
+TAIL_FIT = dataclasses.replace(FIT, prompt=prompt_stats([1.0] * 80 + [6.0] * 20))
+
+
+def test_a_ttft_p90_is_priced_at_the_routers_p90_prompt():
+    # A request's own prefill at the p90 prompt (6k: 10 ms + 195 ms), the queue ahead at the
+    # mean one (S = 65 ms): 4 req/s on one replica, rho 0.26, 1.2 queued at the p95.
+    # Little's law (the mean in flight) still reads the mean prompt.
+    load = RoleLoad(4.0, 2000, 1.0)
+    mean_only = predict(FIT, load, 1)
+    p = predict(TAIL_FIT, load, 1)
+    assert p.utilization == pytest.approx(4 * 0.065)
+    assert p.num_in_flight == pytest.approx(mean_only.num_in_flight)
+    queued = math.log(0.05) / math.log(0.26) - 2
+    own = 0.01 + 0.0325 * 6.0 + 0.0002 * p.num_in_flight
+    assert p.ttft_p90_s == pytest.approx(own + queued * 0.065)
+    assert mean_only.ttft_p90_s == pytest.approx(own - 0.0325 * 4.0 + queued * 0.065)
+
+
+@pytest.mark.parametrize("target_s", [0.3, 0.5])
+def test_the_prompt_tail_sizes_a_role_up(target_s):
+    # The same load sized with and without the tail: the p90 prompt's own prefill leaves
+    # the queue less of the target, so the tail asks for more replicas; just below the
+    # rate at which its count meets the target that count, just above one more.
+    slo = SloTargets(ttft_p90_s=target_s, headroom=0.0)
+
+    def asks(fit: RoleCoefficients, rate: float) -> int:
+        return size(fit, RoleLoad(rate, 2000, 1.0), slo, 64, "prefill")[0]
+
+    assert asks(TAIL_FIT, 40.0) > asks(FIT, 40.0)
+    n = asks(TAIL_FIT, 40.0)
+    lo, hi = 1.0, 40.0  # the highest rate that n replicas serve, by bisection
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if asks(TAIL_FIT, mid) <= n - 1 else (lo, mid)
+    assert asks(TAIL_FIT, lo * 0.999) == n - 1
+    assert asks(TAIL_FIT, lo * 1.001) == n
+
+
+def test_a_p90_prompt_longer_than_the_target_is_sized_for_its_queue():
+    # The p90 prompt alone takes 205 ms, past a 150 ms target: no count reaches it, so the
+    # queue is sized to add at most a tenth of it (as for any target an idle replica
+    # misses), not the maximum; the mean prompt alone (75 ms) would not say so.
+    n, why = size(TAIL_FIT, RoleLoad(40.0, 2000, 1.0), SloTargets(ttft_p90_s=0.15, headroom=0.0),
+                  64, "prefill")
+    assert n <= 64, why
+    assert "an idle replica misses TTFT p90, TTFT p90 205 ms > 150 ms" in why
 
 
 # The local example pool's fit (Azure conversation from 600 s, compressed 4x, read at 50 s
