@@ -61,9 +61,10 @@ each, B the burst rate below):
 * Predicted TTFT p90 = w . [1, U_90, 0, 0, 0, kv(L)] + L . (wait per running) + w_q(q) . S,
   U_90 the routers' recent p90 uncached prompt (`tail_prompt_tokens`; U where they export
   none): a TTFT p90 is set by the long prompts, whose own prefill the mean prompt does not
-  show. Priced at U, the sizing asked 8 to 10 replicas of Mooncake's unified pool where 16
-  met its bar (`bench/slo_model_calibration.py` at fc8b29f), and the observed-latency cap
-  made up the rest. At the target's own quantile, not the check's 0.95: Mooncake's p95
+  show. Priced at U, the sizing asked 9 to 11 replicas of Mooncake's unified pool (the p90
+  of its asks per pinned count from 8 up) where 16 met its bar, 12 to 16 at U_90
+  (`bench/slo_model_calibration.py` at fc8b29f and bcb3796); the observed-latency cap
+  makes up the rest. At the target's own quantile, not the check's 0.95: Mooncake's p95
   prompt alone takes longer than the 2 s target, so the queue was sized to add at most a
   tenth of it and the unified pool of 32 spent 16,784 replica-s at start-up 10 s (1.27x
   the optimum) for 94.5% of requests, against 13,190 for 94.2% at the p90 prompt. The
