@@ -4,6 +4,7 @@ boundary; the start-up forecast (decide/load_forecast.py); decide() driven by th
 import dataclasses
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 from kvfleet_operator.api.pool import parse_pool
@@ -127,12 +128,9 @@ def test_the_prompt_tail_sizes_a_role_up(target_s):
 
     assert asks(TAIL_FIT, 40.0) > asks(FIT, 40.0)
     n = asks(TAIL_FIT, 40.0)
-    lo, hi = 1.0, 40.0  # the highest rate that n replicas serve, by bisection
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if asks(TAIL_FIT, mid) <= n - 1 else (lo, mid)
-    assert asks(TAIL_FIT, lo * 0.999) == n - 1
-    assert asks(TAIL_FIT, lo * 1.001) == n
+    rate = boundary_rate(n - 1, slo, TAIL_FIT, lambda r: RoleLoad(r, 2000, 1.0))
+    assert asks(TAIL_FIT, rate * 0.999) == n - 1
+    assert asks(TAIL_FIT, rate * 1.001) == n
 
 
 def test_a_p90_prompt_longer_than_the_target_is_sized_for_its_queue():
@@ -202,12 +200,14 @@ def test_a_running_request_delays_a_new_one_at_most_its_prefill():
     assert predict(with_running_term(0.3015), load, 1).num_in_flight < 1.0
 
 
-def boundary_rate(n: int, slo: SloTargets = SLO) -> float:
+def boundary_rate(n: int, slo: SloTargets = SLO, fit: RoleCoefficients = FIT,
+                  load: Callable[[float], RoleLoad] = lambda rate: RoleLoad(
+                      rate, 12000, 300, KV_PER_SEQ)) -> float:
     """The request rate at which n replicas just meet `slo` (bisection on the predictor)."""
     lo, hi = 0.01, 1000.0
     for _ in range(80):
         mid = (lo + hi) / 2
-        if meets(predict(FIT, RoleLoad(mid, 12000, 300, KV_PER_SEQ), n), slo):
+        if meets(predict(fit, load(mid), n), slo):
             lo = mid
         else:
             hi = mid
