@@ -67,7 +67,8 @@ each, B the burst rate below):
   makes up the rest. At the target's own quantile, not the check's 0.95: Mooncake's p95
   prompt alone takes longer than the 2 s target, so the queue was sized to add at most a
   tenth of it and the unified pool of 32 spent 16,784 replica-s at start-up 10 s (1.27x
-  the optimum) for 94.5% of requests, against 13,190 for 94.2% at the p90 prompt. The
+  the optimum) for 94.5% of requests, against 13,190 for 94.2% at the p90 prompt
+  (docs/operator.md gives the command). The
   queue ahead and Little's law keep U: they count work, not one request's own wait.
   The wait per running request is the model's w_r kept within [0, S] (a running request
   shares the step's token budget; `wait_per_running_s`: a P/D prefill role's fit said
