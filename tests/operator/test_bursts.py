@@ -19,7 +19,9 @@ from kvfleet_operator.decide.autoscaler import (
     decide,
     held,
     held_for_load,
+    promises_itl,
 )
+from kvfleet_operator.decide.load_forecast import ForecastState, recent_peak_rate
 from kvfleet_operator.decide.role_signals import (
     ReplicaSample,
     RoleSignals,
@@ -228,6 +230,61 @@ def test_a_count_latency_over_target_set_holds_in_proportion_to_a_burst(rate_now
                Signals(t=1000.0, window_s=6.0, roles={"unified": quiet}),
                {"unified": 6}, unified_config(), history, 1000.0)
     assert d.desired["unified"] == desired
+
+
+def latency_role_config(role: str, itl_p90_s: float | None) -> AutoscalerConfig:
+    return AutoscalerConfig(roles={role: RoleLimits(1, 16)},
+                            targets={role: RoleTargets(ttft_p90_s=1.0, itl_p90_s=itl_p90_s)},
+                            scale_down_window_s=300.0, max_step_down=10)
+
+
+@pytest.mark.parametrize(("role", "itl_p90_s", "rate_now", "desired"), [
+    ("prefill", None, 1.0, 2),  # the queue absorbs: each 6 stands in the p90 as 6 x 2/6
+    ("prefill", None, 1.01, 3),  # a hair more load: 2.02 rounds up, in the p90 too
+    ("unified", 0.05, 1.0, 6),  # ITL promised: the 6s hold whole in the p90
+    ("unified", 0.05, 1.01, 6),
+])
+def test_a_latency_count_stands_in_the_window_at_what_it_holds_where_the_queue_absorbs(
+        role, itl_p90_s, rate_now, desired):
+    # 40 of the window's 300 recommendations are 6, each set by latency over target at
+    # 6 req/s (past its tenth: whole, the p90 holds 6); the rest and now ask for 2 or less.
+    # Where the role promises no ITL they stand in the p90 at what each holds for the
+    # offered rate now (`held_for_load`), so a burst's lagging latency does not hold the
+    # window; where ITL is promised they hold whole, as before.
+    recs = [(700.0 + i, 2) for i in range(1, 260)] + [(960.0 + i, 6) for i in range(40)]
+    history = History(recommendations={role: recs},
+                      observed_latency={role: [(960.0 + i, 6, 6.0) for i in range(40)]})
+    quiet = RoleSignals(num_replicas=6, num_known=6, request_rate=rate_now)
+    d = decide(Signals(t=1000.0, window_s=60.0, roles={role: quiet}),
+               Signals(t=1000.0, window_s=6.0, roles={role: quiet}),
+               {role: 6}, latency_role_config(role, itl_p90_s), history, 1000.0)
+    assert promises_itl(latency_role_config(role, itl_p90_s).targets[role]) == (
+        itl_p90_s is not None)
+    assert d.desired[role] == desired
+
+
+@pytest.mark.parametrize(("role", "itl_p90_s", "oldest_t", "rate_then"), [
+    ("prefill", None, 10.5, 100.0),  # the window's peak, its oldest decision included
+    ("prefill", None, 10.0, 39.0),  # a point 1.5 windows old is out: the next peak
+    ("unified", 0.05, 10.5, 6.0),  # ITL promised: the rate of now, as before
+])
+def test_a_latency_count_is_recorded_at_the_peak_of_the_window_it_was_measured_over(
+        role, itl_p90_s, oldest_t, rate_then):
+    # As test_latency_over_target_holds_the_count_but_records_what_it_measured (12 asked
+    # for, 1 of them up, TTFT p90 at 19x target: 6 req/s on 12 replicas' worth), with the
+    # stable window's rates `record_rate` kept for the last window's decisions (a point
+    # sits half a window before its decision: kept while newer than now - 1.5 windows).
+    config = latency_role_config(role, itl_p90_s)
+    assert config.stable_window_s == 60.0
+    forecast = ForecastState(rates={role: [(oldest_t, 100.0), (40.0, 39.0), (70.0, 3.0)]})
+    assert recent_peak_rate(forecast, role, 100.0, 60.0) == max(
+        39.0, 100.0 if oldest_t > 10.0 else 0.0)
+    slow = RoleSignals(num_replicas=12, num_known=1, ttft_p90_s=19.0, request_rate=0.5)
+    d = decide(Signals(t=100.0, window_s=60.0, roles={role: slow}),
+               Signals(t=100.0, window_s=6.0, roles={role: slow}),
+               {role: 12}, config, History(forecast=forecast), 100.0)
+    assert d.reasons[role].startswith("steady 12->12: hold: ttft p90 19000ms > 1000ms")
+    assert d.history.observed_latency[role] == [(100.0, 2, rate_then)]
 
 
 @pytest.mark.parametrize(("count", "then", "now", "holds"), [

@@ -103,6 +103,13 @@ def record_rate(state: ForecastState, role: str, now: float, rate: float, window
     state.rates[role] = points
 
 
+def recent_peak_rate(state: ForecastState, role: str, now: float, window_s: float) -> float:
+    """The highest stable-window rate `record_rate` kept for the decisions of the last
+    window (0 when none): the load that latency measured over that window was served at."""
+    return max((v for t, v in state.rates.get(role, []) if t > now - 1.5 * window_s),
+               default=0.0)
+
+
 def forecast_rate(state: ForecastState, role: str, now: float, observed: float,
                   horizon_s: float) -> float:
     return linear_forecast(state.rates.get(role, []), observed, now + horizon_s)
