@@ -172,6 +172,29 @@ def test_a_burst_of_a_tenth_of_the_window_does_not_hold_a_scale_down(num_burst, 
     assert d.desired["unified"] == desired
 
 
+@pytest.mark.parametrize(("short_waiting", "desired", "reason"), [
+    (2.0, 1, "scale down 4->1: waiting 2.0 / 2 ["),  # it asks for 1 too: down to it
+    (4.0, 2, "scale down 4->2: the last 6s ask for 2 ("),  # it asks for 2: no lower
+    (4.1, 3, "scale down 4->3: the last 6s ask for 3 ("),  # a hair more: 3
+    (8.0, 4, "steady 4->4: hold: the last 6s ask for 4 ("),  # all it runs: hold
+    (10.0, 4, "steady 4->4: hold: the last 6s ask for 5 ("),  # more: a hold, no scale-up
+])
+def test_a_scale_down_never_goes_below_what_the_short_window_asks_for(
+        short_waiting, desired, reason):
+    # The stable window asks for 1 (2 waiting, 2 per replica); the short window, the
+    # freshest evidence, may ask for more. Below the panic threshold (2 x 4 running), a
+    # scale-down still stops at what it asks for: a replica shed against it comes back a
+    # start-up later.
+    stable = RoleSignals(num_replicas=4, num_known=4, num_waiting=2.0)
+    short = RoleSignals(num_replicas=4, num_known=4, num_waiting=short_waiting)
+    d = decide(Signals(t=1000.0, window_s=60.0, roles={"unified": stable}),
+               Signals(t=1000.0, window_s=6.0, roles={"unified": short}),
+               {"unified": 4}, unified_config(), History(), 1000.0)
+    assert d.desired["unified"] == desired
+    assert d.reasons["unified"].startswith(reason)
+    assert d.history.panic_until == {}  # no panic: the rule is below it
+
+
 def test_latency_over_target_holds_the_count_but_records_what_it_measured():
     # 12 asked for, 1 up at 19x the TTFT target: the count is held (the 11 starting are
     # not cancelled), but the recommendation the window keeps is 1 measured x 2.
