@@ -8,8 +8,8 @@ Each factory takes the pool spec and returns a `SimScaler`: the control loop's `
 * waiting-5: production-stack's KEDA example, "scale when vllm:num_requests_waiting > 5 per
              replica": one target, desired = ceil(total waiting / 5), run through the same
              decide() machinery with the pool's windows, steps and clamps but no panic
-             mode, no other signal and the HPA's scale-down hold (the window's highest),
-             so only the rule differs.
+             mode (nor its short window's floor under a scale-down), no other signal and
+             the HPA's scale-down hold (the window's highest), so only the rule differs.
 * kpa:       Knative's KPA (`kpa.kpa_decide`): stable and panic windows over concurrency
              (running + waiting per replica), target 0.7 x maxNumSeqs per replica.
 * dynamo-planner: NVIDIA Dynamo's SLA throughput planner (`dynamo_planner.py`): every
@@ -72,8 +72,9 @@ def _fixed(replicas: dict[str, int]) -> SimScaler:
 def _waiting_rule(spec: PoolSpec, per_replica: float = 5.0) -> SimScaler:
     base = config_from_pool(spec)
     only_waiting = {role: RoleTargets(num_waiting=per_replica) for role in base.roles}
-    return _with_config(dataclasses.replace(base, targets=only_waiting, panic_threshold=NO_PANIC,
-                                            hold_quantile=1.0))  # KEDA's HPA holds the highest
+    return _with_config(dataclasses.replace(
+        base, targets=only_waiting, panic_threshold=NO_PANIC, holds_short_window=False,
+        hold_quantile=1.0))  # KEDA's HPA: no short window, and it holds the highest
 
 
 def _kpa(spec: PoolSpec) -> SimScaler:

@@ -354,3 +354,13 @@ def test_the_hold_quantile_is_configurable_and_the_keda_baseline_keeps_the_hpas_
     # The simulator's KEDA rule (waiting > 5 per replica) holds as the HPA does.
     keda = SCALERS["waiting-5"](load_pool(ROOT / "sim/pools/h100-llama3-8b-16.yaml").spec)
     assert keda.scaler(*args, history, 1000.0).desired["unified"] == 6
+    # ... and has no short window under a scale-down: 30 waiting over the last seconds
+    # (6 replicas' worth at 5 each, all it runs), 4 over the stable window, a quiet
+    # history: down by the pool's step, where kvfleet's autoscaler holds.
+    def busy_now(waiting):
+        return (Signals(t=1000.0, window_s=60.0, roles={"unified": quiet}),
+                Signals(t=1000.0, window_s=6.0, roles={"unified": dataclasses.replace(
+                    quiet, num_waiting=waiting)}), {"unified": 6})
+    assert keda.scaler(*busy_now(30.0), History(), 1000.0).desired["unified"] == 5
+    assert decide(*busy_now(12.0), dataclasses.replace(unified_config(), max_step_down=1),
+                  History(), 1000.0).desired["unified"] == 6  # 6 at 2 each: held

@@ -181,6 +181,9 @@ class AutoscalerConfig:
     scale_up_cooldown_s: float = 0.0  # min time between two scale-ups of a role
     scale_down_cooldown_s: float = 0.0  # min time after any scale event before a scale-down
     panic_threshold: float = 2.0
+    # a scale-down stops at what the short (panic) window asks for; off is the HPA's
+    # behaviour (the KEDA baseline in the simulator)
+    holds_short_window: bool = True
     max_step_up: int = 4
     max_step_down: int = 1
     scale_to_zero_after_s: float = 300.0
@@ -640,7 +643,7 @@ def _decide_role(
     target = _stabilize(rec, current, recs, observed, rate_now, now, config, is_panic,
                         queue_absorbs)
     short = math.ceil(want_panic - 1e-9)
-    if short > target < current:
+    if config.holds_short_window and short > target < current:
         # A scale-down never goes below what the short window asks for: it is the
         # freshest evidence, and a replica shed against it comes back a start-up later.
         # Against the stable window's mean alone, the local example pool stepped from 2
