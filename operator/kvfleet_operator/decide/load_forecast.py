@@ -95,19 +95,23 @@ class ForecastState:
             raise ValueError(f"malformed forecast state: {exc}") from None
 
 
+def _last_window(state: ForecastState, role: str, now: float, window_s: float
+                 ) -> list[tuple[float, float]]:
+    """The points of the last window's decisions: each sits half a window before its
+    decision, so those newer than now - 1.5 windows."""
+    return [(t, v) for t, v in state.rates.get(role, []) if t > now - 1.5 * window_s]
+
+
 def record_rate(state: ForecastState, role: str, now: float, rate: float, window_s: float
                 ) -> None:
     """Remember the stable window's mean rate at the window's middle; keep one window."""
-    points = [(t, v) for t, v in state.rates.get(role, []) if t > now - 1.5 * window_s]
-    points.append((now - window_s / 2, rate))
-    state.rates[role] = points
+    state.rates[role] = [*_last_window(state, role, now, window_s), (now - window_s / 2, rate)]
 
 
 def recent_peak_rate(state: ForecastState, role: str, now: float, window_s: float) -> float:
     """The highest stable-window rate `record_rate` kept for the decisions of the last
     window (0 when none): the load that latency measured over that window was served at."""
-    return max((v for t, v in state.rates.get(role, []) if t > now - 1.5 * window_s),
-               default=0.0)
+    return max((v for _, v in _last_window(state, role, now, window_s)), default=0.0)
 
 
 def forecast_rate(state: ForecastState, role: str, now: float, observed: float,
