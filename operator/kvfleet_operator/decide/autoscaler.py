@@ -509,16 +509,15 @@ def learn_prefill_capacity(
 # replicas start waits in the queue, within the TTFT budget (the reason `slo_demand` sizes
 # TTFT at the load of now): there the queue absorbs, and what a latency-set count holds in
 # proportion is what it stands for in the window's p90 too, against the peak rate of the
-# window its latency was measured over (`recent_peak_rate`). Held whole in the p90, the
-# 8-12 that a burst's lagging TTFT p90 asked for (13 of the window's 300 recommendations,
-# beside the model's 4-6: past its tenth) kept 4 prefill replicas up for 300 s at 0-5
-# req/s where 2 served it; recorded at the rate after the burst (3-9 req/s; the burst's
-# was 39) they held whole anyway (Azure code from 900 s, P/D, start-up 10 s: 3,188
-# replica-s, 2,642 since, 100% met both ways). Where a role promises ITL, a recurrence
-# stalls every running stream at once while replicas start: its counts hold whole as
-# before. Shed there too, `examples/local-sim.yaml` (unified) on Azure code from 900 s at
-# 4x dropped from 6 to 2 replicas in a 17-s lull before the next burst and met the SLO for
-# 80.8% of requests, not 91.6%.
+# window its latency was measured over (`recent_peak_rate`). A burst's TTFT p90 lags it,
+# so the cap fires after the rate has fallen: held whole in the p90, and recorded at the
+# rate after the burst, those counts kept the prefill role at 4 replicas for most of a
+# window where 2 served it (Azure code from 900 s, P/D, start-up 10 s: 3,188 replica-s,
+# 2,642 since, 100% met both ways; bench/sim_policies.md). Where a role promises ITL, a
+# recurrence stalls every running stream at once while replicas start: its counts hold
+# whole as before. Shed there too (an uncommitted experiment), `examples/local-sim.yaml`
+# (unified) dropped to 2 replicas in a lull of Azure code before the next burst, and more
+# requests missed the SLO.
 def promises_itl(targets: RoleTargets) -> bool:
     """Whether the role is held to an ITL target (an SLO's or a per-replica cap's)."""
     return targets.itl_p90_s is not None or (
@@ -647,9 +646,10 @@ def _decide_role(
         # A scale-down never goes below what the short window asks for: it is the
         # freshest evidence, and a replica shed against it comes back a start-up later.
         # Against the stable window's mean alone, the local example pool stepped from 2
-        # replicas to 1 at 14 req/s while its short window asked for 2, and 76 of the 187
-        # requests of the next 10 s missed the TTFT target before a new replica was up
-        # (Azure conversation from 3,000 s: 96.3% met at 380 replica-s, 100% at 348 since).
+        # replicas to 1 while its short window asked for 2, and 76 of the 187 requests of
+        # the next 10 s missed the TTFT target before a new replica was up (Azure
+        # conversation from 3,000 s: 96.3% met at 380 replica-s, 100% at 348 since;
+        # docs/operator.md gives the commands).
         target = min(current, short)
         said = f"the last {config.panic_window_s:.0f}s ask for {short}"
         why = f"hold: {said} ({why})" if target == current else f"{said} ({why})"
