@@ -554,6 +554,26 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
             [*azure_code_slice(start, quick), "--pool", UNIFIED, "--scaler", "kvfleet",
              *sum((["--pinned", str(n)] for n in (3, 4, 5, 6)), []), "--optimum"],
         ))  # fmt: skip
+    # One router seed decides each autoscaler row above (the oracle's replays rule out
+    # more); under bursts the seed moves which replica a clump lands on, so when a
+    # window's latency crosses its target and the scaler moves: these rows give kvfleet's
+    # spread, read against the optimum of the section with the same slice and start-up.
+    for slice_name, start in (("training", "900"), ("held-out", "2400")):
+        for startup_s in STARTUPS_S:
+            out.append((
+                f"kvfleet's autoscaler over router seeds on the Azure code {slice_name} slice "
+                f"(start-up {startup_s} s)",
+                f"kvfleet's autoscaler on {SIZES_16}, the slice and start-up of the Azure "
+                f"code autoscaler section from {start} s at {startup_s} s, at five router "
+                "seeds; read its replica-s against that section's optimum (one seed cannot "
+                "tell a change of default from the seed's own spread)."
+                + SEEDS_NOTE * (not quick) + " Replica-s gives its min-max where it varies.",
+                "compare",
+                ["--trace", str(TRACES / "azure_llm_2023_code.csv"), "--start-s", start,
+                 "--warmup-s", "300", "--duration-s", a_dur, "--compress", "1",
+                 "--startup-s", str(startup_s), "--pool", UNIFIED, "--pool", PD,
+                 "--scaler", "kvfleet", *seeds(quick)],
+            ))  # fmt: skip
     counts = [2**k for k in range(5 if quick else 9)]  # 1..16 or 1..256
     out.append((
         "Scaling efficiency on the Azure conversation trace (unified pool)",

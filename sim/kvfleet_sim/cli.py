@@ -11,7 +11,8 @@
 `run` replays one configuration; `compare` replays every combination of the given pools,
 scalers and policies on the same trace slice and seed, one table (`--seeds N`: each
 combination at N router seeds, each column its median, the routing columns with their
-min-max; one seed's gap between two policies is often inside that spread); `gate` replays a
+min-max, and replica-seconds with theirs where the seeds moved the scaler; one seed's gap
+between two policies is often inside that spread); `gate` replays a
 baseline and a candidate pool and exits 1 when the candidate's SLO attainment is lower, or
 its replica-seconds higher, beyond a tolerance (the check a GitOps pull request runs);
 `--scaler oracle` (run, compare) replays the hindsight optimum (`oracle.py`: the fewest
@@ -208,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--seeds", type=int, default=1,
                      help="run everything with the router seeds --seed ... --seed + N - 1; "
                           "each column is its median over them, SLO met, prefix hit, "
-                          "imbalance and max share with their min-max")
+                          "imbalance and max share with their min-max, replica-s with its "
+                          "own where it varies")
     _rollout(cmp)
     gate = sub.add_parser("gate", help="exit 1 when a candidate pool is worse than a baseline")
     _common(gate)
@@ -308,7 +310,7 @@ def format_table(summaries: list[Summary], ttft_slo: float, itl_slo: float) -> s
             f"| {_ms(s.itl_p50_s, s.itl_p90_s, s.itl_p99_s)} "
             f"| {s.e2e_p50_s:.1f} / {s.e2e_p90_s:.1f} / {s.e2e_p99_s:.1f} "
             f"| {_spread(s, 'imbalance_mean', 1, '.2f')} / {s.imbalance_p90:.2f} "
-            f"| {s.replica_seconds:.0f} "
+            f"| {_spread(s, 'replica_seconds', 1, '.0f', only_if_varies=True)} "
             + (f"| {ratio} " if has_optimum else "")
             + f"| {s.mean_replicas:.2f} / {s.max_replicas} | {s.num_scale_events} "
             f"| {s.num_failed} | {_spread(s, 'max_share', 1, '.2f')} "
@@ -317,12 +319,17 @@ def format_table(summaries: list[Summary], ttft_slo: float, itl_slo: float) -> s
     return "\n".join(rows)
 
 
-def _spread(s: Summary, key: str, scale: float, fmt: str, unit: str = "") -> str:
-    """A cell: the value, and over several seeds its min-max after it ("93.4% (93.2-94.0)")."""
+def _spread(s: Summary, key: str, scale: float, fmt: str, unit: str = "",
+            only_if_varies: bool = False) -> str:
+    """A cell: the value, and over several seeds its min-max after it ("93.4% (93.2-94.0)");
+    with `only_if_varies`, the value alone where every seed gave the same (a fleet fixed at
+    its size spends the same replica-seconds whatever the routing)."""
     cell = f"{getattr(s, key) * scale:{fmt}}{unit}"
     if s.spread is None:
         return cell
     lo, hi = s.spread[key]
+    if only_if_varies and lo == hi:
+        return cell
     return f"{cell} ({lo * scale:{fmt}}-{hi * scale:{fmt}})"
 
 

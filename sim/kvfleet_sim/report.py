@@ -92,7 +92,10 @@ class Summary:
         return out
 
 
-SPREAD_FIELDS = ("slo_attainment", "prefix_hit_rate", "imbalance_mean", "max_share")
+# replica-seconds: under an autoscaler the router's seed moves scale decisions too (which
+# replica a burst lands on, so when a window's latency crosses its target)
+SPREAD_FIELDS = ("slo_attainment", "prefix_hit_rate", "imbalance_mean", "max_share",
+                 "replica_seconds")
 
 
 def median_summary(summaries: Sequence[Summary]) -> Summary:

@@ -146,6 +146,46 @@ def test_seeds_give_each_column_its_median_over_the_seeds_and_the_spread(
     assert f"{median['max_share']:.2f} ({min(shares):.2f}-{max(shares):.2f})" in row
 
 
+@pytest.fixture
+def bursty_trace(tmp_path):
+    """A minute of 10-s bursts (12 req/s) and lulls (2 req/s): enough to move the local
+    pool's autoscaler."""
+    rows = []
+    for second in range(60):
+        n = 12 if (second // 10) % 2 == 0 else 2
+        for k in range(n):
+            t = second + k / n
+            rows.append(f"2023-11-16 18:00:{t:010.7f},{1500 + 300 * (k % 4)},60\n")
+    path = tmp_path / "bursts.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(rows))
+    return str(path)
+
+
+def test_seeds_give_replica_seconds_their_spread_where_the_scaler_moved(
+        bursty_trace, tmp_path, capsys):
+    """Under the autoscaler the router's seed moves scale decisions, so replica-s gets its
+    min-max; a fleet fixed at its size spends the same at every seed and shows it bare."""
+    path = tmp_path / "seeds.json"
+    assert cli.main(["sim", "compare", "--trace", bursty_trace, "--start-s", "0",
+                     "--warmup-s", "0", "--duration-s", "60", "--compress", "1", "--pool", POOL,
+                     "--policy", "random", "--scaler", "kvfleet", "--scaler", "fixed-max",
+                     "--seeds", "3",
+                     "--json", str(path)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    data = json.loads(path.read_text())
+    for i, (median, row) in enumerate(zip(data["medians"], table[2:4], strict=True)):
+        spent = [rs[i]["replica_seconds"] for rs in data["summaries_by_seed"]]
+        assert median["spread"]["replica_seconds"] == [min(spent), max(spent)]
+        cells = [c.strip() for c in row.split("|")]
+        want = f"{median['replica_seconds']:.0f}"
+        if min(spent) != max(spent):
+            want += f" ({min(spent):.0f}-{max(spent):.0f})"
+        assert cells[8] == want, (row, spent)
+    kvfleet_spent = [rs[0]["replica_seconds"] for rs in data["summaries_by_seed"]]
+    assert len(set(kvfleet_spent)) > 1  # the seeds did move the autoscaler: a real spread
+    assert "(" not in table[3].split("|")[8]  # fixed-max: the same at every seed
+
+
 @pytest.mark.parametrize("extra, match", [
     (["--seeds", "0"], "--seeds must be >= 1"),
     (["--seeds", "2", "--optimum"], "reactive scalers only"),
