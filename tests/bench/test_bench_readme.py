@@ -290,3 +290,24 @@ def test_the_command_line_checks_and_rewrites(tmp_path):
     assert readme.main(["--readme", str(copy)]) == 0
     assert copy.read_text(encoding="utf-8") == text
     assert readme.main(["--readme", str(copy), "--check"]) == 0
+
+
+def _seeded_entry(spent: list[float]) -> dict:
+    summary = {"slo_attainment": 0.99, "prefix_hit_rate": 0.0, "ttft_p50_s": 0.05,
+               "ttft_p90_s": 0.2, "imbalance_mean": 0.5, "replica_seconds": sorted(spent)[1],
+               "num_failed": 0, "spread": {"slo_attainment": [0.98, 1.0],
+                                           "replica_seconds": [min(spent), max(spent)]}}
+    run = {"variant": {"pool_path": "sim/pools/p.yaml", "scaler": "kvfleet", "policy": None},
+           "summary": summary}
+    return {"result": {"args": {"command": "compare", "pool": ["sim/pools/p.yaml"],
+                                "scaler": ["kvfleet"]}, "runs": [run], "medians": [summary]}}
+
+
+@pytest.mark.parametrize("spent, cell", [
+    ([2013.0, 2044.0, 2073.0], "| 2,044 (2,013–2,073) |"),  # the seeds moved the scaler
+    ([4800.0, 4800.0, 4800.0], "| 4,800 |"),  # a fixed fleet: the figure bare
+])
+def test_seeded_replica_seconds_show_their_spread_where_it_varies(spent, cell):
+    from kvfleet_bench.sections.sim_policies import _compare
+
+    assert cell in _compare(_seeded_entry(spent))

@@ -46,9 +46,13 @@ def _compare(entry: dict[str, Any]) -> str:
         slo = pct(1)(s["slo_attainment"])
         if "spread" in s:
             slo += " ({}–{})".format(*map(pct(1), s["spread"]["slo_attainment"]))
+        spent = fixed(0)(s["replica_seconds"])
+        lo, hi = s.get("spread", {}).get("replica_seconds", (None, None))
+        if lo != hi:  # where the seeds moved the scaler (older results carry no spread)
+            spent += f" ({fixed(0)(lo)}–{fixed(0)(hi)})"
         row = [_run_name(run, args), slo, pct(1)(s["prefix_hit_rate"]),
                f"{1000 * s['ttft_p50_s']:,.0f} / {1000 * s['ttft_p90_s']:,.0f}",
-               f"{s['imbalance_mean']:.2f}", fixed(0)(s["replica_seconds"])]
+               f"{s['imbalance_mean']:.2f}", spent]
         if scalers:
             base = fixed_max.get(run["variant"]["pool_path"])
             row.append(times(2)(s["replica_seconds"] / base) if base else "–")
