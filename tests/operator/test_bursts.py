@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import pytest
+from kvfleet_operator.api.status import Reason
 from kvfleet_operator.decide.autoscaler import (
     BURST_RATIO,
     HOLD_QUANTILE,
@@ -20,6 +21,7 @@ from kvfleet_operator.decide.autoscaler import (
     held,
     held_for_load,
     promises_itl,
+    scale_down_step,
 )
 from kvfleet_operator.decide.load_forecast import ForecastState, recent_peak_rate
 from kvfleet_operator.decide.role_signals import (
@@ -155,7 +157,8 @@ def test_held_is_the_nearest_rank_p90(num, num_high, holds):
 def unified_config() -> AutoscalerConfig:
     return AutoscalerConfig(roles={"unified": RoleLimits(1, 10)},
                             targets={"unified": RoleTargets(num_waiting=2)},
-                            scale_down_window_s=300.0, max_step_down=10)
+                            scale_down_window_s=300.0, max_step_down=10,
+                            halves_scale_down=False)  # what the window holds, in one step
 
 
 @pytest.mark.parametrize(("num_burst", "desired"), [(30, 2), (31, 6)])
@@ -258,7 +261,8 @@ def test_a_count_latency_over_target_set_holds_in_proportion_to_a_burst(rate_now
 def latency_role_config(role: str, itl_p90_s: float | None) -> AutoscalerConfig:
     return AutoscalerConfig(roles={role: RoleLimits(1, 16)},
                             targets={role: RoleTargets(ttft_p90_s=1.0, itl_p90_s=itl_p90_s)},
-                            scale_down_window_s=300.0, max_step_down=10)
+                            scale_down_window_s=300.0, max_step_down=10,
+                            halves_scale_down=False)  # what the window holds, in one step
 
 
 @pytest.mark.parametrize(("role", "itl_p90_s", "rate_now", "desired"), [
@@ -356,11 +360,51 @@ def test_the_hold_quantile_is_configurable_and_the_keda_baseline_keeps_the_hpas_
     assert keda.scaler(*args, history, 1000.0).desired["unified"] == 6
     # ... and has no short window under a scale-down: 30 waiting over the last seconds
     # (6 replicas' worth at 5 each, all it runs), 4 over the stable window, a quiet
-    # history: down by the pool's step, where kvfleet's autoscaler holds.
+    # history: down by the pool's step (its default, 4) at once, where kvfleet's autoscaler
+    # holds.
     def busy_now(waiting):
         return (Signals(t=1000.0, window_s=60.0, roles={"unified": quiet}),
                 Signals(t=1000.0, window_s=6.0, roles={"unified": dataclasses.replace(
                     quiet, num_waiting=waiting)}), {"unified": 6})
-    assert keda.scaler(*busy_now(30.0), History(), 1000.0).desired["unified"] == 5
+    assert keda.scaler(*busy_now(30.0), History(), 1000.0).desired["unified"] == 2
     assert decide(*busy_now(12.0), dataclasses.replace(unified_config(), max_step_down=1),
                   History(), 1000.0).desired["unified"] == 6  # 6 at 2 each: held
+
+
+@pytest.mark.parametrize(("current", "target", "step"), [
+    (13, 4, 4),  # half the gap, 4.5, down to 4: also the max step
+    (12, 4, 4),  # half of 8: the max step
+    (11, 4, 3),  # half of 7
+    (7, 4, 1),  # half of 3: one
+    (6, 4, 1),  # a gap of two: one replica, as the window's noise is that wide
+    (5, 4, 1),
+])
+def test_a_scale_down_removes_half_the_gap_to_its_target(current, target, step):
+    config = unified_config()
+    halving = dataclasses.replace(config, halves_scale_down=True, max_step_down=4)
+    assert scale_down_step(current, target, halving) == step
+    # the switch off (the HPA's rule, the simulator's KEDA baseline): the whole max step
+    assert scale_down_step(current, target, dataclasses.replace(
+        halving, halves_scale_down=False)) == 4
+    # a pool's maxStep bounds it either way
+    assert scale_down_step(current, target, dataclasses.replace(
+        halving, max_step_down=1)) == 1
+
+
+def test_a_pool_far_above_its_target_comes_down_in_a_few_decisions():
+    # 13 replicas after a burst, the window asking for 4 and nothing holding it: 13 -> 9
+    # -> 7 -> 6 -> 5 -> 4, one decision each, each reported as step-limited but the last.
+    config = dataclasses.replace(unified_config(), halves_scale_down=True, max_step_down=4,
+                                 scale_down_window_s=0.0)
+    assert AutoscalerConfig(roles={}, targets={}).halves_scale_down  # on by default
+    current, history, seen = 13, History(), []
+    for now in range(1000, 1006):
+        quiet = RoleSignals(num_replicas=current, num_known=current, num_waiting=8.0)
+        d = decide(Signals(t=now, window_s=60.0, roles={"unified": quiet}),
+                   Signals(t=now, window_s=6.0, roles={"unified": quiet}),
+                   {"unified": current}, config, history, float(now))
+        current, history = d.desired["unified"], d.history
+        seen.append((current, d.limited["unified"]))
+    assert [n for n, _ in seen] == [9, 7, 6, 5, 4, 4]
+    assert [why for _, why in seen[:4]] == [Reason.STEP_LIMITED] * 4
+

@@ -66,7 +66,8 @@ def test_schedule_respects_steps_and_clamps():
 
 def test_limits_come_from_the_pool_and_the_start_up(pool_path):
     got = Limits.of(load_pool(pool_path), SimSettings(startup_s=STARTUP_S, tick_s=0.5))
-    assert got.roles == {"unified": (1, 3)} and (got.step_up, got.step_down) == (2, 1)
+    # scaleUp.maxStep as the pool sets it, scaleDown.maxStep at its default
+    assert got.roles == {"unified": (1, 3)} and (got.step_up, got.step_down) == (2, 4)
     assert got.lead_s == STARTUP_S + 1.0 + 0.5  # start-up + one decision + one loop tick
 
 

@@ -422,7 +422,7 @@ class ScaleUpSpec:
 @spec_type
 class ScaleDownSpec:
     stabilization_window_seconds: Int = Field(default=300, ge=0, le=3600)
-    max_step: Int = Field(default=1, ge=1, le=1000)
+    max_step: Int = Field(default=4, ge=1, le=1000)
     cooldown_seconds: Int = Field(default=60, ge=0, le=3600)
 
 

@@ -51,7 +51,10 @@ How a role's count is chosen (each step is one small function below):
    fleet's own fit (`History.learned_since`): a cold start sized on the seed's prior
    does not hold its replicas for a whole scale-down window after the evidence is in.
 4. Step limits per decision, then min/max clamps, then cooldowns; whichever bites (or a
-   stabilization window holding a change back) is the ScalingLimited reason.
+   stabilization window holding a change back) is the ScalingLimited reason. A scale-down
+   removes half the gap to its target, at least one replica and at most `max_step_down`
+   (`scale_down_step`): far above its target after a burst a pool comes down in a few
+   decisions, near it one replica at a time.
 5. Unknown replicas (failed or stale scrapes) block scale-down; they are never idle.
    Traffic that stops is idle, not unknown: latency series with no new samples push
    nothing, so the role steps down to min (dynamo#6985 kept replicas for want of samples).
@@ -185,7 +188,10 @@ class AutoscalerConfig:
     # behaviour (the KEDA baseline in the simulator)
     holds_short_window: bool = True
     max_step_up: int = 4
-    max_step_down: int = 1
+    max_step_down: int = 4
+    # a scale-down removes half the gap to its target (`scale_down_step`); off, the whole
+    # gap up to max_step_down, as the HPA does (the KEDA baseline in the simulator)
+    halves_scale_down: bool = True
     scale_to_zero_after_s: float = 300.0
     prefill_tokens_per_s_initial: float = 20000.0  # per replica, before anything is learned
     prefill_capacity_alpha: float = 0.2  # EWMA weight of a new observation
@@ -731,6 +737,19 @@ def decision_reason(current: int, target: int, is_panic: bool) -> str:
     return DecisionReason.PANIC_SCALE_UP if is_panic else DecisionReason.SCALING_UP
 
 
+def scale_down_step(current: int, target: int, config: AutoscalerConfig) -> int:
+    """The most replicas one scale-down may remove: half the gap to its target (at least
+    one), within `max_step_down` (`halves_scale_down`; off: max_step_down). Far above its
+    target a pool comes down in a few decisions; near it, one replica at a time, since a
+    gap of one or two is within what the next burst asks for. With one replica per
+    decision and cooldown the pool spent most of a window coming down from a burst; with
+    the whole gap per decision it met the next burst a replica short (docs/operator.md
+    gives both)."""
+    if not config.halves_scale_down:
+        return config.max_step_down
+    return min(config.max_step_down, max(1, (current - target) // 2))
+
+
 def _limit(
     target: int, current: int, raw: int, limits: RoleLimits, config: AutoscalerConfig
 ) -> tuple[int, str | None]:
@@ -738,8 +757,8 @@ def _limit(
     limited: str | None = None
     if target > current + config.max_step_up:
         target, limited = current + config.max_step_up, LIMIT_STEP_UP
-    elif target < current - config.max_step_down:
-        target, limited = current - config.max_step_down, LIMIT_STEP_DOWN
+    elif target < current - (step := scale_down_step(current, target, config)):
+        target, limited = current - step, LIMIT_STEP_DOWN
     if target > limits.max_replicas:
         target, limited = limits.max_replicas, LIMIT_MAX
     elif target < limits.min_replicas:
