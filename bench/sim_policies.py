@@ -211,12 +211,12 @@ def two_speeds_args(pools: list[str], quick: bool, extra: tuple[str, ...] = ()) 
             *seeds(quick)]  # fmt: skip
 
 
-def azure_code_slice(start: str, quick: bool) -> list[str]:
+def azure_code_slice(start: str, quick: bool, startup_s: int = 10) -> list[str]:
     """The Azure code slice of the autoscaler sections from `start` (5 minutes of warm-up,
-    10 measured, 5 when quick), with a 10 s start-up."""
+    10 measured, 5 when quick), with a `startup_s` start-up."""
     return ["--trace", str(TRACES / "azure_llm_2023_code.csv"), "--start-s", start,
             "--warmup-s", "300", "--duration-s", "300" if quick else "600", "--compress", "1",
-            "--startup-s", "10"]  # fmt: skip
+            "--startup-s", str(startup_s)]  # fmt: skip
 
 
 def azure_routing(quick: bool) -> list[tuple[str, str, str, list[str]]]:
@@ -569,9 +569,7 @@ def sections(quick: bool) -> list[tuple[str, str, str, list[str]]]:
                 "tell a change of default from the seed's own spread)."
                 + SEEDS_NOTE * (not quick) + " Replica-s gives its min-max where it varies.",
                 "compare",
-                ["--trace", str(TRACES / "azure_llm_2023_code.csv"), "--start-s", start,
-                 "--warmup-s", "300", "--duration-s", a_dur, "--compress", "1",
-                 "--startup-s", str(startup_s), "--pool", UNIFIED, "--pool", PD,
+                [*azure_code_slice(start, quick, startup_s), "--pool", UNIFIED, "--pool", PD,
                  "--scaler", "kvfleet", *seeds(quick)],
             ))  # fmt: skip
     counts = [2**k for k in range(5 if quick else 9)]  # 1..16 or 1..256

@@ -72,11 +72,11 @@ def _fixed(replicas: dict[str, int]) -> SimScaler:
 def _waiting_rule(spec: PoolSpec, per_replica: float = 5.0) -> SimScaler:
     base = config_from_pool(spec)
     only_waiting = {role: RoleTargets(num_waiting=per_replica) for role in base.roles}
+    # KEDA's HPA: no short window, it holds the highest, and a scale-down takes the whole
+    # gap its policy allows
     return _with_config(dataclasses.replace(
         base, targets=only_waiting, panic_threshold=NO_PANIC, holds_short_window=False,
         hold_quantile=1.0, halves_scale_down=False))
-    # KEDA's HPA: no short window, it holds the highest, and a scale-down takes the whole
-    # gap its policy allows
 
 
 def _kpa(spec: PoolSpec) -> SimScaler:

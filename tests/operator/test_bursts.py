@@ -407,4 +407,3 @@ def test_a_pool_far_above_its_target_comes_down_in_a_few_decisions():
         seen.append((current, d.limited["unified"]))
     assert [n for n, _ in seen] == [9, 7, 6, 5, 4, 4]
     assert [why for _, why in seen[:4]] == [Reason.STEP_LIMITED] * 4
-
